@@ -1,0 +1,124 @@
+"""Test harness: a real Redis and real prefork worker processes, isolated per test.
+
+Each test gets its own namespace (Redis key prefix and queue names), so tests, and test runs on
+the same machine, never see each other's calls. Workers are started as separate processes with
+``toolfleet worker`` and joined on their ready signal (a Redis list), never slept for.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from toolfleet import Dispatcher, Settings, default_registry
+from toolfleet.keys import Keys
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = ROOT / "examples" / "cases"
+TEST_TOOLS = "tests.tools_for_tests"
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+READY_TIMEOUT_S = 60
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except (redis.RedisError, OSError) as exc:
+        pytest.exit(
+            f"tests need a Redis at {REDIS_URL} ({exc}); start one with "
+            "`redis-server --daemonize yes --save '' --appendonly no` or set REDIS_URL",
+            returncode=3,
+        )
+    return REDIS_URL
+
+
+@pytest.fixture
+def namespace(redis_url: str) -> Iterator[str]:
+    ns = f"t-{uuid.uuid4().hex[:10]}"
+    yield ns
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match=f"{ns}[:.]*", count=500):
+        client.delete(key)
+
+
+@pytest.fixture
+def settings(redis_url: str, namespace: str) -> Settings:
+    return Settings(redis_url=redis_url, namespace=namespace, cancel_grace_s=0.5, kill_grace_s=1.0)
+
+
+def make_registry():
+    return default_registry([TEST_TOOLS])
+
+
+class WorkerProcess:
+    """A ``toolfleet worker`` process (prefork pool) for one test."""
+
+    def __init__(self, settings: Settings, concurrency: int, name: str) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT), TOOLFLEET_NAMESPACE=settings.namespace)
+        env.pop("REDIS_URL", None)
+        self.name = f"{name}@{settings.namespace}"
+        self.settings = settings
+        argv = [sys.executable, "-m", "toolfleet", "worker", "--redis-url", settings.redis_url,
+                "--namespace", settings.namespace, "--concurrency", str(concurrency),
+                "--tools", TEST_TOOLS, "--hostname", self.name, "--loglevel", "WARNING"]
+        self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, start_new_session=True)
+
+    def wait_ready(self) -> None:
+        client = redis.Redis.from_url(self.settings.redis_url)
+        key = Keys(self.settings.namespace).workers_ready
+        reply = client.blpop([key], timeout=READY_TIMEOUT_S)
+        if reply is None:
+            self.stop()
+            raise RuntimeError(f"worker {self.name} did not become ready in {READY_TIMEOUT_S} s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # warm shutdown
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+@pytest.fixture
+def start_worker(settings: Settings) -> Iterator:
+    started: list[WorkerProcess] = []
+
+    def start(concurrency: int = 2, name: str = "w") -> WorkerProcess:
+        worker = WorkerProcess(settings, concurrency, f"{name}{len(started)}")
+        started.append(worker)
+        worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
+def worker(start_worker) -> WorkerProcess:
+    return start_worker()
+
+
+@pytest.fixture
+def dispatcher(settings: Settings) -> Iterator[Dispatcher]:
+    with Dispatcher(settings, make_registry()) as d:
+        yield d
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    target = tmp_path / "workspace"
+    shutil.copytree(CASES / "workspace", target)
+    return target

@@ -1,0 +1,233 @@
+"""``toolfleet up | down | worker | run | cancel | tools``.
+
+Environment variables are read here, at the edge: ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``,
+``TOOLFLEET_NAMESPACE``; when none is set and ``toolfleet up`` started a private Redis, its URL is
+taken from the stack's state file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from . import stack
+from .errors import BatchRejected, ToolfleetError
+from .keys import Keys
+from .settings import Settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run LLM tool calls on Celery workers.")
+out = Console()
+err = Console(stderr=True)
+
+RedisOpt = Annotated[Optional[str], typer.Option("--redis-url", help="Redis URL (default: $REDIS_URL, the local stack's, or redis://127.0.0.1:6379/0).")]
+NamespaceOpt = Annotated[Optional[str], typer.Option("--namespace", help="Key and queue prefix (default: $TOOLFLEET_NAMESPACE or 'toolfleet').")]
+ToolsOpt = Annotated[Optional[list[str]], typer.Option("--tools", help="Extra tool module to import (repeatable).")]
+
+
+def _settings(redis_url: str | None, namespace: str | None) -> Settings:
+    import os
+
+    if not redis_url and not os.environ.get("REDIS_URL"):
+        redis_url = stack.running_redis_url()
+    return Settings.from_env(redis_url=redis_url, namespace=namespace)
+
+
+def _fail(exc: Exception, code: int = 1) -> None:
+    err.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(code)
+
+
+@app.command()
+def worker(
+    redis_url: RedisOpt = None,
+    namespace: NamespaceOpt = None,
+    tools: ToolsOpt = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Worker processes.")] = 2,
+    hostname: Annotated[Optional[str], typer.Option(help="Celery node name, e.g. tools@%h.")] = None,
+    loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
+) -> None:
+    """Run a worker (prefork pool) serving the built-in tools plus --tools modules."""
+    from .ledger import connect
+    from .tools.registry import default_registry
+    from .worker.app import create_app
+
+    settings = _settings(redis_url, namespace)
+    try:
+        connect(settings.redis_url)
+        registry = default_registry(tools or [])
+    except ToolfleetError as exc:
+        _fail(exc)
+    celery_app = create_app(settings, registry)
+    keys = Keys(settings.namespace)
+    argv = [
+        "worker",
+        "--pool=prefork",
+        f"--concurrency={concurrency}",
+        f"--queues={','.join(keys.queue(q) for q in registry.queues())}",
+        f"--loglevel={loglevel}",
+        "--without-mingle",
+        "--without-gossip",
+    ]
+    if hostname:
+        argv.append(f"--hostname={hostname}")
+    celery_app.worker_main(argv)
+
+
+@app.command()
+def run(
+    response: Annotated[Path, typer.Argument(help="A recorded model response (JSON).", exists=True, dir_okay=False)],
+    workspace: Annotated[Path, typer.Option("--workspace", "-w", help="Directory the tools work in.", file_okay=False)] = Path("."),
+    cancel_after: Annotated[Optional[float], typer.Option("--cancel-after", help="Cancel the turn after S seconds.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+    fmt: Annotated[Optional[str], typer.Option("--format", help="Provider format (default: detected).")] = None,
+    timeout_s: Annotated[Optional[float], typer.Option("--timeout", help="Give up waiting after S seconds.")] = None,
+    redis_url: RedisOpt = None,
+    namespace: NamespaceOpt = None,
+    tools: ToolsOpt = None,
+) -> None:
+    """Execute the tool calls of a recorded model response and print their results."""
+    from .dispatcher import Dispatcher
+    from .tools.registry import default_registry
+    from .view import print_results, progress
+
+    settings = _settings(redis_url, namespace)
+    try:
+        payload = json.loads(response.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        _fail(ToolfleetError(f"cannot read {response}: {exc}"), 2)
+    try:
+        dispatcher = Dispatcher(settings, default_registry(tools or []))
+        turn = dispatcher.submit_response(payload, format=fmt, workspace=str(workspace.resolve()))
+    except BatchRejected as exc:
+        if as_json:
+            print(json.dumps({"turn_id": None, "error": {"reason": exc.reason, "message": str(exc), "call_ids": list(exc.call_ids)}, "results": [], "messages": []}, indent=2))
+        else:
+            err.print(f"[bold red]batch refused:[/] {exc}")
+        raise typer.Exit(2)
+    except ToolfleetError as exc:
+        _fail(exc)
+    started = time.monotonic()
+    cancelled_at: list[float] = []
+    if cancel_after is not None:
+        def _cancel() -> None:
+            cancelled_at.append(time.monotonic())
+            turn.cancel(f"cancelled after {cancel_after:g} s (--cancel-after)")
+        timer = threading.Timer(cancel_after, _cancel)
+        timer.daemon = True
+        timer.start()
+    try:
+        if as_json:
+            results = turn.results(timeout_s)
+        else:
+            results = progress(turn, out, timeout_s)
+    except (TimeoutError, ToolfleetError) as exc:
+        _fail(exc)
+    finished = time.monotonic()
+    if as_json:
+        doc = {
+            "turn_id": turn.turn_id,
+            "format": turn.adapter.name,
+            "results": [r.model_dump(mode="json") for r in results],
+            "messages": turn.adapter.format_results(results),
+            "plan": {"waves": turn.plan.waves(), "deps": {k: sorted(v) for k, v in turn.plan.deps.items()}},
+            "elapsed_s": round(finished - started, 3),
+            "final_after_cancel_s": round(finished - cancelled_at[0], 3) if cancelled_at else None,
+        }
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+    else:
+        print_results(out, turn, results, finished - started, finished - cancelled_at[0] if cancelled_at else None)
+    dispatcher.close()
+
+
+@app.command()
+def cancel(
+    turn_id: Annotated[str, typer.Argument(help="The turn to cancel.")],
+    redis_url: RedisOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Cancel a running turn from any process or machine."""
+    from .ledger import Ledger
+
+    try:
+        n = Ledger(_settings(redis_url, namespace)).cancel(turn_id, "cancelled with `toolfleet cancel`")
+    except ToolfleetError as exc:
+        _fail(exc)
+    if n < 0:
+        out.print(f"turn {turn_id} was already cancelled")
+    else:
+        out.print(f"turn {turn_id} cancelled: {n} call(s) will not start; running calls are being stopped")
+
+
+@app.command("tools")
+def tools_cmd(
+    redis_url: RedisOpt = None,
+    namespace: NamespaceOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List the tools the live workers serve."""
+    from .ledger import connect
+    from .view import print_catalog
+    from .worker.catalog import live_catalog
+
+    settings = _settings(redis_url, namespace)
+    try:
+        entries = live_catalog(settings, connect(settings.redis_url))
+    except ToolfleetError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(entries, indent=2))
+    else:
+        print_catalog(out, entries)
+
+
+@app.command()
+def up(
+    workers: Annotated[int, typer.Option("--workers", "-n", help="Worker processes (prefork).")] = 2,
+    detach: Annotated[bool, typer.Option("-d", "--detach", help="Run in the background; stop with `toolfleet down`.")] = False,
+    flower_port: Annotated[int, typer.Option(help="Flower's port.")] = 5555,
+    no_flower: Annotated[bool, typer.Option("--no-flower", help="Do not start Flower.")] = False,
+    namespace: NamespaceOpt = None,
+    tools: ToolsOpt = None,
+) -> None:
+    """Start a local stack: Redis (reused if one answers at REDIS_URL, else private), workers, Flower."""
+    try:
+        state = stack.up(
+            workers=workers,
+            flower_port=None if no_flower else flower_port,
+            namespace=namespace,
+            tool_modules=tools or [],
+            console=out,
+        )
+    except ToolfleetError as exc:
+        _fail(exc)
+    if detach:
+        out.print("stack is running in the background; stop it with [bold]toolfleet down[/]")
+        return
+    out.print("stack is running; press Ctrl-C to stop it")
+    try:
+        stack.wait(state)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.down(console=out)
+
+
+@app.command()
+def down() -> None:
+    """Stop the local stack started by `toolfleet up -d`."""
+    stack.down(console=out)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

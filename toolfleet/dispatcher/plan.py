@@ -1,0 +1,75 @@
+"""Planning a batch (DESIGN.md, step 3).
+
+Two calls conflict when they share a resource (by path prefix, :func:`toolfleet.tools.overlaps`)
+and at least one of them writes. Each call waits only for the *earlier* calls in model order that
+it conflicts with. So every result equals the result of running the batch one call at a time in
+model order, and everything else runs at once: reads with no earlier conflicting write form the
+parallel group; writes form serial chains per resource.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..tools.resources import overlaps
+
+
+@dataclass(frozen=True)
+class PlanItem:
+    """One runnable call as the planner sees it."""
+
+    call_id: str
+    access: str  # "read" | "write"
+    resources: frozenset[str]
+
+
+def conflicts(a: PlanItem, b: PlanItem) -> bool:
+    """True when ``a`` and ``b`` must not overlap in time."""
+    if a.access != "write" and b.access != "write":
+        return False
+    return any(overlaps(x, y) for x in a.resources for y in b.resources)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """``order``: runnable calls in model order; ``deps[c]``: the earlier calls ``c`` waits for."""
+
+    order: tuple[str, ...]
+    deps: Mapping[str, frozenset[str]]
+    dependents: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def ready(self, finished: set[str] | frozenset[str]) -> list[str]:
+        """Calls not in ``finished`` whose every dependency is in ``finished``, in model order."""
+        return [c for c in self.order if c not in finished and self.deps[c] <= finished]
+
+    @property
+    def parallel_group(self) -> list[str]:
+        """Calls that wait for nothing: they all start at once."""
+        return [c for c in self.order if not self.deps[c]]
+
+    def waves(self) -> list[list[str]]:
+        """Calls by the earliest step they can start at (0 = at once), for display."""
+        level: dict[str, int] = {}
+        for c in self.order:
+            level[c] = 1 + max((level[d] for d in self.deps[c]), default=-1)
+        out: list[list[str]] = [[] for _ in range(max(level.values(), default=-1) + 1)]
+        for c in self.order:
+            out[level[c]].append(c)
+        return out
+
+
+def make_plan(items: Sequence[PlanItem]) -> Plan:
+    """Plan ``items`` (given in model order)."""
+    deps: dict[str, frozenset[str]] = {}
+    dependents: dict[str, list[str]] = {item.call_id: [] for item in items}
+    for j, later in enumerate(items):
+        waits = frozenset(earlier.call_id for earlier in items[:j] if conflicts(earlier, later))
+        deps[later.call_id] = waits
+        for d in waits:
+            dependents[d].append(later.call_id)
+    return Plan(
+        order=tuple(item.call_id for item in items),
+        deps=deps,
+        dependents={k: tuple(v) for k, v in dependents.items()},
+    )

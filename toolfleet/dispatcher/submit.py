@@ -1,0 +1,89 @@
+"""Sending one call to the workers as a Celery task (DESIGN.md, step 4)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from celery import Celery
+from kombu.exceptions import OperationalError
+
+from ..errors import BrokerUnavailable
+from ..keys import Keys
+from ..models import CallEnvelope
+from ..settings import Settings
+from ..tools.spec import ToolSpec
+from ..worker.app import TASK_NAME
+
+KWARGSREPR_MAX_CHARS = 1000
+
+
+def task_id(turn_id: str, call_id: str) -> str:
+    """The Celery task id of a call: derived, so any process can revoke a turn's tasks."""
+    return f"{turn_id}:{call_id}"
+
+
+class Submitter:
+    """Sends calls with one Celery app (thread-safe: Celery's producer pool)."""
+
+    def __init__(self, app: Celery, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+        self.keys = Keys(settings.namespace)
+
+    def send(
+        self,
+        *,
+        turn_id: str,
+        call_id: str,
+        spec: ToolSpec,
+        arguments: dict[str, Any],
+        workspace: str | None,
+        session_id: str | None,
+    ) -> str:
+        """Publish the call; returns its task id. Raises BrokerUnavailable if the broker refuses."""
+        limit_s = spec.time_limit_s(arguments)
+        envelope = CallEnvelope(
+            turn_id=turn_id,
+            call_id=call_id,
+            name=spec.name,
+            arguments=arguments,
+            workspace=workspace,
+            session_id=session_id,
+            time_limit_s=limit_s,
+            idempotency_key=f"{turn_id}:{call_id}",
+            submitted_at=time.time(),
+        )
+        shown = json.dumps({"turn_id": turn_id, "call_id": call_id, "arguments": arguments}, default=str)
+        if len(shown) > KWARGSREPR_MAX_CHARS:
+            shown = shown[: KWARGSREPR_MAX_CHARS - 3] + "..."
+        tid = task_id(turn_id, call_id)
+        try:
+            self.app.send_task(
+                TASK_NAME,
+                kwargs={"envelope": envelope.model_dump(mode="json")},
+                task_id=tid,
+                queue=self.keys.queue(spec.queue),
+                soft_time_limit=limit_s,
+                time_limit=limit_s + self.settings.kill_grace_s,
+                shadow=f"tool.{spec.name}",
+                argsrepr="()",
+                kwargsrepr=shown,
+                retry=False,
+            )
+        except (OperationalError, OSError) as exc:
+            raise BrokerUnavailable(self.settings.broker, str(exc)) from exc
+        return tid
+
+    def revoke(self, task_ids: list[str], *, kill: bool = False) -> None:
+        """Tell the workers to drop (``kill=False``) or SIGKILL (``kill=True``) these tasks."""
+        if not task_ids:
+            return
+        try:
+            if kill:
+                self.app.control.revoke(task_ids, terminate=True, signal="SIGKILL")
+            else:
+                self.app.control.revoke(task_ids)
+        except (OperationalError, OSError):
+            pass  # best effort: the ledger already keeps them from starting

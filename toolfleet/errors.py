@@ -1,0 +1,100 @@
+"""Exceptions raised by toolfleet's public API.
+
+Tree::
+
+    ToolfleetError
+    ├── ConfigurationError      a tool or setting is declared wrongly (raised at registration)
+    ├── BatchRejected           the whole batch cannot be run (duplicate call ids, unreadable payload)
+    ├── BrokerUnavailable       Redis (broker or result store) does not answer
+    └── TurnNotFound            no turn with that id is known to the result store
+
+A tool call that fails is *not* an exception: it becomes a ``ToolResult`` with ``status="error"``
+and one of the codes in :class:`toolfleet.models.ErrorCode`. Exceptions are for the caller's mistakes
+and for a broken environment. Errors of Celery, redis-py and jsonschema are translated at the
+boundary (``raise ... from exc``) and never reach the caller untranslated.
+"""
+
+from __future__ import annotations
+
+
+class ToolfleetError(Exception):
+    """Root of every exception toolfleet raises."""
+
+
+class ConfigurationError(ToolfleetError):
+    """Raised when a tool or a setting is declared wrongly, at registration time."""
+
+
+class BatchRejected(ToolfleetError):
+    """Raised when a batch cannot be run at all; nothing was submitted.
+
+    ``reason`` is a short machine-readable word (``duplicate_call_id``, ``unreadable_payload``),
+    ``call_ids`` the ids involved, if any.
+    """
+
+    def __init__(self, message: str, *, reason: str, call_ids: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.call_ids = call_ids
+
+
+class BrokerUnavailable(ToolfleetError):
+    """Raised when Redis does not answer at ``url``; the message says how to start one."""
+
+    def __init__(self, url: str, detail: str = "") -> None:
+        self.url = url
+        message = (
+            f"Redis is not answering at {url}"
+            + (f" ({detail})" if detail else "")
+            + ". Start one with `toolfleet up` (local stack), `redis-server --port 6379`, "
+            "or point REDIS_URL at a running Redis."
+        )
+        super().__init__(message)
+
+
+class TurnNotFound(ToolfleetError):
+    """Raised when a turn id is not known to the result store (never submitted, or expired)."""
+
+
+class ToolFailure(ToolfleetError):
+    """Raised by a tool handler to fail its call with a specific error code.
+
+    The worker turns it into the call's error result (it never escapes the worker):
+    ``code`` (an :class:`~toolfleet.models.ErrorCode` value, default ``EXECUTION_ERROR``),
+    ``message`` (what went wrong), ``hint`` (how to fix it) and ``output`` (partial output kept,
+    for example what a command printed before it was stopped).
+    """
+
+    code = "EXECUTION_ERROR"
+
+    def __init__(self, message: str, hint: str = "", *, code: str | None = None, output: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.output = output
+        if code is not None:
+            self.code = code
+
+
+class PermissionDenied(ToolFailure):
+    """Raised when policy refuses a call (a path outside the workspace, a command not allowed)."""
+
+    code = "PERMISSION_DENIED"
+
+
+class ToolTimeout(ToolFailure):
+    """Raised by a handler that stopped its own work at the call's deadline."""
+
+    code = "TIMEOUT"
+
+
+class CallCancelled(BaseException):
+    """Raised inside a handler when its turn is cancelled and the grace period is over.
+
+    A ``BaseException`` on purpose (like dramatiq's time-limit interrupt): a handler's
+    ``except Exception`` must not swallow it. ``output`` carries what the handler produced so far.
+    """
+
+    def __init__(self, message: str = "the turn was cancelled", output: str = "") -> None:
+        super().__init__(message)
+        self.output = output

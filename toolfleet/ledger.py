@@ -1,0 +1,219 @@
+"""The turn ledger in Redis: the one place that decides each call's single result.
+
+Both sides write through it. Each operation is one Lua script, so it is atomic against the others:
+
+- ``claim_start`` (worker, before a handler runs): refuses when the turn is cancelled or the call
+  already has a result; otherwise marks the call started and appends a ``started`` event.
+- ``record_result`` (worker or dispatcher): stores the result only if the call has none yet
+  (``HSETNX``) and appends a ``result`` event; a later result for the same call is dropped. This is
+  what makes "exactly one result per call" hold even when a worker and the dispatcher's watchdog race.
+- ``cancel`` (any process): flags the turn, records ``NOT_EXECUTED`` for every call not started,
+  appends a ``cancel`` event and publishes on the turn's cancel channel for the workers.
+
+Keys are listed in :mod:`toolfleet.keys`; all expire ``result_ttl_s`` after the last write.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from .errors import BrokerUnavailable, TurnNotFound
+from .keys import Keys
+from .models import ErrorCode, ToolResult
+from .settings import Settings
+
+_RECORD = """
+-- KEYS: results, events, calls, started, cancelled ; ARGV: call_id, result_json, ttl
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('XADD', KEYS[2], '*', 'type', 'result', 'call_id', ARGV[1], 'data', ARGV[2])
+for i = 1, 5 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end
+return 1
+"""
+
+_CLAIM = """
+-- KEYS: results, events, started, cancelled ; ARGV: call_id, started_json, ttl
+if redis.call('EXISTS', KEYS[4]) == 1 then return 'cancelled' end
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 'done' end
+local before = redis.call('HGET', KEYS[3], ARGV[1])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+redis.call('XADD', KEYS[2], '*', 'type', 'started', 'call_id', ARGV[1], 'data', ARGV[2])
+redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
+if before then return 'restarted' end
+return 'ok'
+"""
+
+_CANCEL = """
+-- KEYS: calls, started, results, cancelled, events ; ARGV: reason, ttl, channel
+local ttl = tonumber(ARGV[2])
+if redis.call('SET', KEYS[4], ARGV[1], 'NX', 'EX', ttl) == false then return -1 end
+local calls = redis.call('HGETALL', KEYS[1])
+local n = 0
+for i = 1, #calls, 2 do
+  local cid, name = calls[i], calls[i + 1]
+  if redis.call('HEXISTS', KEYS[2], cid) == 0 and redis.call('HEXISTS', KEYS[3], cid) == 0 then
+    local msg = 'The turn was cancelled before this call started; it did not run.'
+    local hint = 'Nothing happened; ask again if the call is still wanted.'
+    local res = cjson.encode({call_id = cid, name = name, status = 'error',
+      content = 'Error [NOT_EXECUTED]: ' .. msg .. '\\nHint: ' .. hint,
+      error = {code = 'NOT_EXECUTED', message = msg, hint = hint}, attempts = 0})
+    redis.call('HSET', KEYS[3], cid, res)
+    redis.call('XADD', KEYS[5], '*', 'type', 'result', 'call_id', cid, 'data', res)
+    n = n + 1
+  end
+end
+redis.call('XADD', KEYS[5], '*', 'type', 'cancel', 'call_id', '', 'data', ARGV[1])
+for i = 1, 5 do redis.call('EXPIRE', KEYS[i], ttl) end
+redis.call('PUBLISH', ARGV[3], ARGV[1])
+return n
+"""
+
+
+def connect(url: str) -> redis.Redis:
+    """A redis-py client for ``url`` that answers, else :class:`BrokerUnavailable`."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=3, health_check_interval=30)
+    try:
+        client.ping()
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        raise BrokerUnavailable(url, str(exc)) from exc
+    return client
+
+
+@dataclass(frozen=True)
+class LedgerEvent:
+    """One entry of a turn's event stream: ``type`` is ``started``, ``result`` or ``cancel``."""
+
+    stream_id: str
+    type: str
+    call_id: str
+    data: str
+
+    def result(self) -> ToolResult:
+        return ToolResult.model_validate_json(self.data)
+
+
+class Ledger:
+    """Access to the turn ledger of one namespace. Safe to share between threads."""
+
+    def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
+        self.settings = settings
+        self.keys = Keys(settings.namespace)
+        self.redis = client if client is not None else connect(settings.redis_url)
+        self._record = self.redis.register_script(_RECORD)
+        self._claim = self.redis.register_script(_CLAIM)
+        self._cancel = self.redis.register_script(_CANCEL)
+
+    # --- dispatcher side ---
+    def open_turn(self, turn_id: str, calls: dict[str, str]) -> None:
+        """Register the calls (call_id -> tool name) of a new turn."""
+        k, ttl = self.keys, self.settings.result_ttl_s
+        pipe = self.redis.pipeline()
+        if calls:
+            pipe.hset(k.turn_calls(turn_id), mapping=calls)
+        pipe.xadd(k.turn_events(turn_id), {"type": "open", "call_id": "", "data": str(time.time())})
+        pipe.expire(k.turn_calls(turn_id), ttl)
+        pipe.expire(k.turn_events(turn_id), ttl)
+        pipe.execute()
+
+    def cancel(self, turn_id: str, reason: str = "cancelled by caller") -> int:
+        """Cancel a turn from any process. Returns how many calls were marked ``NOT_EXECUTED``,
+        or -1 if the turn was already cancelled. Raises :class:`TurnNotFound` for an unknown turn."""
+        k = self.keys
+        if not self.redis.exists(k.turn_calls(turn_id)) and not self.redis.exists(
+            k.turn_events(turn_id)
+        ):
+            raise TurnNotFound(f"no turn {turn_id!r} in namespace {k.ns!r}")
+        keys = [
+            k.turn_calls(turn_id),
+            k.turn_started(turn_id),
+            k.turn_results(turn_id),
+            k.turn_cancelled(turn_id),
+            k.turn_events(turn_id),
+        ]
+        return int(
+            self._cancel(
+                keys=keys,
+                args=[reason, self.settings.result_ttl_s, k.cancel_channel(turn_id)],
+            )
+        )
+
+    def events(
+        self, turn_id: str, after: str = "0-0", block_ms: int = 1000
+    ) -> Iterator[LedgerEvent]:
+        """Events after stream id ``after``, waiting up to ``block_ms`` for the first."""
+        reply = self.redis.xread({self.keys.turn_events(turn_id): after}, block=block_ms)
+        for _stream, entries in reply or ():
+            for stream_id, fields in entries:
+                yield LedgerEvent(
+                    stream_id=_s(stream_id),
+                    type=_s(fields.get(b"type", b"")),
+                    call_id=_s(fields.get(b"call_id", b"")),
+                    data=_s(fields.get(b"data", b"")),
+                )
+
+    def results(self, turn_id: str) -> dict[str, ToolResult]:
+        """Every result recorded so far, by call id."""
+        raw = self.redis.hgetall(self.keys.turn_results(turn_id))
+        return {_s(k): ToolResult.model_validate_json(v) for k, v in raw.items()}
+
+    def calls(self, turn_id: str) -> dict[str, str]:
+        """call_id -> tool name of a turn."""
+        return {_s(k): _s(v) for k, v in self.redis.hgetall(self.keys.turn_calls(turn_id)).items()}
+
+    # --- both sides ---
+    def record_result(self, turn_id: str, result: ToolResult) -> bool:
+        """Store ``result`` unless its call already has one. True if this one was kept."""
+        k = self.keys
+        keys = [
+            k.turn_results(turn_id),
+            k.turn_events(turn_id),
+            k.turn_calls(turn_id),
+            k.turn_started(turn_id),
+            k.turn_cancelled(turn_id),
+        ]
+        payload = result.model_dump_json(exclude_none=True)
+        kept = self._record(keys=keys, args=[result.call_id, payload, self.settings.result_ttl_s])
+        return bool(kept)
+
+    def record_failures(
+        self, turn_id: str, failures: Sequence[ToolResult]
+    ) -> None:
+        for result in failures:
+            self.record_result(turn_id, result)
+
+    # --- worker side ---
+    def claim_start(self, turn_id: str, call_id: str, worker: str) -> str:
+        """Mark a call started. Returns ``ok``, ``restarted`` (started before: a redelivery),
+        ``cancelled`` (turn cancelled: do not run) or ``done`` (already has a result: do not run)."""
+        k = self.keys
+        started = json.dumps({"worker": worker, "started_at": time.time()})
+        keys = [
+            k.turn_results(turn_id),
+            k.turn_events(turn_id),
+            k.turn_started(turn_id),
+            k.turn_cancelled(turn_id),
+        ]
+        return _s(self._claim(keys=keys, args=[call_id, started, self.settings.result_ttl_s]))
+
+    def is_cancelled(self, turn_id: str) -> bool:
+        return bool(self.redis.exists(self.keys.turn_cancelled(turn_id)))
+
+
+def not_executed(call_id: str, name: str) -> ToolResult:
+    """The placeholder for a call the turn's cancel kept from starting."""
+    return ToolResult.failure(
+        call_id,
+        name,
+        ErrorCode.NOT_EXECUTED,
+        "The turn was cancelled before this call started; it did not run.",
+        "Nothing happened; ask again if the call is still wanted.",
+    )
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

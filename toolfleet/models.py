@@ -1,0 +1,123 @@
+"""Wire envelopes shared by the dispatcher and the workers: tool calls, tool results, error codes.
+
+All are frozen pydantic models serialised as JSON (never pickle). Shapes follow DESIGN.md
+("Result contract"); error codes are the ones in its table.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ErrorCode(str, Enum):
+    """Why a call has no ``ok`` result. The model and the program both branch on these."""
+
+    UNKNOWN_TOOL = "UNKNOWN_TOOL"  # no tool by that name; handler did not run
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"  # arguments unparsable or against the schema; did not run
+    TOOL_UNAVAILABLE = "TOOL_UNAVAILABLE"  # no live worker serves the tool / circuit open; did not run
+    PERMISSION_DENIED = "PERMISSION_DENIED"  # policy refused it; did not run
+    EXECUTION_ERROR = "EXECUTION_ERROR"  # the handler failed
+    TIMEOUT = "TIMEOUT"  # ran past its time limit and was stopped
+    CANCELLED = "CANCELLED"  # turn cancelled while it ran; it was stopped
+    NOT_EXECUTED = "NOT_EXECUTED"  # turn cancelled before it started
+    WORKER_LOST = "WORKER_LOST"  # worker died under it; could not be safely re-run
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"  # side-effecting call whose outcome cannot be established
+    LOOP_DETECTED = "LOOP_DETECTED"  # same call repeated too often in a row; did not run
+    ABORTED = "ABORTED"  # placeholder for a call without a result (history repair)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ToolCall(_Frozen):
+    """One call the model proposed, in the provider-neutral shape.
+
+    ``arguments`` is the raw argument text as the model wrote it (a JSON string; ``""`` means ``{}``)
+    or an already-decoded object (Anthropic ``input``). ``index`` is the position in model order.
+    """
+
+    id: str
+    name: str
+    arguments: str | dict[str, Any] = ""
+    index: int = 0
+
+
+class ToolError(_Frozen):
+    """Structured error of a result: ``code``, what went wrong, and how to fix it."""
+
+    code: ErrorCode
+    message: str
+    hint: str = ""
+
+
+class ToolResult(_Frozen):
+    """Exactly one per call. ``content`` is the text the model reads (never empty).
+
+    Times are milliseconds: ``queued_ms`` from submit to start, ``run_ms`` from start to finish.
+    ``attempts`` counts executions begun (0 when the handler never ran).
+    """
+
+    call_id: str
+    name: str
+    status: Literal["ok", "error"]
+    content: str
+    data: Any = None
+    error: ToolError | None = None
+    queued_ms: float | None = None
+    run_ms: float | None = None
+    attempts: int = 0
+    worker: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def code(self) -> ErrorCode | None:
+        return self.error.code if self.error else None
+
+    @classmethod
+    def failure(
+        cls,
+        call_id: str,
+        name: str,
+        code: ErrorCode,
+        message: str,
+        hint: str = "",
+        *,
+        output: str = "",
+        **extra: Any,
+    ) -> ToolResult:
+        """An error result whose ``content`` states code, message and hint for the model, followed
+        by ``output`` (what the handler printed before it failed or was stopped), if any."""
+        content = f"Error [{code.value}]: {message}"
+        if hint:
+            content += f"\nHint: {hint}"
+        if output:
+            content += f"\n\nOutput before it stopped:\n{output}"
+        return cls(
+            call_id=call_id,
+            name=name,
+            status="error",
+            content=content,
+            error=ToolError(code=code, message=message, hint=hint),
+            **extra,
+        )
+
+
+class CallEnvelope(_Frozen):
+    """What the dispatcher sends to a worker for one call (the Celery task's only kwarg)."""
+
+    turn_id: str
+    call_id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    workspace: str | None = None
+    session_id: str | None = None
+    time_limit_s: float
+    idempotency_key: str
+    submitted_at: float  # unix seconds, dispatcher clock

@@ -1,0 +1,196 @@
+"""The tool SDK: ``@tool`` turns a typed, documented function into a :class:`ToolSpec`.
+
+The JSON Schema of the arguments is derived from the signature through a generated pydantic model
+(the idea of openai-agents' ``function_schema``): type hints and ``Annotated[..., Field(...)]`` give
+types and constraints, the docstring (Google, reST or numpydoc, via ``docstring_parser``) gives the
+tool's description and each parameter's. Unknown parameters are refused
+(``additionalProperties: false``). A parameter annotated ``ToolContext`` (or named ``ctx``) is not
+part of the schema: the worker passes the call's context there.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_type_hints
+
+import docstring_parser
+from jsonschema import Draft202012Validator
+from pydantic import ConfigDict, Field, create_model
+
+from ..errors import ConfigurationError
+from .context import ToolContext
+
+Access = Literal["read", "write"]
+ResourceFn = Callable[[Mapping[str, Any]], Iterable[str]]
+
+_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI and Anthropic both limit names to this
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool: what the model sees (name, description, parameters) and how it runs.
+
+    - ``access``: ``read`` or ``write``; with ``resources`` it decides what may run side by side.
+    - ``resources``: function of the arguments returning resource strings
+      (:mod:`toolfleet.tools.resources`); ``None`` means everything.
+    - ``timeout_s``: default time limit of one call; ``timeout_arg`` names an argument that may
+      lower or raise it per call, up to ``max_timeout_s``.
+    - ``max_output_chars``: output budget of the text the model reads.
+    - ``queue``: the Celery queue (under the namespace) its calls are routed to.
+    - ``cancellable``: whether a running call may be stopped when its turn is cancelled; a tool
+      that is not runs to its end and keeps its result.
+    - ``idempotent``: whether running it twice is harmless (reads are; writes by default are not).
+    """
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    handler: Callable[..., Any] = field(repr=False, compare=False)
+    access: Access = "write"
+    resources: ResourceFn | None = field(default=None, repr=False, compare=False)
+    timeout_s: float = 60.0
+    timeout_arg: str | None = None
+    max_timeout_s: float = 3600.0
+    max_output_chars: int = 20_000
+    queue: str = "default"
+    cancellable: bool = True
+    idempotent: bool = False
+    context_param: str | None = None
+    validator: Draft202012Validator = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the handler directly (in-process, no worker): handy in tests and notebooks."""
+        return self.handler(*args, **kwargs)
+
+    def time_limit_s(self, arguments: Mapping[str, Any]) -> float:
+        """The call's time limit: the ``timeout_arg`` argument if given, else ``timeout_s``."""
+        if self.timeout_arg and arguments.get(self.timeout_arg) is not None:
+            return float(min(float(arguments[self.timeout_arg]), self.max_timeout_s))
+        return self.timeout_s
+
+    def describe(self) -> dict[str, Any]:
+        """Provider-neutral description, as published in the worker catalog."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "access": self.access,
+            "queue": self.queue,
+            "timeout_s": self.timeout_s,
+            "cancellable": self.cancellable,
+            "idempotent": self.idempotent,
+        }
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    access: Access = "write",
+    resources: ResourceFn | None = None,
+    timeout_s: float = 60.0,
+    timeout_arg: str | None = None,
+    max_timeout_s: float = 3600.0,
+    max_output_chars: int = 20_000,
+    queue: str = "default",
+    cancellable: bool = True,
+    idempotent: bool | None = None,
+) -> Any:
+    """Decorator: ``@tool`` or ``@tool(access="read", resources=paths("path"))``.
+
+    Returns a :class:`ToolSpec` (still callable like the function). Options are explained on
+    :class:`ToolSpec`; ``idempotent`` defaults to ``access == "read"``. Raises
+    :class:`~toolfleet.errors.ConfigurationError` for a name providers refuse, an access other than
+    read/write, a parameter without a JSON-representable type, or a non-positive limit.
+    """
+
+    def build(func: Callable[..., Any]) -> ToolSpec:
+        return make_spec(
+            func,
+            name=name,
+            description=description,
+            access=access,
+            resources=resources,
+            timeout_s=timeout_s,
+            timeout_arg=timeout_arg,
+            max_timeout_s=max_timeout_s,
+            max_output_chars=max_output_chars,
+            queue=queue,
+            cancellable=cancellable,
+            idempotent=access == "read" if idempotent is None else idempotent,
+        )
+
+    return build(fn) if fn is not None else build
+
+
+def make_spec(func: Callable[..., Any], *, name: str | None, description: str | None, **options: Any) -> ToolSpec:
+    tool_name = name or func.__name__
+    if not _NAME.match(tool_name):
+        raise ConfigurationError(f"tool name {tool_name!r} must match {_NAME.pattern} (provider limit)")
+    if options["access"] not in ("read", "write"):
+        raise ConfigurationError(f"tool {tool_name}: access must be 'read' or 'write', not {options['access']!r}")
+    for key in ("timeout_s", "max_timeout_s", "max_output_chars"):
+        if options[key] <= 0:
+            raise ConfigurationError(f"tool {tool_name}: {key} must be positive")
+    doc = docstring_parser.parse(inspect.getdoc(func) or "")
+    parameters, context_param = _schema(func, tool_name, {p.arg_name: p.description for p in doc.params})
+    if options["timeout_arg"] and options["timeout_arg"] not in parameters["properties"]:
+        raise ConfigurationError(f"tool {tool_name}: timeout_arg {options['timeout_arg']!r} is not a parameter")
+    text = description or "\n\n".join(
+        part for part in (doc.short_description, doc.long_description) if part
+    )
+    Draft202012Validator.check_schema(parameters)
+    return ToolSpec(
+        name=tool_name,
+        description=text.strip(),
+        parameters=parameters,
+        handler=func,
+        context_param=context_param,
+        validator=Draft202012Validator(parameters),
+        **options,
+    )
+
+
+def _schema(
+    func: Callable[..., Any], tool_name: str, param_docs: dict[str, str | None]
+) -> tuple[dict[str, Any], str | None]:
+    try:
+        hints = get_type_hints(func, include_extras=True)
+    except Exception as exc:
+        raise ConfigurationError(f"tool {tool_name}: cannot read type hints: {exc}") from exc
+    fields: dict[str, Any] = {}
+    context_param = None
+    for param in inspect.signature(func).parameters.values():
+        hint = hints.get(param.name, Any)
+        if hint is ToolContext or param.name == "ctx":
+            context_param = param.name
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ConfigurationError(f"tool {tool_name}: *args/**kwargs cannot be described to a model")
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (hint, Field(default, description=param_docs.get(param.name)))
+    model = create_model(f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+    try:
+        schema = model.model_json_schema()
+    except Exception as exc:
+        raise ConfigurationError(f"tool {tool_name}: parameters have no JSON Schema: {exc}") from exc
+    _strip_titles(schema)
+    schema.setdefault("properties", {})
+    schema.setdefault("required", [])
+    schema["additionalProperties"] = False
+    return schema, context_param
+
+
+def _strip_titles(node: Any) -> None:
+    if isinstance(node, dict):
+        if isinstance(node.get("title"), str):
+            node.pop("title")
+        for value in node.values():
+            _strip_titles(value)
+    elif isinstance(node, list):
+        for value in node:
+            _strip_titles(value)

@@ -1,0 +1,80 @@
+"""The tool catalog that each live worker publishes to Redis, with a heartbeat.
+
+Key ``<ns>:catalog:<worker>`` holds JSON ``{"worker", "queues", "tools": [describe()...],
+"heartbeat_at"}`` and expires after three missed heartbeats, so a dead worker's tools vanish.
+Once a worker consumes, it also pushes its name on ``<ns>:workers:ready`` (tests and
+``toolfleet up`` wait on that list instead of sleeping).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.signals import worker_ready, worker_shutdown
+
+from ..keys import Keys
+from ..settings import Settings
+
+
+def catalog_entry(runtime: Any, worker: str) -> dict[str, Any]:
+    return {
+        "worker": worker,
+        "queues": [runtime.keys.queue(q) for q in runtime.registry.queues()],
+        "tools": [spec.describe() for spec in runtime.registry],
+        "heartbeat_at": time.time(),
+    }
+
+
+def connect_catalog(app: Celery, runtime: Any) -> None:
+    """Publish the catalog of ``app``'s worker while it runs."""
+    stop = threading.Event()
+    published: dict[str, Any] = {}
+
+    @worker_ready.connect(weak=False)
+    def _ready(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        worker = sender.hostname
+        client = redis.Redis.from_url(runtime.settings.redis_url)
+        key = runtime.keys.catalog(worker)
+        ttl_ms = int(runtime.settings.heartbeat_s * 3 * 1000)
+
+        def beat() -> None:
+            while not stop.is_set():
+                try:
+                    client.set(key, json.dumps(catalog_entry(runtime, worker)), px=ttl_ms)
+                except redis.RedisError:
+                    pass  # Redis away: the key expires, the tools read as unavailable
+                stop.wait(runtime.settings.heartbeat_s)
+
+        client.set(key, json.dumps(catalog_entry(runtime, worker)), px=ttl_ms)
+        published.update(client=client, key=key)
+        client.rpush(runtime.keys.workers_ready, worker)
+        client.expire(runtime.keys.workers_ready, runtime.settings.result_ttl_s)
+        threading.Thread(target=beat, name="toolfleet-catalog", daemon=True).start()
+
+    @worker_shutdown.connect(weak=False)
+    def _shutdown(sender: Any = None, **_: Any) -> None:
+        stop.set()
+        if published:
+            try:
+                published["client"].delete(published["key"])
+            except redis.RedisError:
+                pass
+
+
+def live_catalog(settings: Settings, client: redis.Redis | None = None) -> list[dict[str, Any]]:
+    """The catalogs of the live workers of ``settings.namespace``."""
+    client = client or redis.Redis.from_url(settings.redis_url)
+    keys = Keys(settings.namespace)
+    entries = []
+    for key in sorted(client.scan_iter(match=keys.catalog_pattern, count=200)):
+        raw = client.get(key)
+        if raw:
+            entries.append(json.loads(raw))
+    return entries
