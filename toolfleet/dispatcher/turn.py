@@ -250,7 +250,8 @@ class Turn:
                     self.turn_id,
                     ToolResult.failure(
                         call_id, run.spec.name, ErrorCode.WORKER_LOST,
-                        f"no result {hard_s + WATCHDOG_SLACK_S:g} s after the call started; its worker is presumed lost",
+                        f"no result {hard_s + WATCHDOG_SLACK_S:g} s after the call started; "
+                        "its worker is presumed lost",
                         "the call may or may not have taken effect; check before repeating it",
                     ),
                 )
