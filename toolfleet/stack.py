@@ -90,10 +90,15 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     handle = open(log, "ab")
     return subprocess.Popen(
-        argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        argv,
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -161,7 +166,9 @@ def up(
     if flower_port:
         log = home() / "flower.log"
         proc = _spawn([sys.executable, "-m", "celery", "--broker", url, "--result-backend", url, "flower",
-                       f"--port={flower_port}", "--address=127.0.0.1"], log)
+                       f"--port={flower_port}", "--address=127.0.0.1"], log,
+                      # bound to loopback only: the local API may answer without a password
+                      env={"FLOWER_UNAUTHENTICATED_API": "true"})
         state["pids"]["flower"] = proc.pid
         state["flower_url"] = f"http://127.0.0.1:{flower_port}"
         _write(state)

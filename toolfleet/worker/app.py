@@ -34,7 +34,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "event_serializer": "json",
         "task_default_queue": f"{settings.namespace}.default",
         "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        # no client-side task-sent events: they carry the real task name, not the shadow, and
+        # when they reach Flower after the worker's events Flower shows "toolfleet.run_call"
+        "task_send_sent_event": False,
         "worker_prefetch_multiplier": 1,
         "result_expires": settings.result_ttl_s,
         "broker_connection_retry_on_startup": True,

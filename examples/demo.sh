@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The demo behind `make demo`: local stack up, the example model responses run, a cancel
+# mid-batch, the Flower URL, stack down. Set DEMO_KEEP=1 to leave the stack running.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TF=${TF:-.venv/bin/toolfleet}
+export TOOLFLEET_HOME=${TOOLFLEET_HOME:-$PWD/.toolfleet}
+CASES=examples/cases/openai_chat
+
+$TF up -d --workers 2
+[ "${DEMO_KEEP:-0}" = 1 ] || trap '$TF down' EXIT
+
+ws=$(mktemp -d)/workspace
+cp -r examples/cases/workspace "$ws"
+echo "workspace copy: $ws"
+
+for case in 01_parallel_reads 02_read_write_order 03_bad_calls 04_slow_commands; do
+  echo; echo "== $case"
+  $TF run "$CASES/$case.json" --workspace "$ws"
+done
+
+echo; echo "== 05_duplicate_ids (the batch is refused, nothing runs)"
+$TF run "$CASES/05_duplicate_ids.json" --workspace "$ws" || true
+
+echo; echo "== 04_slow_commands again, cancelled 2.5 s in"
+$TF run "$CASES/04_slow_commands.json" --workspace "$ws" --cancel-after 2.5
+
+flower=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1])).get('flower_url',''))" "$TOOLFLEET_HOME/stack.json")
+echo; echo "Flower: $flower/tasks  (API: $flower/api/tasks)"
+[ "${DEMO_KEEP:-0}" = 1 ] && echo "stack left running; stop it with: $TF down" || true
