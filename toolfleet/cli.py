@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -88,33 +88,44 @@ def worker(
 
 @app.command()
 def run(
-    response: Annotated[Path, typer.Argument(help="A recorded model response (JSON).", exists=True, dir_okay=False)],
-    workspace: Annotated[
-        Path, typer.Option("--workspace", "-w", help="Directory the tools work in.", file_okay=False)
-    ] = Path("."),
+    response: Annotated[Path, typer.Argument(
+        help="A recorded model response (.json) or stream (.jsonl, one event a line), in any provider format.",
+        exists=True, dir_okay=False)],
+    workspace: Annotated[Path, typer.Option("--workspace", "-w", help="Directory the tools work in.",
+                                            file_okay=False)] = Path("."),
     cancel_after: Annotated[
         Optional[float], typer.Option("--cancel-after", help="Cancel the turn after S seconds.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
-    fmt: Annotated[Optional[str], typer.Option("--format", help="Provider format (default: detected).")] = None,
+    fmt: Annotated[Optional[str], typer.Option("--format", help="Provider format (default: from the file).")] = None,
     timeout_s: Annotated[Optional[float], typer.Option("--timeout", help="Give up waiting after S seconds.")] = None,
     redis_url: RedisOpt = None,
     namespace: NamespaceOpt = None,
     tools: ToolsOpt = None,
 ) -> None:
-    """Execute the tool calls of a recorded model response and print their results."""
+    """Execute the tool calls of a recorded model response or stream and print their results.
+
+    With --json: ``messages`` are the results in the same provider's shape, ``assistant`` the
+    model's own message(s) to put before them in the next request."""
     from .dispatcher import Dispatcher
+    from .dispatcher.adapters import detect, get_adapter
     from .tools.registry import default_registry
     from .view import print_results, progress
 
     settings = _settings(redis_url, namespace)
+    payload = _read_payload(response)
+    warnings: list[str] = []
     try:
-        payload = json.loads(response.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        _fail(ToolfleetError(f"cannot read {response}: {exc}"), 2)
-    try:
+        adapter = get_adapter(fmt) if fmt else detect(payload)
         dispatcher = Dispatcher(settings, default_registry(tools or []))
-        turn = dispatcher.submit_response(payload, format=fmt, workspace=str(workspace.resolve()))
+        options = {"workspace": str(workspace.resolve())}
+        if adapter.streamed:
+            with dispatcher.open_stream(format=adapter.name, **options) as stream:
+                for event in payload if isinstance(payload, list) else [payload]:
+                    stream.feed(event)
+            turn, warnings = stream.turn, stream.warnings
+        else:
+            turn = dispatcher.submit_response(payload, format=adapter.name, **options)
     except BatchRejected as exc:
         if as_json:
             error = {"reason": exc.reason, "message": str(exc), "call_ids": list(exc.call_ids)}
@@ -142,19 +153,45 @@ def run(
         _fail(exc)
     finished = time.monotonic()
     if as_json:
+        plan = turn.plan
         doc = {
             "turn_id": turn.turn_id,
             "format": turn.adapter.name,
             "results": [r.model_dump(mode="json") for r in results],
+            "assistant": turn.assistant_messages(),
             "messages": turn.adapter.format_results(results),
-            "plan": {"waves": turn.plan.waves(), "deps": {k: sorted(v) for k, v in turn.plan.deps.items()}},
+            "plan": {"waves": plan.waves(), "deps": {k: sorted(v) for k, v in plan.deps.items()}},
+            "warnings": warnings,
             "elapsed_s": round(finished - started, 3),
             "final_after_cancel_s": round(finished - cancelled_at[0], 3) if cancelled_at else None,
         }
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
+        for warning in warnings:
+            err.print(f"[yellow]warning:[/] {warning}")
         print_results(out, turn, results, finished - started, finished - cancelled_at[0] if cancelled_at else None)
     dispatcher.close()
+
+
+def _read_payload(path: Path) -> Any:
+    """A .json file's one value, or a .jsonl file's events (one JSON value a line) as a list.
+    A .json file that holds several lines of JSON values is read as events too."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        _fail(ToolfleetError(f"cannot read {path}: {exc}"), 2)
+    lines = [line for line in text.splitlines() if line.strip()]
+    try:
+        if path.suffix == ".jsonl":
+            return [json.loads(line) for line in lines]
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            if len(lines) > 1:
+                return [json.loads(line) for line in lines]
+            raise
+    except json.JSONDecodeError as exc:
+        _fail(ToolfleetError(f"cannot read {path}: not JSON ({exc})"), 2)
 
 
 @app.command()
@@ -181,13 +218,39 @@ def tools_cmd(
     redis_url: RedisOpt = None,
     namespace: NamespaceOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    fmt: Annotated[Optional[str], typer.Option(
+        "--format", help="Print the request's `tools` list for chat, responses or anthropic.")] = None,
+    local: Annotated[bool, typer.Option(
+        "--local", help="With --format: describe the built-in tools plus --tools, not the live workers'.")] = False,
+    tools: ToolsOpt = None,
 ) -> None:
-    """List the tools the live workers serve."""
+    """List the tools the live workers serve, or (--format) print them as a provider's tools list.
+
+    With --format the tools are those the live workers of the namespace publish; when no worker is
+    live (or Redis does not answer, or with --local or --tools) they are the built-in tools plus
+    --tools modules. Where they came from is said on stderr."""
+    from .dispatcher.adapters import get_adapter
     from .ledger import connect
+    from .tools.registry import default_registry
     from .view import print_catalog
     from .worker.catalog import live_catalog
 
     settings = _settings(redis_url, namespace)
+    if fmt is not None:
+        try:
+            adapter = get_adapter(fmt)
+            entries = [] if local or tools else _live_entries(settings)
+            if entries:
+                source: Any = list({t["name"]: t for e in entries for t in e["tools"]}.values())
+                err.print(f"tools of {len(entries)} live worker(s) in namespace {settings.namespace!r}")
+            else:
+                source = default_registry(tools or [])
+                err.print("built-in tools" + (f" plus {', '.join(tools)}" if tools else "")
+                          + ("" if local or tools else " (no live worker)"))
+        except ToolfleetError as exc:
+            _fail(exc)
+        print(json.dumps(adapter.tools(source), indent=2, ensure_ascii=False))
+        return
     try:
         entries = live_catalog(settings, connect(settings.redis_url))
     except ToolfleetError as exc:
@@ -196,6 +259,17 @@ def tools_cmd(
         print(json.dumps(entries, indent=2))
     else:
         print_catalog(out, entries)
+
+
+def _live_entries(settings: Settings) -> list[dict[str, Any]]:
+    """The live workers' catalog entries, or [] when Redis does not answer."""
+    from .ledger import connect
+    from .worker.catalog import live_catalog
+
+    try:
+        return live_catalog(settings, connect(settings.redis_url))
+    except ToolfleetError:
+        return []
 
 
 @app.command()

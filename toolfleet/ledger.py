@@ -7,6 +7,8 @@ Both sides write through it. Each operation is one Lua script, so it is atomic a
 - ``record_result`` (worker or dispatcher): stores the result only if the call has none yet
   (``HSETNX``) and appends a ``result`` event; a later result for the same call is dropped. This is
   what makes "exactly one result per call" hold even when a worker and the dispatcher's watchdog race.
+- ``add_calls`` (dispatcher, a streamed turn): registers calls; if the turn is already cancelled,
+  records ``NOT_EXECUTED`` for them in the same step, so a call added after a cancel cannot slip by.
 - ``cancel`` (any process): flags the turn, records ``NOT_EXECUTED`` for every call not started,
   appends a ``cancel`` event and publishes on the turn's cancel channel for the workers.
 
@@ -46,6 +48,24 @@ redis.call('XADD', KEYS[2], '*', 'type', 'started', 'call_id', ARGV[1], 'data', 
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
 if before then return 'restarted' end
 return 'ok'
+"""
+
+_ADD = """
+-- KEYS: calls, results, events, cancelled ; ARGV: ttl, then (call_id, name, not_executed_json) triples
+local ttl = tonumber(ARGV[1])
+local cancelled = redis.call('EXISTS', KEYS[4]) == 1
+local refused = {}
+for i = 2, #ARGV, 3 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  if cancelled then
+    if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 2]) == 1 then
+      redis.call('XADD', KEYS[3], '*', 'type', 'result', 'call_id', ARGV[i], 'data', ARGV[i + 2])
+    end
+    refused[#refused + 1] = ARGV[i]
+  end
+end
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ttl) end
+return refused
 """
 
 _CANCEL = """
@@ -107,6 +127,7 @@ class Ledger:
         self._record = self.redis.register_script(_RECORD)
         self._claim = self.redis.register_script(_CLAIM)
         self._cancel = self.redis.register_script(_CANCEL)
+        self._add = self.redis.register_script(_ADD)
 
     # --- dispatcher side ---
     def open_turn(self, turn_id: str, calls: dict[str, str]) -> None:
@@ -119,6 +140,19 @@ class Ledger:
         pipe.expire(k.turn_calls(turn_id), ttl)
         pipe.expire(k.turn_events(turn_id), ttl)
         pipe.execute()
+
+    def add_calls(self, turn_id: str, calls: dict[str, str]) -> set[str]:
+        """Register more calls (call_id -> tool name) of an open turn, atomically against
+        ``cancel``: a call added before a cancel is marked ``NOT_EXECUTED`` by the cancel; one added
+        after it is marked here. Returns the ids refused that way (the turn was cancelled)."""
+        if not calls:
+            return set()
+        k = self.keys
+        args: list[Any] = [self.settings.result_ttl_s]
+        for call_id, name in calls.items():
+            args += [call_id, name, not_executed(call_id, name).model_dump_json(exclude_none=True)]
+        keys = [k.turn_calls(turn_id), k.turn_results(turn_id), k.turn_events(turn_id), k.turn_cancelled(turn_id)]
+        return {_s(cid) for cid in self._add(keys=keys, args=args)}
 
     def cancel(self, turn_id: str, reason: str = "cancelled by caller") -> int:
         """Cancel a turn from any process. Returns how many calls were marked ``NOT_EXECUTED``,

@@ -1,28 +1,26 @@
-"""The agent side's entry point: ``Dispatcher.submit`` turns a batch into a running :class:`Turn`.
+"""The agent side's entry point: ``Dispatcher`` turns calls, responses and streams into turns.
 
-Path (DESIGN.md): adapter in -> check ids -> validate (name, then arguments) -> plan -> open the
-turn in the ledger -> record the error results of bad calls -> submit what waits for nothing.
+Path (DESIGN.md): adapter in -> check ids -> validate (name, then arguments) -> plan -> register
+in the ledger -> record the error results of bad calls -> submit what waits for nothing. A whole
+batch goes through it at once (:meth:`Dispatcher.submit`); a stream goes through it one call at a
+time as each call's arguments complete (:meth:`Dispatcher.open_stream`).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..errors import BatchRejected
 from ..ledger import Ledger
 from ..models import ToolCall, ToolResult
 from ..settings import Settings
 from ..tools.registry import Registry, default_registry
-from ..tools.resources import resolve
-from ..tools.validation import check_arguments, parse_arguments, unknown_tool
 from ..worker.app import create_app
-from .adapters import Adapter, detect, get_adapter
-from .plan import PlanItem, make_plan
+from .adapters import Adapter, as_dict, detect, get_adapter
+from .streaming import TurnStream
 from .submit import Submitter
-from .turn import Runnable, Turn
+from .turn import Turn, check_ids
 
 
 class Dispatcher:
@@ -40,68 +38,83 @@ class Dispatcher:
         self.app = create_app(self.settings, self.registry)
         self.submitter = Submitter(self.app, self.settings)
 
-    def submit(
+    def open_turn(
         self,
-        calls: Sequence[ToolCall],
         *,
         workspace: str | None = None,
         session_id: str | None = None,
         turn_id: str | None = None,
         adapter: Adapter | None = None,
+        response: Any = None,
     ) -> Turn:
-        """Start running ``calls`` (model order) and return the turn's handle at once.
+        """A turn that takes calls as they come (:meth:`Turn.add_calls`) until :meth:`Turn.close`.
 
         ``workspace`` is the directory the file tools and commands work in (as the workers see
-        it). Raises :class:`BatchRejected` (nothing runs) if two calls share an id or a call has
-        none, :class:`BrokerUnavailable` if Redis does not answer.
+        it). Raises :class:`~toolfleet.errors.BrokerUnavailable` if Redis does not answer.
         """
-        _check_ids(calls)
         turn_id = turn_id or uuid.uuid4().hex
-        failures: list[ToolResult] = []
-        runnable: dict[str, Runnable] = {}
-        items: list[PlanItem] = []
-        for call in calls:
-            spec = self.registry.get(call.name)
-            if spec is None:
-                failures.append(unknown_tool(call, self.registry.names()))
-                continue
-            arguments = parse_arguments(call)
-            if isinstance(arguments, ToolResult):
-                failures.append(arguments)
-                continue
-            problem = check_arguments(spec, call.id, arguments)
-            if problem is not None:
-                failures.append(problem)
-                continue
-            runnable[call.id] = Runnable(spec, arguments)
-            items.append(PlanItem(call.id, spec.access, resolve(spec.resources, arguments)))
-        plan = make_plan(items)
-        self.ledger.open_turn(turn_id, {c.id: c.name for c in calls})
-        for failure in failures:
-            self.ledger.record_result(turn_id, failure)
+        self.ledger.open_turn(turn_id, {})
         turn = Turn(
             turn_id=turn_id,
-            calls=calls,
-            plan=plan,
-            runnable=runnable,
+            registry=self.registry,
             ledger=self.ledger,
             submitter=self.submitter,
             settings=self.settings,
             workspace=workspace,
             session_id=session_id,
             adapter=adapter,
+            response=response,
         )
+        return turn.start()
+
+    def submit(self, calls: Sequence[ToolCall], **options: Any) -> Turn:
+        """Start running ``calls`` (model order) and return the turn's handle at once.
+
+        ``options`` are those of :meth:`open_turn`. Raises
+        :class:`~toolfleet.errors.BatchRejected` (nothing runs) if two calls share an id or a call
+        has none, :class:`~toolfleet.errors.BrokerUnavailable` if Redis or the broker does not
+        answer (nothing keeps running).
+        """
+        check_ids(calls)
+        turn = self.open_turn(**options)
         try:
-            return turn.start()
+            turn.add_calls(calls, raise_errors=True)
         except BaseException:
-            self.ledger.cancel(turn_id, "submission failed")
+            self.ledger.cancel(turn.turn_id, "submission failed")
+            turn.close()
             raise
+        return turn.close()
 
     def submit_response(self, payload: Any, *, format: str | None = None, **options: Any) -> Turn:
-        """Parse a provider response (``format`` or detected from its shape) and submit its calls.
-        ``turn.messages()`` then gives the tool-result messages in the same provider's shape."""
+        """Parse a provider response (``format``, or told from its shape) and submit its calls.
+
+        A stream's events (a list) are accepted too and go through :meth:`submit_stream`.
+        ``turn.messages()`` then gives the tool results in the same provider's shape, and
+        ``turn.assistant_messages()`` the model's own message to put before them.
+        """
         adapter = get_adapter(format) if format else detect(payload)
-        return self.submit(adapter.parse(payload), adapter=adapter, **options)
+        if adapter.streamed:
+            return self.submit_stream(as_dict(payload), format=adapter.name, **options)
+        return self.submit(adapter.parse(payload), adapter=adapter, response=payload, **options)
+
+    def open_stream(self, *, format: str | None = None, **options: Any) -> TurnStream:
+        """A :class:`TurnStream`: ``feed`` it each event of a provider stream as it arrives; each
+        call is submitted as soon as its arguments are complete. ``close`` it at the end (or use
+        it as a context manager). ``format`` as in :func:`~toolfleet.dispatcher.adapters.get_adapter`,
+        or None to tell it from the events."""
+        return TurnStream(self.open_turn(**options), format)
+
+    def submit_stream(self, events: Iterable[Any], *, format: str | None = None, **options: Any) -> Turn:
+        """Read ``events`` to their end, submitting each call the moment its arguments are
+        complete, then return the closed turn (results may still be coming)."""
+        with self.open_stream(format=format, **options) as stream:
+            for event in events:
+                stream.feed(event)
+        return stream.turn
+
+    def tools(self, format: str = "openai_chat") -> list[dict[str, Any]]:
+        """The ``tools`` list of a request in ``format`` (``chat``, ``responses``, ``anthropic``)."""
+        return get_adapter(format).tools(self.registry)
 
     def run(self, calls: Sequence[ToolCall], *, timeout_s: float | None = None, **options: Any) -> list[ToolResult]:
         """Submit and wait: every call's result, in model order."""
@@ -121,21 +134,3 @@ class Dispatcher:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _check_ids(calls: Sequence[ToolCall]) -> None:
-    missing = [c.index for c in calls if not c.id]
-    if missing:
-        raise BatchRejected(
-            f"call(s) at position {missing} have no call id, so their results could not be paired; nothing ran",
-            reason="missing_call_id",
-        )
-    counts = Counter(c.id for c in calls)
-    dupes = tuple(cid for cid, n in counts.items() if n > 1)
-    if dupes:
-        raise BatchRejected(
-            f"duplicate call id(s) {', '.join(dupes)}: results could not be paired by id, so the batch "
-            "was refused and nothing ran",
-            reason="duplicate_call_id",
-            call_ids=dupes,
-        )

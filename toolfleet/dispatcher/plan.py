@@ -59,17 +59,41 @@ class Plan:
         return out
 
 
+class Planner:
+    """Plans calls one at a time, as they arrive (a streamed response).
+
+    The rule only looks backwards (a call waits for earlier calls it conflicts with), so adding
+    calls in model order gives exactly the plan of the whole batch: ``add`` never changes what an
+    earlier call waits for. Not thread-safe; the turn calls it under its lock.
+    """
+
+    def __init__(self) -> None:
+        self._items: list[PlanItem] = []
+        self.deps: dict[str, frozenset[str]] = {}
+        self.dependents: dict[str, list[str]] = {}
+
+    def add(self, item: PlanItem) -> frozenset[str]:
+        """Plan ``item`` after every call added so far; returns the calls it waits for."""
+        waits = frozenset(earlier.call_id for earlier in self._items if conflicts(earlier, item))
+        self._items.append(item)
+        self.deps[item.call_id] = waits
+        self.dependents[item.call_id] = []
+        for d in waits:
+            self.dependents[d].append(item.call_id)
+        return waits
+
+    def plan(self) -> Plan:
+        """The plan so far, as an immutable :class:`Plan`."""
+        return Plan(
+            order=tuple(item.call_id for item in self._items),
+            deps=dict(self.deps),
+            dependents={k: tuple(v) for k, v in self.dependents.items()},
+        )
+
+
 def make_plan(items: Sequence[PlanItem]) -> Plan:
     """Plan ``items`` (given in model order)."""
-    deps: dict[str, frozenset[str]] = {}
-    dependents: dict[str, list[str]] = {item.call_id: [] for item in items}
-    for j, later in enumerate(items):
-        waits = frozenset(earlier.call_id for earlier in items[:j] if conflicts(earlier, later))
-        deps[later.call_id] = waits
-        for d in waits:
-            dependents[d].append(later.call_id)
-    return Plan(
-        order=tuple(item.call_id for item in items),
-        deps=deps,
-        dependents={k: tuple(v) for k, v in dependents.items()},
-    )
+    planner = Planner()
+    for item in items:
+        planner.add(item)
+    return planner.plan()

@@ -1,5 +1,11 @@
 """The handle of a running turn: results as they finish and in model order, and ``cancel()``.
 
+A turn takes its calls all at once (a whole response: :meth:`Dispatcher.submit`) or a few at a
+time while a stream is read (:meth:`Turn.add_calls`, then :meth:`Turn.close`). Each call is
+validated, planned against the calls taken before it (the plan rule only looks backwards, so this
+is the plan of the whole batch), registered in the ledger, and submitted as soon as the calls it
+waits for have results.
+
 A driver thread per turn reads the turn's event stream in Redis (push: ``XREAD BLOCK``, no polling
 of Celery's result backend), submits each call as soon as the calls it waits for have results,
 and watches the time: after a cancel, calls still running past the grace period are reported
@@ -13,22 +19,29 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import BrokerUnavailable, ToolfleetError
+import redis
+
+from ..errors import BatchRejected, BrokerUnavailable, ToolfleetError
 from ..ledger import Ledger, not_executed
 from ..models import ErrorCode, ToolCall, ToolResult
 from ..settings import Settings
+from ..tools.registry import Registry
+from ..tools.resources import resolve
 from ..tools.spec import ToolSpec
-from .plan import Plan
+from ..tools.validation import check_call
+from .plan import Plan, PlanItem, Planner
 from .submit import Submitter
 
 log = logging.getLogger(__name__)
 WATCHDOG_SLACK_S = 3.0  # beyond a call's hard limit before the dispatcher calls its worker lost
 CANCEL_SLACK_S = 0.25  # beyond cancel_grace_s before the dispatcher reports running calls itself
 BLOCK_MS = 100
+_WAKE = object()  # put on the completion queue when the turn closes or fails
 
 
 @dataclass(frozen=True)
@@ -38,45 +51,68 @@ class Runnable:
 
 
 class Turn:
-    """One batch in flight. Create through :meth:`toolfleet.Dispatcher.submit`."""
+    """One batch in flight. Create through :meth:`toolfleet.Dispatcher.submit` (a whole batch),
+    :meth:`~toolfleet.Dispatcher.submit_response`, :meth:`~toolfleet.Dispatcher.submit_stream` or
+    :meth:`~toolfleet.Dispatcher.open_turn` (calls added as they come, then :meth:`close`)."""
 
     def __init__(
         self,
         *,
         turn_id: str,
-        calls: Sequence[ToolCall],
-        plan: Plan,
-        runnable: dict[str, Runnable],
+        registry: Registry,
         ledger: Ledger,
         submitter: Submitter,
         settings: Settings,
         workspace: str | None,
         session_id: str | None,
         adapter: Any = None,
+        response: Any = None,
     ) -> None:
         self.turn_id = turn_id
-        self.calls = list(calls)
-        self.plan = plan
         self.adapter = adapter
-        self._runnable = runnable
+        self.response = response  # the provider payload the calls came from (rebuilt for a stream)
+        self._registry = registry
         self._ledger = ledger
         self._submitter = submitter
         self._settings = settings
         self._workspace = workspace
         self._session_id = session_id
-        self._names = {c.id: c.name for c in calls}
+        self._calls: list[ToolCall] = []
+        self._names: dict[str, str] = {}
+        self._runnable: dict[str, Runnable] = {}
+        self._planner = Planner()
         self._results: dict[str, ToolResult] = {}
+        self._scheduled: set[str] = set()  # call ids handed (or being handed) to the submitter
         self._submitted: dict[str, str] = {}  # call id -> task id
         self._started: dict[str, float] = {}  # call id -> monotonic time its start was seen
         self._finished: set[str] = set()
-        self._completed: queue.Queue[ToolResult] = queue.Queue()
+        self._completed: queue.Queue[Any] = queue.Queue()
         self._lock = threading.Lock()
+        self._intake = threading.Lock()  # one add_calls/close at a time: model order is kept
+        self._closed = False
         self._done = threading.Event()
         self._cancelled_at: float | None = None
         self._error: ToolfleetError | None = None
         self._thread = threading.Thread(target=self._drive, name=f"toolfleet-turn-{turn_id}", daemon=True)
 
     # ---- public ----
+    @property
+    def calls(self) -> list[ToolCall]:
+        """The calls taken so far, in model order."""
+        with self._lock:
+            return list(self._calls)
+
+    @property
+    def plan(self) -> Plan:
+        """The plan of the runnable calls taken so far (calls with an error result have none)."""
+        with self._lock:
+            return self._planner.plan()
+
+    @property
+    def closed(self) -> bool:
+        """True once no more calls can be added."""
+        return self._closed
+
     @property
     def done(self) -> bool:
         return self._done.is_set()
@@ -85,12 +121,79 @@ class Turn:
     def cancelled(self) -> bool:
         return self._cancelled_at is not None
 
+    def add_call(self, call: ToolCall) -> None:
+        """Take one more call; see :meth:`add_calls`."""
+        self.add_calls([call])
+
+    def add_calls(
+        self,
+        calls: Sequence[ToolCall],
+        *,
+        failed: Mapping[str, ToolResult] | None = None,
+        raise_errors: bool = False,
+    ) -> None:
+        """Take more calls, which come after every call taken so far in model order.
+
+        Each is validated (an invalid one gets its error result at once), planned against the
+        earlier calls, registered in the ledger and, when it waits for nothing unfinished,
+        submitted before this returns. On a cancelled turn the calls get ``NOT_EXECUTED``.
+        ``failed`` maps call ids to error results decided by the caller (a stream cut short):
+        those are recorded instead of checking the call.
+
+        Raises :class:`BatchRejected` (none of ``calls`` taken) if a call has no id or an id
+        already used in this turn; :class:`ToolfleetError` if the turn is closed;
+        :class:`BrokerUnavailable` if Redis does not answer (and, with ``raise_errors``, if the
+        broker refuses a call; otherwise that call gets a ``TOOL_UNAVAILABLE`` result).
+        """
+        calls = list(calls)
+        failed = failed or {}
+        checked = [failed.get(call.id) or check_call(self._registry, call) for call in calls]
+        with self._intake:
+            with self._lock:
+                if self._closed:
+                    raise ToolfleetError(f"turn {self.turn_id} is closed; it takes no more calls")
+                check_ids(calls, taken=self._names)
+                for call in calls:
+                    self._calls.append(call)
+                    self._names[call.id] = call.name
+            try:
+                refused = self._ledger.add_calls(self.turn_id, {c.id: c.name for c in calls})
+                to_send = []
+                for call, outcome in zip(calls, checked, strict=True):
+                    if call.id in refused:
+                        continue  # cancelled before it was taken: NOT_EXECUTED is recorded
+                    if isinstance(outcome, ToolResult):
+                        self._ledger.record_result(self.turn_id, outcome)
+                        continue
+                    spec, arguments = outcome
+                    item = PlanItem(call.id, spec.access, resolve(spec.resources, arguments))
+                    with self._lock:
+                        self._runnable[call.id] = Runnable(spec, arguments)
+                        deps = self._planner.add(item)
+                        if self._cancelled_at is None and deps <= self._finished:
+                            self._scheduled.add(call.id)
+                            to_send.append(call.id)
+            except redis.RedisError as exc:
+                raise BrokerUnavailable(self._settings.redis_url, str(exc)) from exc
+            for call_id in to_send:
+                self._submit(call_id, raise_errors=raise_errors)
+
+    def close(self) -> Turn:
+        """No more calls: the turn is done once every call taken has its result. Idempotent."""
+        with self._intake, self._lock:
+            self._closed = True
+            if len(self._results) == len(self._calls):
+                self._done.set()
+        self._completed.put(_WAKE)
+        return self
+
     def wait(self, timeout_s: float | None = None) -> bool:
-        """Block until every call has its result (True) or ``timeout_s`` passes (False)."""
+        """Block until the turn is closed and every call has its result (True), or ``timeout_s``
+        passes (False)."""
         return self._done.wait(timeout_s)
 
     def results(self, timeout_s: float | None = None) -> list[ToolResult]:
-        """Every call's result, in model order. Blocks until all are in.
+        """Every call's result, in model order. Blocks until the turn is closed and all are in.
 
         Raises ``TimeoutError`` if ``timeout_s`` passes first, :class:`BrokerUnavailable` if Redis
         went away for good while waiting.
@@ -99,34 +202,52 @@ class Turn:
             raise TimeoutError(f"turn {self.turn_id} not finished after {timeout_s} s")
         if self._error is not None:
             raise self._error
-        return [self._results[c.id] for c in self.calls]
+        with self._lock:
+            return [self._results[c.id] for c in self._calls]
 
     def as_completed(self, timeout_s: float | None = None) -> Iterator[ToolResult]:
-        """Yield each result the moment it is recorded (completion order), every call once."""
+        """Yield each result the moment it is recorded (completion order), every call once, until
+        the turn is closed and all are in. One consumer per turn."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        for _ in self.calls:
+        yielded = 0
+        while True:
+            with self._lock:
+                finished = self._closed and yielded >= len(self._calls)
+            if self._error is not None and self._completed.empty():
+                raise self._error
+            if finished:
+                return
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0)
             try:
-                yield self._completed.get(timeout=remaining)
+                item = self._completed.get(timeout=remaining)
             except queue.Empty:
                 raise TimeoutError(f"turn {self.turn_id} not finished after {timeout_s} s") from None
-            if self._error is not None and self._completed.empty() and self._done.is_set():
-                raise self._error
+            if item is not _WAKE:
+                yielded += 1
+                yield item
 
     def result(self, call_id: str) -> ToolResult | None:
         """The result of ``call_id`` if it is in, else None."""
         return self._results.get(call_id)
 
     def messages(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
-        """The tool-result messages for the model's next request, in the batch's provider format."""
+        """The tool-result messages for the model's next request, in the batch's provider format
+        (waits for every result)."""
         if self.adapter is None:
             raise ToolfleetError("this turn was submitted without a provider format")
         return self.adapter.format_results(self.results(timeout_s))
 
+    def assistant_messages(self) -> list[dict[str, Any]]:
+        """The model's own message (or output items) to put before :meth:`messages` in the next
+        request, unchanged (rebuilt from the events for a stream); ``[]`` when unknown."""
+        if self.adapter is None or self.response is None:
+            return []
+        return self.adapter.assistant_messages(self.response)
+
     def cancel(self, reason: str = "cancelled by caller") -> None:
-        """Cancel the turn: calls not started never start (``NOT_EXECUTED``), running calls are
-        stopped (``CANCELLED``), finished calls keep their results. Returns at once; results are
-        final within ``cancel_grace_s`` (+ a little) afterwards."""
+        """Cancel the turn: calls not started never start (``NOT_EXECUTED``, also calls added
+        later), running calls are stopped (``CANCELLED``), finished calls keep their results.
+        Returns at once; results are final within ``cancel_grace_s`` (+ a little) afterwards."""
         with self._lock:
             if self._cancelled_at is None:
                 self._cancelled_at = time.monotonic()
@@ -137,9 +258,7 @@ class Turn:
 
     # ---- driver ----
     def start(self) -> Turn:
-        """Submit the calls that wait for nothing and start the driver thread."""
-        for call_id in self.plan.parallel_group:
-            self._submit(call_id, raise_errors=True)
+        """Start the driver thread (calls are submitted as they are added)."""
         self._thread.start()
         return self
 
@@ -182,6 +301,7 @@ class Turn:
                 if failures > 50:
                     self._error = BrokerUnavailable(self._settings.redis_url, str(exc))
                     self._done.set()
+                    self._completed.put(_WAKE)
                     return
                 time.sleep(min(0.05 * failures, 1.0))
 
@@ -204,11 +324,13 @@ class Turn:
             self._finished.add(result.call_id)
             ready = [
                 d
-                for d in self.plan.dependents.get(result.call_id, ())
-                if d not in self._submitted and d not in self._finished and self.plan.deps[d] <= self._finished
+                for d in self._planner.dependents.get(result.call_id, ())
+                if d not in self._scheduled and d not in self._finished and self._planner.deps[d] <= self._finished
             ]
             cancelled = self._cancelled_at is not None
-            all_in = len(self._results) == len(self.calls)
+            if not cancelled:
+                self._scheduled.update(ready)
+            all_in = self._closed and len(self._results) == len(self._calls)
         self._completed.put(result)
         if not cancelled:
             for call_id in ready:
@@ -255,3 +377,25 @@ class Turn:
                         "the call may or may not have taken effect; check before repeating it",
                     ),
                 )
+
+
+def check_ids(calls: Iterable[ToolCall], taken: Iterable[str] = ()) -> None:
+    """Raise :class:`BatchRejected` if a call has no id, or an id repeats (among ``calls`` or with
+    ``taken``): results could not be paired with their calls by id."""
+    calls = list(calls)
+    missing = [c.index for c in calls if not c.id]
+    if missing:
+        raise BatchRejected(
+            f"call(s) at position {missing} have no call id, so their results could not be paired; nothing ran",
+            reason="missing_call_id",
+        )
+    counts = Counter(c.id for c in calls)
+    taken = set(taken)
+    dupes = tuple(cid for cid, n in counts.items() if n > 1 or cid in taken)
+    if dupes:
+        raise BatchRejected(
+            f"duplicate call id(s) {', '.join(dupes)}: results could not be paired by id, so the batch "
+            "was refused and nothing ran",
+            reason="duplicate_call_id",
+            call_ids=dupes,
+        )

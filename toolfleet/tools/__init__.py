@@ -3,7 +3,7 @@
 from .context import ToolContext
 from .registry import Registry, default_registry
 from .resources import EVERYTHING, overlaps, path_resource, paths
-from .spec import ToolSpec, tool
+from .spec import ToolSpec, tool, tool_from_schema
 
 __all__ = [
     "EVERYTHING",
@@ -15,4 +15,5 @@ __all__ = [
     "path_resource",
     "paths",
     "tool",
+    "tool_from_schema",
 ]

@@ -18,9 +18,10 @@ from typing import Any, Literal, get_type_hints
 
 import docstring_parser
 from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 from pydantic import ConfigDict, Field, create_model
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, ToolFailure
 from .context import ToolContext
 
 Access = Literal["read", "write"]
@@ -125,6 +126,52 @@ def tool(
         )
 
     return build(fn) if fn is not None else build
+
+
+def tool_from_schema(
+    name: str,
+    parameters: Mapping[str, Any],
+    *,
+    description: str = "",
+    handler: Callable[..., Any] | None = None,
+    access: Access = "write",
+    resources: ResourceFn | None = None,
+    **options: Any,
+) -> ToolSpec:
+    """A tool described by a JSON Schema rather than by a function's signature: for tools defined
+    elsewhere (another framework's definitions, a benchmark, a remote service).
+
+    ``parameters`` must be a JSON Schema (Draft 2020-12) for the arguments object; it is used as
+    given (no ``additionalProperties`` added). ``handler`` is called with the arguments as keyword
+    arguments; without one, a call fails with ``EXECUTION_ERROR`` saying so. Other options are
+    those of :func:`tool`. Raises :class:`ConfigurationError` for a name providers refuse or a
+    schema that is not valid JSON Schema.
+    """
+    if not _NAME.match(name):
+        raise ConfigurationError(f"tool name {name!r} must match {_NAME.pattern} (provider limit)")
+    if access not in ("read", "write"):
+        raise ConfigurationError(f"tool {name}: access must be 'read' or 'write', not {access!r}")
+    schema = dict(parameters)
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise ConfigurationError(f"tool {name}: parameters are not a valid JSON Schema: {exc.message}") from exc
+    if handler is None:
+        def handler(**_: Any) -> Any:
+            raise ToolFailure(f"the tool {name} has no handler in this process", "it can be validated, not run")
+    defaults: dict[str, Any] = {"timeout_s": 60.0, "max_output_chars": 20_000}
+    defaults.update(options)
+    defaults.setdefault("idempotent", access == "read")
+    return ToolSpec(
+        name=name,
+        description=description,
+        parameters=schema,
+        handler=handler,
+        access=access,
+        resources=resources,
+        validator=Draft202012Validator(schema),
+        **defaults,
+    )
 
 
 def make_spec(func: Callable[..., Any], *, name: str | None, description: str | None, **options: Any) -> ToolSpec:

@@ -1,30 +1,57 @@
 """Checking a call against its tool: name first, then arguments (DESIGN.md, step 2).
 
-Every failure becomes that call's error result (``UNKNOWN_TOOL`` or ``INVALID_ARGUMENT``) saying
-where (a JSON pointer), what was given, what the schema wants and how to fix it. Validation is
-JSON Schema Draft 2020-12 through ``jsonschema``, with the validator compiled once per tool; types
-are never coerced ("10" is not an integer).
+Used by the dispatcher (before anything is submitted) and again by the worker (which never trusts
+a message because it arrived). Every failure becomes that call's error result:
+
+- ``UNKNOWN_TOOL``: no tool by that name; the hint lists the closest existing names, then all.
+- ``INVALID_ARGUMENT``: the arguments are not JSON (the message says where parsing stopped and
+  shows the text up to there), not a JSON object, or against the tool's JSON Schema (Draft
+  2020-12 through ``jsonschema``, the validator compiled once per tool). Schema problems are all
+  reported at once, one line each: where (a JSON pointer), what was given (shortened, secrets
+  masked), what the schema wants, and a one-line fix. The same problems are in
+  ``result.data["errors"]`` for programs.
+
+Types are never coerced: ``"10"`` is not an integer, ``"true"`` is not a boolean.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
-from jsonschema.exceptions import ValidationError
-
 from ..models import ErrorCode, ToolCall, ToolResult
+from .redact import kind_of, mask_text, shorten
+from .registry import Registry
 from .spec import ToolSpec
+from .violations import violations
 
-GIVEN_MAX_CHARS = 80
+NAMES_LISTED = 30
+CONTEXT_CHARS = 40
+_PREFIX = re.compile(r"^(functions|function|tools|tool|default_api|api)[.:/]", re.I)
+
+
+def check_call(registry: Registry, call: ToolCall) -> tuple[ToolSpec, dict[str, Any]] | ToolResult:
+    """Name, then arguments: ``(spec, arguments)`` for a call that may run, else its error
+    result (``UNKNOWN_TOOL`` or ``INVALID_ARGUMENT``)."""
+    spec = registry.get(call.name)
+    if spec is None:
+        return unknown_tool(call, registry.names())
+    arguments = parse_arguments(call)
+    if isinstance(arguments, ToolResult):
+        return arguments
+    problem = check_arguments(spec, call.id, arguments)
+    return problem if problem is not None else (spec, arguments)
 
 
 def parse_arguments(call: ToolCall) -> dict[str, Any] | ToolResult:
     """The call's arguments as an object, or its ``INVALID_ARGUMENT`` result.
 
-    ``""`` (or only white space) means ``{}``: OpenAI sends it for a tool called without arguments.
+    ``""`` (or only white space) means ``{}``: OpenAI sends it for a tool called without
+    arguments, and an Anthropic ``tool_use`` streamed with no ``input_json_delta`` means ``{}``.
+    JSON is read strictly (RFC 8259): no ``NaN``/``Infinity``, no key given twice.
     """
     raw = call.arguments
     if isinstance(raw, dict):
@@ -32,23 +59,23 @@ def parse_arguments(call: ToolCall) -> dict[str, Any] | ToolResult:
     if not raw.strip():
         return {}
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_constant=_refuse_constant, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
-        return ToolResult.failure(
-            call.id,
-            call.name,
-            ErrorCode.INVALID_ARGUMENT,
-            f"arguments are not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
-            f"(character {exc.pos}); given: {_short(raw)}",
-            "send the arguments as one complete JSON object, with every brace and quote closed",
+        return _invalid(call, *_where_parsing_stopped(raw, exc))
+    except _StrictJSONError as exc:
+        return _invalid(call, f"arguments are not strict JSON: {exc}",
+                        "send every parameter once, with plain JSON values (no NaN or Infinity).")
+    if isinstance(value, str) and value.strip().startswith("{"):
+        return _invalid(
+            call,
+            f"arguments are a JSON string that holds JSON ({shorten(mask_text(raw))}), not a JSON object",
+            "send the object itself, not encoded a second time as a string.",
         )
     if not isinstance(value, dict):
-        return ToolResult.failure(
-            call.id,
-            call.name,
-            ErrorCode.INVALID_ARGUMENT,
-            f"arguments must be a JSON object, not {type(value).__name__}; given: {_short(raw)}",
-            'wrap them in an object keyed by parameter name, e.g. {"path": "README.md"}',
+        return _invalid(
+            call,
+            f"arguments must be a JSON object, not {kind_of(value)}; given {shorten(mask_text(raw))}",
+            'wrap them in an object keyed by parameter name, e.g. {"path": "README.md"}.',
         )
     return value
 
@@ -56,78 +83,108 @@ def parse_arguments(call: ToolCall) -> dict[str, Any] | ToolResult:
 def unknown_tool(call: ToolCall, names: Iterable[str]) -> ToolResult:
     """The ``UNKNOWN_TOOL`` result of a call whose name no tool has; lists the closest names."""
     names = list(names)
-    close = difflib.get_close_matches(call.name, names, n=3, cutoff=0.5)
-    hint = f"did you mean {' or '.join(close)}? " if close else ""
-    return ToolResult.failure(
-        call.id,
-        call.name,
-        ErrorCode.UNKNOWN_TOOL,
-        f"there is no tool named {call.name!r}",
-        f"{hint}tools that exist: {', '.join(names)}",
-    )
+    close = closest_names(call.name, names)
+    listed = ", ".join(names[:NAMES_LISTED]) + (f" … ({len(names)} in all)" if len(names) > NAMES_LISTED else "")
+    given = shorten(call.name, 64) if call.name else ""
+    message = f"there is no tool named {given!r}" if given else "the call names no tool"
+    if close:
+        hint = f"did you mean {' or '.join(close)}? Call one of the tools that exist: {listed}."
+    else:
+        hint = f"call one of the tools that exist: {listed}." if names else "no tool is registered."
+    return ToolResult.failure(call.id, call.name, ErrorCode.UNKNOWN_TOOL, message, hint,
+                              data={"closest": close, "tools": names})
+
+
+def closest_names(name: str, names: list[str], n: int = 3) -> list[str]:
+    """Existing tool names closest to ``name``: same name up to case and separators or a
+    ``functions.``-style prefix first, then by similarity (difflib ratio ≥ 0.5)."""
+    def norm(text: str) -> str:
+        return re.sub(r"[^a-z0-9]", "", _PREFIX.sub("", text).lower())
+
+    wanted = norm(name)
+    exact = [candidate for candidate in names if wanted and norm(candidate) == wanted]
+    by_norm = {norm(candidate): candidate for candidate in names}
+    similar = [by_norm[m] for m in difflib.get_close_matches(wanted, list(by_norm), n=n, cutoff=0.5)]
+    return list(dict.fromkeys(exact + similar))[:n]
 
 
 def check_arguments(spec: ToolSpec, call_id: str, arguments: dict[str, Any]) -> ToolResult | None:
     """``None`` if ``arguments`` satisfy the tool's schema, else the ``INVALID_ARGUMENT`` result
-    listing every violation at once."""
-    errors = sorted(spec.validator.iter_errors(arguments), key=lambda e: list(map(str, e.absolute_path)))
-    if not errors:
+    listing every violation at once (see the module docstring for the shape)."""
+    found = violations(spec.validator, arguments)
+    if not found:
         return None
-    lines = [_describe(error) for error in errors]
-    fixes = list(dict.fromkeys(fix for _, fix in lines))
-    message = f"{len(lines)} problem(s) with the arguments of {spec.name}: " + "; ".join(
-        text for text, _ in lines
-    )
-    return ToolResult.failure(call_id, spec.name, ErrorCode.INVALID_ARGUMENT, message, " ".join(fixes))
+    count = "1 problem" if len(found) == 1 else f"{len(found)} problems"
+    lines = "\n".join(f"- {v.line()}" for v in found)
+    message = f"the arguments of {spec.name} have {count}; nothing ran:\n{lines}"
+    hint = f"correct {'it' if len(found) == 1 else 'each one'} as the fix says and call {spec.name} again."
+    return ToolResult.failure(call_id, spec.name, ErrorCode.INVALID_ARGUMENT, message, hint,
+                              data={"errors": [v.as_dict() for v in found]})
 
 
-def _pointer(parts: Iterable[Any]) -> str:
-    escaped = [str(p).replace("~", "~0").replace("/", "~1") for p in parts]
-    return "/" + "/".join(escaped) if escaped else "/"
+def _invalid(call: ToolCall, message: str, hint: str) -> ToolResult:
+    return ToolResult.failure(call.id, call.name, ErrorCode.INVALID_ARGUMENT, message, hint)
 
 
-def _describe(error: ValidationError) -> tuple[str, str]:
-    """(where, given and wanted; one-line fix) for one violation."""
-    where = _pointer(error.absolute_path)
-    kind = error.validator
-    if kind == "required":
-        missing = [name for name in error.validator_value if name not in (error.instance or {})]
-        name = missing[0] if missing else "?"
-        return (
-            f"{_pointer([*error.absolute_path, name])}: required parameter {name!r} is missing",
-            f"add {name!r}.",
-        )
-    if kind == "additionalProperties":
-        allowed = sorted((error.schema.get("properties") or {}).keys())
-        extra = sorted(set(error.instance) - set(allowed)) if isinstance(error.instance, dict) else []
-        return (
-            f"{where}: unknown parameter(s) {', '.join(map(repr, extra))}",
-            f"remove {', '.join(map(repr, extra))}; parameters are {', '.join(allowed)}.",
-        )
-    if kind == "type":
-        want = error.validator_value
-        return (
-            f"{where}: expected {_types(want)}, given {_short(json.dumps(error.instance))}",
-            f"send {where.rsplit('/', 1)[-1]!r} as {_types(want)} (no quotes around numbers).",
-        )
-    if kind == "enum":
-        return (
-            f"{where}: must be one of {_short(json.dumps(error.validator_value))}, "
-            f"given {_short(json.dumps(error.instance))}",
-            f"pick one of the allowed values for {where.rsplit('/', 1)[-1]!r}.",
-        )
-    return (
-        f"{where}: {error.message} (schema keyword {kind!r}={_short(json.dumps(error.validator_value))})",
-        f"change {where.rsplit('/', 1)[-1] or 'the arguments'!r} to satisfy {kind}.",
-    )
+def _where_parsing_stopped(raw: str, exc: json.JSONDecodeError) -> tuple[str, str]:
+    before = raw[max(exc.pos - CONTEXT_CHARS, 0): exc.pos]
+    after = raw[exc.pos: exc.pos + 12]
+    shown = ("…" if exc.pos > CONTEXT_CHARS else "") + mask_text(before)
+    where = f"line {exc.lineno} column {exc.colno} (character {exc.pos} of {len(raw)})"
+    if exc.pos >= len(raw.rstrip()):
+        unclosed = _unclosed(raw)
+        missing = f": {unclosed} never closed" if unclosed else ""
+        message = (f"arguments are not valid JSON: the text ends at {where} before the JSON is complete"
+                   f"{missing}; parsing stopped after {shown!r}")
+        return message, "send the whole JSON object, with every string, bracket and brace closed."
+    message = (f"arguments are not valid JSON: {exc.msg} at {where}; parsing stopped after {shown!r}, "
+               f"before {mask_text(after)!r}")
+    if "double quotes" in exc.msg:
+        return message, "write keys and strings in double quotes, as JSON requires."
+    if exc.msg == "Extra data":
+        return message, "send exactly one JSON object, with nothing after its closing brace."
+    return message, "send one valid JSON object, e.g. {\"name\": \"value\"}, with commas between members."
 
 
-def _types(want: Any) -> str:
-    names = want if isinstance(want, list) else [want]
-    article = {"integer": "an integer", "object": "an object", "array": "an array"}
-    return " or ".join(article.get(n, f"a {n}") for n in names)
+def _unclosed(raw: str) -> str:
+    """What is still open at the end of ``raw``: e.g. ``a string and 1 object``."""
+    stack: list[str] = []
+    in_string = escaped = False
+    for ch in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            stack.append(ch)
+        elif ch in "}]" and stack:
+            stack.pop()
+    parts = ["a string"] if in_string else []
+    objects, arrays = stack.count("{"), stack.count("[")
+    if objects:
+        parts.append(f"{objects} object{'s' if objects > 1 else ''} ('}}' missing)")
+    if arrays:
+        parts.append(f"{arrays} array{'s' if arrays > 1 else ''} (']' missing)")
+    return " and ".join(parts)
 
 
-def _short(text: str) -> str:
-    text = text if isinstance(text, str) else str(text)
-    return text if len(text) <= GIVEN_MAX_CHARS else text[: GIVEN_MAX_CHARS - 3] + "..."
+class _StrictJSONError(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _StrictJSONError(f"{name} is not a JSON value")
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _StrictJSONError(f"parameter {key!r} is given twice")
+        seen[key] = value
+    return seen

@@ -1,36 +1,216 @@
-"""The seam between provider wire formats and toolfleet's provider-neutral calls and results."""
+"""The seam between provider wire formats and toolfleet's provider-neutral calls and results.
+
+Every format is one module with one adapter class (:class:`Adapter`); every streamed format adds a
+parser (:class:`StreamParser`) that turns the stream's events into calls as their arguments
+complete. Payloads are plain dicts or the official SDK objects (anything with pydantic's
+``model_dump``), so no SDK is needed at run time.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ...errors import BatchRejected
 from ...models import ToolCall, ToolResult
-from ...tools.registry import Registry
+from ...tools.spec import ToolSpec
 
 
 class Adapter(Protocol):
     """One provider format, in and out.
 
-    - ``parse(payload)``: the provider's response (a dict, or an SDK object with ``model_dump``)
-      -> the calls in model order. Raises :class:`~toolfleet.errors.BatchRejected` when the payload
-      has no readable calls list; a single malformed call is not a reason (it becomes an error result).
-    - ``format_results(results)``: results in model order -> the messages (or items) to append to
-      the next request.
-    - ``tools(registry)``: the ``tools`` list of the request, from the same registry.
+    - ``parse(payload)``: the provider's response -> the calls in model order. Raises
+      :class:`~toolfleet.errors.BatchRejected` when the payload has no readable calls list; a
+      single malformed call is not a reason (it becomes an error result).
+    - ``assistant_messages(payload)``: the model's own message(s) or items, unchanged, to put
+      into the next request before the results.
+    - ``format_results(results)``: results in model order -> the messages (or items) to append.
+    - ``tools(source)``: the request's ``tools`` list from a registry (or tool descriptions).
+    - ``streamed``: True for a stream format, whose ``parser()`` reads the events one by one.
     """
 
     name: str
+    streamed: bool
 
     def parse(self, payload: Any) -> list[ToolCall]: ...
 
+    def assistant_messages(self, payload: Any) -> list[dict[str, Any]]: ...
+
     def format_results(self, results: Sequence[ToolResult]) -> list[dict[str, Any]]: ...
 
-    def tools(self, registry: Registry) -> list[dict[str, Any]]: ...
+    def tools(self, source: Any) -> list[dict[str, Any]]: ...
+
+
+class StreamParser(Protocol):
+    """Reads one stream, event by event.
+
+    - ``feed(event)``: the calls whose arguments this event completed, in model order (a call is
+      held back while an earlier one is still open, so calls always come out in model order).
+    - ``finish()``: the calls still open when the stream ended. Those whose end was never
+      signalled are also listed in ``cut_off`` (their arguments may be truncated).
+    - ``response()``: the non-streamed payload the events add up to (for the assistant message).
+    - ``warnings``: what the parser ignored and why.
+    """
+
+    cut_off: list[str]
+    warnings: list[str]
+
+    def feed(self, event: Any) -> list[ToolCall]: ...
+
+    def finish(self) -> list[ToolCall]: ...
+
+    def response(self) -> dict[str, Any]: ...
 
 
 def as_dict(payload: Any) -> Any:
-    """Plain data from a dict or an SDK object (pydantic ``model_dump``), without importing the SDK."""
+    """Plain data from a dict or an SDK object (pydantic ``model_dump``), without importing the SDK.
+
+    SDK objects are dumped with the fields the provider actually sent (``exclude_unset``), so an
+    assistant message goes back as it came."""
     if hasattr(payload, "model_dump"):
-        return payload.model_dump(mode="json", exclude_unset=False)
+        return payload.model_dump(mode="json", exclude_unset=True, by_alias=True)
+    if isinstance(payload, (list, tuple)):
+        return [as_dict(item) for item in payload]
     return payload
+
+
+def tool_descriptions(source: Any) -> list[dict[str, Any]]:
+    """``[{"name", "description", "parameters"}]`` from a :class:`Registry`, ToolSpecs, or
+    descriptions already in that shape (a worker catalog's ``tools``)."""
+    out = []
+    for item in source:
+        described = item.describe() if isinstance(item, ToolSpec) else dict(item)
+        out.append({
+            "name": described["name"],
+            "description": described.get("description") or "",
+            "parameters": described.get("parameters") or {"type": "object", "properties": {}},
+        })
+    return out
+
+
+def arguments_text(value: Any) -> str | dict[str, Any]:
+    """A call's arguments as :class:`ToolCall` takes them: a string as is, an object as is,
+    anything else JSON-encoded (so validation says what is wrong with it)."""
+    if isinstance(value, (str, dict)):
+        return value
+    if value is None:
+        return ""
+    return json.dumps(value)
+
+
+@dataclass
+class _Slot:
+    index: int
+    id: str = ""
+    name: str = ""
+    parts: list[str] = field(default_factory=list)
+    final: str | dict[str, Any] | None = None
+    done: bool = False
+    released: bool = False
+
+    def arguments(self) -> str | dict[str, Any]:
+        return self.final if self.final is not None else "".join(self.parts)
+
+    def call(self) -> ToolCall:
+        return ToolCall(id=self.id, name=self.name, arguments=self.arguments(), index=self.index)
+
+
+class CallAssembler:
+    """The calls of one stream: started in model order, completed in any order, released in model
+    order (a completed call waits for every earlier one, so planning stays exact)."""
+
+    def __init__(self) -> None:
+        self._slots: dict[Any, _Slot] = {}
+        self._order: list[_Slot] = []
+        self._next = 0
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._slots
+
+    def get(self, key: Any) -> _Slot | None:
+        return self._slots.get(key)
+
+    def start(self, key: Any, call_id: str = "", name: str = "") -> _Slot:
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = _Slot(index=len(self._order), id=call_id, name=name)
+            self._slots[key] = slot
+            self._order.append(slot)
+        return slot
+
+    def slots(self) -> list[_Slot]:
+        return list(self._order)
+
+    def complete(self, key: Any, final: str | dict[str, Any] | None = None) -> None:
+        slot = self._slots.get(key)
+        if slot is not None and not slot.done:
+            if final is not None:
+                slot.final = final
+            slot.done = True
+
+    def open_before(self, index: int) -> list[_Slot]:
+        """Slots started before position ``index`` and not yet complete."""
+        return [s for s in self._order[:index] if not s.done]
+
+    def release(self) -> list[ToolCall]:
+        """The completed calls not yet released whose earlier calls are all released."""
+        out = []
+        while self._next < len(self._order) and self._order[self._next].done:
+            slot = self._order[self._next]
+            slot.released = True
+            out.append(slot.call())
+            self._next += 1
+        return out
+
+    def open_slots(self) -> list[_Slot]:
+        return [s for s in self._order if not s.done]
+
+
+class StreamFormat:
+    """Mixin for a stream format's adapter: ``parser()`` makes a :class:`StreamParser`;
+    ``parse``/``assistant_messages`` also take the whole list of events (a recorded stream).
+    Results go back in the same shape as the non-streamed format's."""
+
+    streamed = True
+
+    def parser(self) -> StreamParser:
+        raise NotImplementedError
+
+    def replay(self, payload: Any) -> StreamParser:
+        """A parser that has read every event of ``payload`` (a list of events) to its end."""
+        events = as_dict(payload)
+        if not isinstance(events, list):
+            raise BatchRejected("expected the stream's events as a list", reason="unreadable_payload")
+        parser = self.parser()
+        for event in events:
+            parser.feed(event)
+        parser.finish()
+        return parser
+
+    def parse(self, payload: Any) -> list[ToolCall]:
+        events = as_dict(payload)
+        if not isinstance(events, list):
+            raise BatchRejected("expected the stream's events as a list", reason="unreadable_payload")
+        parser = self.parser()
+        calls = [call for event in events for call in parser.feed(event)]
+        return calls + parser.finish()
+
+    def assistant_messages(self, payload: Any) -> list[dict[str, Any]]:
+        """From a rebuilt response (``parser.response()``) or the list of events itself."""
+        if isinstance(as_dict(payload), list):
+            payload = self.replay(payload).response()
+        return super().assistant_messages(payload)  # type: ignore[misc]
+
+
+def parses_as_object(text: str) -> bool:
+    """True when ``text`` is a complete JSON object: no later fragment can make it valid JSON
+    again, so a streamed call's arguments are complete (the rule the Vercel AI SDK uses for
+    OpenAI-compatible streams)."""
+    if not text.rstrip().endswith("}"):
+        return False
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False

@@ -3,7 +3,8 @@
 Source: OpenAI API reference, Chat Completions ("function calling"): each tool call has ``id``,
 ``type: "function"``, ``function.name`` and ``function.arguments`` (a JSON *string*, possibly
 invalid); each result goes back as ``{"role": "tool", "tool_call_id": <id>, "content": <text>}``,
-one per call, after the assistant message that made the calls.
+one per call, after the assistant message that made the calls. Tools are declared as
+``{"type": "function", "function": {"name", "description", "parameters"}}``.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from typing import Any
 
 from ...errors import BatchRejected
 from ...models import ToolCall, ToolResult
-from ...tools.registry import Registry
-from .base import as_dict
+from .base import arguments_text, as_dict, tool_descriptions
 
 
 class OpenAIChatAdapter:
     name = "openai_chat"
+    streamed = False
 
     def parse(self, payload: Any) -> list[ToolCall]:
         message = self.assistant_message(payload)
@@ -26,12 +27,11 @@ class OpenAIChatAdapter:
         for index, raw in enumerate(message.get("tool_calls") or []):
             raw = as_dict(raw)
             function = raw.get("function") or {}
-            arguments = function.get("arguments")
             calls.append(
                 ToolCall(
                     id=str(raw.get("id") or ""),
                     name=str(function.get("name") or ""),
-                    arguments=arguments if isinstance(arguments, (str, dict)) else "",
+                    arguments=arguments_text(function.get("arguments")),
                     index=index,
                 )
             )
@@ -50,8 +50,11 @@ class OpenAIChatAdapter:
             raise BatchRejected("expected a chat completion or an assistant message", reason="unreadable_payload")
         return data
 
+    def assistant_messages(self, payload: Any) -> list[dict[str, Any]]:
+        return [self.assistant_message(payload)]
+
     def format_results(self, results: Sequence[ToolResult]) -> list[dict[str, Any]]:
         return [{"role": "tool", "tool_call_id": r.call_id, "content": r.content} for r in results]
 
-    def tools(self, registry: Registry) -> list[dict[str, Any]]:
-        return registry.chat_tools()
+    def tools(self, source: Any) -> list[dict[str, Any]]:
+        return [{"type": "function", "function": d} for d in tool_descriptions(source)]

@@ -1,0 +1,129 @@
+"""Early dispatch from a stream: each call is taken by its turn the moment its arguments are
+complete, before the stream ends (DESIGN.md, step 1 for streams).
+
+:class:`TurnStream` sits between a provider's event stream and a :class:`Turn`: ``feed`` each
+event as it arrives; a call whose arguments the event completed is validated, planned against the
+earlier calls and submitted before ``feed`` returns. ``close`` at the end of the stream takes the
+calls still open (a call whose end was never signalled gets ``INVALID_ARGUMENT``: its arguments
+may be cut short), rebuilds the assistant message and closes the turn. Results come back in model
+order, as for a whole response.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import BatchRejected
+from ..models import ErrorCode, ToolCall, ToolResult
+from .adapters import detect_event, get_adapter
+from .turn import Turn
+
+
+class TurnStream:
+    """Feeds one stream into one turn. Use as a context manager or call :meth:`close` at the end.
+
+    ``format`` is a stream format name (``openai_chat_stream``, ``openai_responses_stream``,
+    ``anthropic_stream``, or the plain format names) or None to tell it from the first event
+    that says.
+    """
+
+    def __init__(self, turn: Turn, format: str | None = None) -> None:
+        self.turn = turn
+        self.adapter: Any = None
+        self.parser: Any = None
+        self.events_read = 0
+        self._pending: list[Any] = []  # events read before the format could be told
+        if format is not None:
+            self._use(_stream_adapter(format))
+
+    def _use(self, adapter: Any) -> None:
+        self.adapter = adapter
+        self.parser = adapter.parser()
+        self.turn.adapter = adapter
+
+    def feed(self, event: Any) -> list[ToolCall]:
+        """Read one event; returns the calls it completed (already validated and submitted).
+
+        Raises :class:`BatchRejected` when a completed call has no id or repeats an earlier id:
+        the turn is then cancelled (calls not started never start) and closed.
+        """
+        self.events_read += 1
+        if self.parser is None:
+            found = detect_event(event)
+            if found is None:
+                self._pending.append(event)
+                return []
+            self._use(found)
+            events, self._pending = [*self._pending, event], []
+        else:
+            events = [event]
+        calls = [call for e in events for call in self.parser.feed(e)]
+        self._take(calls)
+        return calls
+
+    def close(self) -> Turn:
+        """End of the stream: take the calls still open, rebuild the assistant message, close the
+        turn and return it. Idempotent."""
+        if self.turn.closed:
+            return self.turn
+        if self.parser is None:
+            if self._pending:
+                self._use(_stream_adapter(None, self._pending))
+                for event in self._pending:
+                    self._take(self.parser.feed(event))
+            else:
+                self.turn.close()
+                return self.turn
+        calls = self.parser.finish()
+        self._take(calls, cut_off=set(self.parser.cut_off))
+        self.turn.response = self.parser.response()
+        return self.turn.close()
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the parser ignored, and why."""
+        return list(self.parser.warnings) if self.parser is not None else []
+
+    def _take(self, calls: list[ToolCall], cut_off: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        if not calls:
+            return
+        failed = {
+            call.id: ToolResult.failure(
+                call.id, call.name, ErrorCode.INVALID_ARGUMENT,
+                "the stream ended before the arguments of this call were complete; it did not run",
+                "send the call again in full.",
+            )
+            for call in calls
+            if call.id in cut_off
+        }
+        try:
+            self.turn.add_calls(calls, failed=failed)
+        except BatchRejected as exc:
+            self.turn.cancel(f"stream refused: {exc.reason}")
+            self.turn.close()
+            raise BatchRejected(
+                f"{exc} (at stream event {self.events_read}; calls taken before it keep running or "
+                "finished results, calls not started were cancelled)",
+                reason=exc.reason,
+                call_ids=exc.call_ids,
+            ) from exc
+
+    def __enter__(self) -> TurnStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _stream_adapter(format: str | None, events: list[Any] | None = None) -> Any:
+    if format is None:
+        from .adapters import detect
+
+        adapter = detect(events or [])
+    else:
+        adapter = get_adapter(format)
+        if not adapter.streamed:
+            adapter = get_adapter(f"{adapter.name}_stream")
+    if not adapter.streamed:
+        raise BatchRejected(f"{adapter.name} is not a stream format", reason="unknown_format")
+    return adapter
