@@ -13,6 +13,7 @@ import pytest
 
 from .conftest import CASES, ROOT, TEST_TOOLS
 from .expect import check_run
+from .sdk_types import check_messages
 
 CHAT = CASES / "openai_chat"
 
@@ -37,6 +38,7 @@ def test_case_meets_its_expect_file(name, settings, worker, workspace):
     check_run(doc, expect_of(name), workspace)
     assert [m["tool_call_id"] for m in doc["messages"]] == expect_of(name)["order"]
     assert all(m["role"] == "tool" and m["content"] for m in doc["messages"])
+    check_messages("openai_chat", doc["assistant"] + doc["messages"])
 
 
 def test_case_02_equals_one_at_a_time_execution(settings, worker, workspace, tmp_path):

@@ -80,7 +80,7 @@ def _describe(error: ValidationError, root: Mapping[str, Any]) -> list[Violation
     if kind in ("additionalProperties", "unevaluatedProperties"):
         return _unknown(path, schema, instance, kind)
     given = show_given(instance, path)
-    given_kind = f"{given} ({kind_of(instance)})"
+    given_kind = given if given.startswith("<hidden") else f"{given} ({kind_of(instance)})"
     wants = describe_schema(schema, root)
     if kind == "type":
         return [Violation(where, kind, given_kind, wants, _type_fix(name, instance, schema, root))]

@@ -1,0 +1,226 @@
+"""Adapters in and out for every provider format, streamed or not (no worker needed).
+
+Payloads are the case files, as plain dicts and as the official SDK objects; output shapes are
+checked against the SDKs' request param types (tests/sdk_types.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from anthropic.types import Message, RawMessageStreamEvent
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from toolfleet import ErrorCode, ToolCall, ToolResult, default_registry, get_adapter
+from toolfleet.dispatcher.adapters import ADAPTERS, detect
+from toolfleet.errors import BatchRejected
+from toolfleet.tools.validation import parse_arguments
+
+from .conftest import CASES
+from .sdk_types import check_messages, check_tools
+
+FILES = {
+    "openai_chat": CASES / "openai_chat" / "01_parallel_reads.json",
+    "openai_responses": CASES / "openai_responses" / "06_parallel_reads.json",
+    "anthropic": CASES / "anthropic" / "07_mixed.json",
+    "openai_chat_stream": CASES / "openai_chat_stream" / "08_parallel_reads.jsonl",
+    "anthropic_stream": CASES / "anthropic_stream" / "09_two_reads.jsonl",
+    "openai_responses_stream": CASES / "openai_responses_stream" / "10_parallel_reads.jsonl",
+}
+SDK = {
+    "openai_chat": ChatCompletion.model_validate,
+    "openai_responses": Response.model_validate,
+    "anthropic": Message.model_validate,
+    "openai_chat_stream": ChatCompletionChunk.model_validate,
+    "anthropic_stream": TypeAdapter(RawMessageStreamEvent).validate_python,
+    "openai_responses_stream": TypeAdapter(ResponseStreamEvent).validate_python,
+}
+
+
+def load(path: Path):
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return json.loads(path.read_text())
+
+
+def as_sdk(name: str, payload):
+    make = SDK[name]
+    return [make(e) for e in payload] if isinstance(payload, list) else make(payload)
+
+
+def expected_order(path: Path) -> list[str]:
+    return json.loads(path.with_name(path.name.split(".")[0] + ".expect.json").read_text())["order"]
+
+
+@pytest.mark.parametrize("name", list(FILES))
+def test_each_case_is_told_apart_and_parsed_from_dicts_and_sdk_objects(name):
+    payload = load(FILES[name])
+    for given in (payload, as_sdk(name, payload)):
+        adapter = detect(given)
+        assert adapter.name == name
+        calls = adapter.parse(given)
+        assert [c.id for c in calls] == expected_order(FILES[name])
+        assert [c.index for c in calls] == list(range(len(calls)))
+        assert all(c.name for c in calls)
+
+
+@pytest.mark.parametrize("name", list(FILES))
+def test_assistant_message_and_results_validate_against_the_sdk_types(name):
+    adapter = get_adapter(name)
+    payload = load(FILES[name])
+    for given in (payload, as_sdk(name, payload)):
+        calls = adapter.parse(given)
+        results = [ToolResult(call_id=c.id, name=c.name, status="ok", content="fine") if i % 2 == 0 else
+                   ToolResult.failure(c.id, c.name, ErrorCode.EXECUTION_ERROR, "it broke")
+                   for i, c in enumerate(calls)]
+        assistant = adapter.assistant_messages(given)
+        check_messages(name, assistant + adapter.format_results(results))
+
+
+def test_the_non_streamed_assistant_message_comes_back_unchanged():
+    for name in ("openai_chat", "openai_responses", "anthropic"):
+        payload = load(FILES[name])
+        assistant = get_adapter(name).assistant_messages(payload)
+        if name == "openai_chat":
+            assert assistant == [payload["choices"][0]["message"]]
+        elif name == "openai_responses":
+            assert assistant == payload["output"]
+        else:
+            assert assistant == [{"role": "assistant", "content": payload["content"]}]
+
+
+def test_result_shapes_per_provider():
+    ok = ToolResult(call_id="a", name="t", status="ok", content="A")
+    bad = ToolResult.failure("b", "t", ErrorCode.TIMEOUT, "too slow")
+    assert get_adapter("chat").format_results([ok, bad]) == [
+        {"role": "tool", "tool_call_id": "a", "content": "A"},
+        {"role": "tool", "tool_call_id": "b", "content": bad.content}]
+    assert get_adapter("responses").format_results([ok, bad]) == [
+        {"type": "function_call_output", "call_id": "a", "output": "A"},
+        {"type": "function_call_output", "call_id": "b", "output": bad.content}]
+    assert get_adapter("anthropic").format_results([ok, bad]) == [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "a", "content": "A"},
+        {"type": "tool_result", "tool_use_id": "b", "content": bad.content, "is_error": True}]}]
+
+
+def test_responses_pair_by_call_id_not_item_id():
+    calls = get_adapter("openai_responses").parse(load(FILES["openai_responses"]))
+    assert calls[0].id == "call_x1_contacts"  # the item id is fc_01
+
+
+@pytest.mark.parametrize("name", ["openai_chat", "openai_responses", "anthropic"])
+def test_tools_lists_from_the_registry_validate_against_the_sdk_types(name):
+    registry = default_registry()
+    tools = get_adapter(name).tools(registry)
+    check_tools(name, tools)
+    assert len(tools) == len(registry)
+    first = tools[0]
+    spec = registry.get("read_file")
+    if name == "openai_chat":
+        assert first == {"type": "function", "function": {"name": "read_file", "description": spec.description,
+                                                          "parameters": spec.parameters}}
+    elif name == "openai_responses":
+        assert first == {"type": "function", "name": "read_file", "description": spec.description,
+                         "parameters": spec.parameters, "strict": False}
+    else:
+        assert first == {"name": "read_file", "description": spec.description, "input_schema": spec.parameters}
+
+
+def released_at(name: str, events: list) -> dict[str, int]:
+    """Which event (0-based) released each call."""
+    parser = get_adapter(name).parser()
+    at = {}
+    for i, event in enumerate(events):
+        for call in parser.feed(event):
+            at[call.id] = i
+    for call in parser.finish():
+        at[call.id] = len(events)
+    assert parser.cut_off == [] and parser.warnings == []
+    return at
+
+
+def test_chat_stream_releases_a_call_as_soon_as_its_arguments_are_a_complete_object():
+    events = load(FILES["openai_chat_stream"])
+    # event 4 closes call_st1's JSON; event 9 closes call_st2's; event 10 (finish_reason) is the last
+    assert released_at("openai_chat_stream", events) == {"call_st1": 4, "call_st2": 9}
+    assert released_at("openai_chat_stream", as_sdk("openai_chat_stream", events)) == {"call_st1": 4, "call_st2": 9}
+
+
+def test_chat_stream_completes_a_call_when_the_next_starts_or_the_choice_finishes():
+    def chunk(index, fragment, id=None, name=None, finish=None):
+        call = {"index": index, "function": {"arguments": fragment}}
+        if id:
+            call.update(id=id, type="function")
+            call["function"]["name"] = name
+        return {"object": "chat.completion.chunk", "choices": [
+            {"index": 0, "delta": {"tool_calls": [call]} if fragment is not None else {}, "finish_reason": finish}]}
+
+    events = [chunk(0, "", "a", "list_dir"), chunk(1, "", "b", "list_dir"), chunk(1, "  ", None),
+              chunk(0, None, finish="tool_calls")]
+    parser = get_adapter("openai_chat_stream").parser()
+    assert [c.id for c in parser.feed(events[0])] == []
+    assert [c.id for c in parser.feed(events[1])] == ["a"]  # b started: a is complete ({} arguments)
+    assert parser.feed(events[2]) == []
+    assert [c.id for c in parser.feed(events[3])] == ["b"]
+    assert parse_arguments(ToolCall(id="b", name="list_dir", arguments="  ")) == {}
+
+
+def test_anthropic_stream_releases_at_content_block_stop_and_empty_input_means_empty_object():
+    events = load(FILES["anthropic_stream"])
+    assert released_at("anthropic_stream", events) == {"toolu_st1": 7, "toolu_st2": 10}
+    calls = get_adapter("anthropic_stream").parse(events)
+    assert calls[1].arguments == "" and parse_arguments(calls[1]) == {}
+    rebuilt = get_adapter("anthropic_stream").assistant_messages(events)
+    assert rebuilt == [{"role": "assistant", "content": [
+        {"type": "text", "text": "Checking two files."},
+        {"type": "tool_use", "id": "toolu_st1", "name": "read_file", "input": {"path": "config/settings.toml"}},
+        {"type": "tool_use", "id": "toolu_st2", "name": "list_dir", "input": {}}]}]
+
+
+def test_responses_stream_releases_at_arguments_done():
+    events = load(FILES["openai_responses_stream"])
+    done = [i for i, e in enumerate(events) if e["type"] == "response.function_call_arguments.done"]
+    assert list(released_at("openai_responses_stream", events).values()) == done
+
+
+def test_a_call_completed_early_waits_for_earlier_ones_so_model_order_holds():
+    events = load(FILES["openai_responses_stream"])
+    first_done = next(i for i, e in enumerate(events) if e["type"] == "response.function_call_arguments.done")
+    second_item = next(i for i, e in enumerate(events)
+                       if e["type"] == "response.output_item.added" and e["output_index"] == 1)
+    second_done = next(i for i, e in enumerate(events)
+                       if e["type"] == "response.function_call_arguments.done" and e["output_index"] == 1)
+    # the second call is done before the first: it is held back until the first is
+    reordered = events[:first_done] + events[second_item:second_done + 1] + events[first_done:second_item] \
+        + events[second_done + 1:]
+    parser = get_adapter("openai_responses_stream").parser()
+    released = [[c.id for c in parser.feed(e)] for e in reordered]
+    non_empty = [r for r in released if r]
+    assert non_empty[0] == ["call_s1_contacts", "call_s2_grep"]
+
+
+def test_a_stream_cut_short_reports_the_open_call():
+    events = load(FILES["anthropic_stream"])[:6]  # toolu_st1 opened, never stopped
+    parser = get_adapter("anthropic_stream").parser()
+    for event in events:
+        assert parser.feed(event) == []
+    assert [c.id for c in parser.finish()] == ["toolu_st1"] and parser.cut_off == ["toolu_st1"]
+
+
+def test_unknown_or_single_event_payloads_are_refused_with_a_reason():
+    with pytest.raises(BatchRejected, match="cannot tell the provider format"):
+        detect({"hello": "world"})
+    with pytest.raises(BatchRejected, match="one stream event"):
+        detect(load(FILES["anthropic_stream"])[4])
+    with pytest.raises(BatchRejected, match="unknown format"):
+        get_adapter("gemini")
+
+
+def test_every_format_has_a_name_and_short_names_work():
+    assert set(ADAPTERS) == set(FILES)
+    assert get_adapter("chat").name == "openai_chat"
+    assert get_adapter("responses").name == "openai_responses"
+    assert get_adapter("messages").name == "anthropic"

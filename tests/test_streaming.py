@@ -1,0 +1,178 @@
+"""Streaming early dispatch and incremental turns, against a real Redis and real prefork workers.
+
+The promise: a call whose arguments are complete is validated and submitted before the stream
+ends, so its result can be in before the stream's last event is read; results still come back in
+model order, one per call, and a call added after a cancel is never run."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+
+import pytest
+
+from toolfleet import ErrorCode, ToolCall
+from toolfleet.dispatcher.plan import PlanItem, make_plan
+from toolfleet.errors import BatchRejected, ToolfleetError
+from toolfleet.tools.resources import resolve
+
+from .conftest import CASES
+from .expect import check_call
+
+FIRST_RESULT_TIMEOUT_S = 60  # generous: a loaded CI machine, not a speed claim
+STREAMS = [("openai_chat_stream", "08_parallel_reads"), ("anthropic_stream", "09_two_reads"),
+           ("openai_responses_stream", "10_parallel_reads")]
+
+
+def events_of(folder: str, name: str) -> list[dict]:
+    text = (CASES / folder / f"{name}.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def first_result(ledger, turn_id: str, timeout_s: float):
+    """Join on the turn's event stream in Redis until its first result is recorded."""
+    deadline = time.monotonic() + timeout_s
+    last = "0-0"
+    while time.monotonic() < deadline:
+        for event in ledger.events(turn_id, after=last, block_ms=500):
+            last = event.stream_id
+            if event.type == "result":
+                return event.result()
+    return None
+
+
+@pytest.mark.parametrize("folder, name", STREAMS)
+def test_first_result_is_in_before_the_last_event_is_read(folder, name, dispatcher, worker, workspace):
+    events = events_of(folder, name)
+    expect = json.loads((CASES / folder / f"{name}.expect.json").read_text())
+    turn_id = uuid.uuid4().hex
+    seen: dict[str, object] = {}
+
+    def replay():
+        for i, event in enumerate(events):
+            if i == len(events) - 1:  # hold the last event back until a result exists
+                seen["first"] = first_result(dispatcher.ledger, turn_id, FIRST_RESULT_TIMEOUT_S)
+                seen["read_so_far"] = i
+            yield event
+
+    turn = dispatcher.submit_stream(replay(), workspace=str(workspace), turn_id=turn_id)
+    first = seen["first"]
+    assert first is not None, "no result before the stream's last event: calls were not dispatched early"
+    assert first.call_id in expect["order"] and first.ok, first
+    assert seen["read_so_far"] == len(events) - 1
+    results = turn.results(60)
+    assert [r.call_id for r in results] == expect["order"]
+    for result in results:
+        check_call(result.call_id, result.model_dump(mode="json"), expect["calls"][result.call_id])
+
+
+def test_a_call_runs_while_the_stream_still_has_the_next_call_to_send(dispatcher, worker, workspace):
+    events = events_of("openai_chat_stream", "08_parallel_reads")
+    with dispatcher.open_stream(workspace=str(workspace)) as stream:
+        for event in events[:5]:  # up to the fragment that closes call_st1's arguments
+            stream.feed(event)
+        assert [c.id for c in stream.turn.calls] == ["call_st1"]
+        early = next(stream.turn.as_completed(FIRST_RESULT_TIMEOUT_S))
+        assert early.call_id == "call_st1" and early.ok and "inventory-service" in early.content
+        for event in events[5:]:
+            stream.feed(event)
+    turn = stream.turn
+    assert [r.call_id for r in turn.results(60)] == ["call_st1", "call_st2"]
+    assert turn.assistant_messages()[0]["tool_calls"][1]["function"]["arguments"] == \
+        '{"pattern": "WARN slow", "path": "logs/app.log"}'
+    assert [m["tool_call_id"] for m in turn.messages()] == ["call_st1", "call_st2"]
+
+
+def test_incremental_planning_gives_the_plan_of_the_whole_batch(dispatcher, workspace):
+    case = json.loads((CASES / "openai_chat" / "02_read_write_order.json").read_text())
+    calls = dispatcher.submit_response(case, workspace=str(workspace))  # batch, for its calls only
+    calls.cancel("only the plan is compared")
+    batch = calls.plan
+    turn = dispatcher.open_turn(workspace=str(workspace))
+    for call in calls.calls:
+        turn.add_call(call)
+        assert turn.plan.deps == {k: v for k, v in batch.deps.items() if k in turn.plan.deps}
+    turn.cancel("only the plan is compared")
+    turn.close()
+    items = []
+    for call in calls.calls:
+        spec = dispatcher.registry.get(call.name)
+        arguments = json.loads(call.arguments)
+        items.append(PlanItem(call.id, spec.access, resolve(spec.resources, arguments)))
+    assert turn.plan == batch == make_plan(items)
+    assert len(turn.results(30)) == len(calls.calls)
+
+
+def test_a_call_added_after_a_cancel_gets_not_executed(dispatcher, worker, workspace):
+    turn = dispatcher.open_turn(workspace=str(workspace))
+    turn.add_call(ToolCall(id="before", name="wait_read", arguments={"label": "a", "seconds": 30}))
+    dispatcher.cancel(turn.turn_id, "cancelled from elsewhere")  # another process's cancel
+    turn.add_call(ToolCall(id="after", name="wait_read", arguments={"label": "b"}))
+    turn.add_call(ToolCall(id="bad_after", name="nope", arguments={}))
+    turn.close()
+    results = {r.call_id: r for r in turn.results(30)}
+    assert results["after"].code == ErrorCode.NOT_EXECUTED and results["after"].attempts == 0
+    assert results["bad_after"].code == ErrorCode.NOT_EXECUTED  # one result per call: the cancel's
+    assert results["before"].code in (ErrorCode.NOT_EXECUTED, ErrorCode.CANCELLED)
+
+
+def test_calls_racing_a_cancel_each_get_exactly_one_result(dispatcher, workspace):
+    """No worker: nothing starts, so every call (added before or after the cancel) must end
+    NOT_EXECUTED through the ledger, whichever side of the cancel it landed on."""
+    turn = dispatcher.open_turn(workspace=str(workspace))
+    added = threading.Event()
+    n_calls = 200
+
+    def add_many():
+        for i in range(n_calls):
+            turn.add_call(ToolCall(id=f"c{i}", name="wait_read", arguments={"label": f"k{i}"}))
+            if i == 20:
+                added.set()
+        turn.close()
+
+    adder = threading.Thread(target=add_many)
+    adder.start()
+    added.wait(30)
+    turn.cancel("race")
+    adder.join(60)
+    results = turn.results(30)
+    assert [r.call_id for r in results] == [f"c{i}" for i in range(n_calls)]
+    assert {r.code for r in results} == {ErrorCode.NOT_EXECUTED}
+    stored = dispatcher.ledger.results(turn.turn_id)
+    assert set(stored) == {f"c{i}" for i in range(n_calls)}
+
+
+def test_a_duplicate_id_mid_stream_refuses_the_rest_and_cancels(dispatcher, workspace):
+    def chunk(index, call_id, arguments):
+        return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": index, "id": call_id, "type": "function",
+             "function": {"name": "wait_read", "arguments": arguments}}]}, "finish_reason": None}]}
+
+    stream = dispatcher.open_stream(format="openai_chat_stream", workspace=str(workspace))
+    stream.feed(chunk(0, "same", '{"label": "x", "seconds": 30}'))
+    with pytest.raises(BatchRejected, match="duplicate call id") as refused:
+        stream.feed(chunk(1, "same", '{"label": "y"}'))
+    assert refused.value.reason == "duplicate_call_id" and "stream event 2" in str(refused.value)
+    turn = stream.turn
+    assert turn.closed and turn.cancelled
+    assert [r.code for r in turn.results(30)] == [ErrorCode.NOT_EXECUTED]
+    with pytest.raises(ToolfleetError, match="closed"):
+        turn.add_call(ToolCall(id="late", name="wait_read", arguments={"label": "z"}))
+
+
+def test_a_stream_cut_short_gives_its_open_call_an_error_and_runs_the_rest(dispatcher, worker, workspace):
+    events = events_of("anthropic_stream", "09_two_reads")[:10]  # toolu_st2 started, never stopped
+    turn = dispatcher.submit_stream(events, workspace=str(workspace))
+    first, second = turn.results(60)
+    assert first.ok
+    assert second.code == ErrorCode.INVALID_ARGUMENT and "stream ended before" in second.content
+    assert turn.assistant_messages()[0]["content"][2]["input"] == {}
+
+
+def test_format_told_from_later_events_when_the_first_do_not_say(dispatcher, worker, workspace):
+    events = [{"event": "keepalive"}] + events_of("anthropic_stream", "09_two_reads")
+    turn = dispatcher.submit_stream(events, workspace=str(workspace))
+    assert turn.adapter.name == "anthropic_stream"
+    assert [r.ok for r in turn.results(60)] == [True, True]
