@@ -108,7 +108,7 @@ def run(
     With --json: ``messages`` are the results in the same provider's shape, ``assistant`` the
     model's own message(s) to put before them in the next request."""
     from .dispatcher import Dispatcher
-    from .dispatcher.adapters import detect, get_adapter
+    from .dispatcher.adapters import detect, detect_event, get_adapter
     from .tools.registry import default_registry
     from .view import print_results, progress
 
@@ -117,6 +117,8 @@ def run(
     warnings: list[str] = []
     try:
         adapter = get_adapter(fmt) if fmt else detect(payload)
+        if not adapter.streamed and isinstance(payload, list) and payload and detect_event(payload[0]):
+            adapter = get_adapter(f"{adapter.name}_stream")  # --format chat for a recorded chat stream
         dispatcher = Dispatcher(settings, default_registry(tools or []))
         options = {"workspace": str(workspace.resolve())}
         if adapter.streamed:
