@@ -19,6 +19,12 @@ for case in 01_parallel_reads 02_read_write_order 03_bad_calls 04_slow_commands;
   $TF run "$CASES/$case.json" --workspace "$ws"
 done
 
+for case in openai_responses/06_parallel_reads.json anthropic/07_mixed.json \
+            openai_chat_stream/08_parallel_reads.jsonl anthropic_stream/09_two_reads.jsonl; do
+  echo; echo "== $case"
+  $TF run "examples/cases/$case" --workspace "$ws"
+done
+
 echo; echo "== 05_duplicate_ids (the batch is refused, nothing runs)"
 $TF run "$CASES/05_duplicate_ids.json" --workspace "$ws" || true
 
