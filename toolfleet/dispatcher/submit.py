@@ -17,6 +17,9 @@ from ..tools.spec import ToolSpec
 from ..worker.app import TASK_NAME
 
 KWARGSREPR_MAX_CHARS = 1000
+# Celery's soft limit comes this long after the call's own deadline, so a handler that watches its
+# deadline (run_command) ends cleanly first; the soft limit is the backstop for those that do not.
+SOFT_LIMIT_MARGIN_S = 0.5
 
 
 def task_id(turn_id: str, call_id: str) -> str:
@@ -65,8 +68,8 @@ class Submitter:
                 kwargs={"envelope": envelope.model_dump(mode="json")},
                 task_id=tid,
                 queue=self.keys.queue(spec.queue),
-                soft_time_limit=limit_s,
-                time_limit=limit_s + self.settings.kill_grace_s,
+                soft_time_limit=limit_s + SOFT_LIMIT_MARGIN_S,
+                time_limit=limit_s + SOFT_LIMIT_MARGIN_S + self.settings.kill_grace_s,
                 shadow=f"tool.{spec.name}",
                 argsrepr="()",
                 kwargsrepr=shown,

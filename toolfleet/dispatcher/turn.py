@@ -35,7 +35,7 @@ from ..tools.resources import resolve
 from ..tools.spec import ToolSpec
 from ..tools.validation import check_call
 from .plan import Plan, PlanItem, Planner
-from .submit import Submitter
+from .submit import SOFT_LIMIT_MARGIN_S, Submitter
 
 log = logging.getLogger(__name__)
 WATCHDOG_SLACK_S = 3.0  # beyond a call's hard limit before the dispatcher calls its worker lost
@@ -366,7 +366,7 @@ class Turn:
             run = self._runnable.get(call_id)
             if call_id not in started or run is None:
                 continue
-            hard_s = run.spec.time_limit_s(run.arguments) + self._settings.kill_grace_s
+            hard_s = run.spec.time_limit_s(run.arguments) + SOFT_LIMIT_MARGIN_S + self._settings.kill_grace_s
             if now >= started[call_id] + hard_s + WATCHDOG_SLACK_S:
                 self._ledger.record_result(
                     self.turn_id,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from celery.exceptions import TimeLimitExceeded, WorkerLostError
+from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 
 from ..models import CallEnvelope, ErrorCode, ToolResult
@@ -82,7 +82,15 @@ def create_app(settings: Settings, registry: Registry | None = None) -> Celery:
 
     @app.task(name=TASK_NAME, bind=True, Request=CallRequest, acks_late=False)
     def run_call(self: Any, envelope: dict[str, Any]) -> dict[str, Any]:
-        result = execute(runtime, envelope, worker=self.request.hostname or "worker")
+        try:
+            result = execute(runtime, envelope, worker=self.request.hostname or "worker")
+        except SoftTimeLimitExceeded:
+            # The soft limit landed outside the handler (while a result was being built or
+            # recorded): the call still gets its one result; a recorded one is kept (first wins).
+            _finalize(runtime, {"envelope": envelope}, ErrorCode.TIMEOUT,
+                      "the call ran past its time limit and was stopped",
+                      "ask for less work per call, or a longer time limit where the tool allows it")
+            return {}
         return result.model_dump(mode="json", exclude_none=True)
 
     connect_catalog(app, runtime)
