@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The demo behind `make demo`: local stack up, the example model responses run, a cancel
-# mid-batch, the Flower URL, stack down. Set DEMO_KEEP=1 to leave the stack running.
+# mid-batch, the Flower URL, stack down. Set DEMO_KEEP=1 to leave the stack running, FLOWER_PORT=N
+# when 5555 is taken.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TF=${TF:-.venv/bin/toolfleet}
 export TOOLFLEET_HOME=${TOOLFLEET_HOME:-$PWD/.toolfleet}
 CASES=examples/cases/openai_chat
 
-$TF up -d --workers 2
+$TF up -d --workers 2 --flower-port "${FLOWER_PORT:-5555}"
 [ "${DEMO_KEEP:-0}" = 1 ] || trap '$TF down' EXIT
 
 ws=$(mktemp -d)/workspace

@@ -122,11 +122,42 @@ def up(
     tool_modules: list[str],
     console: Console,
 ) -> dict[str, Any]:
-    """Start the stack; returns its state. Raises ToolfleetError if one runs already or a part fails."""
+    """Start the stack; returns its state. Raises ToolfleetError if one runs already, Flower's port is
+    taken, or a part fails to start (what had started is stopped again)."""
     state = read_state()
     if state and _alive(state.get("worker_pid")):
         raise ToolfleetError(f"a local stack is already running (state in {_state_file()}); `toolfleet down` first")
+    if flower_port and not _port_free(flower_port):
+        raise ToolfleetError(
+            f"port {flower_port} (Flower) is already in use; pass --flower-port N (make demo: FLOWER_PORT=N) "
+            "or --no-flower"
+        )
     home().mkdir(parents=True, exist_ok=True)
+    try:
+        return _start(workers=workers, flower_port=flower_port, namespace=namespace,
+                      tool_modules=tool_modules, console=console)
+    except BaseException:
+        down(console=console)
+        raise
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _start(
+    *,
+    workers: int,
+    flower_port: int | None,
+    namespace: str | None,
+    tool_modules: list[str],
+    console: Console,
+) -> dict[str, Any]:
     state = {"namespace": namespace or os.environ.get("TOOLFLEET_NAMESPACE") or "toolfleet", "pids": {}}
     _write(state)
     url = os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
