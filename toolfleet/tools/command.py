@@ -24,7 +24,15 @@ TERM_GRACE_S = 0.5  # between TERM and KILL of the process group
 POLL_S = 0.05  # how often the wait loop looks at the cancel signal and the deadline (s)
 
 
-@tool(access="write", resources=None, timeout_s=300, timeout_arg="timeout_s", max_timeout_s=3600)
+@tool(
+    access="write",
+    resources=None,
+    timeout_s=300,
+    timeout_arg="timeout_s",
+    max_timeout_s=3600,
+    risk="high",
+    command_arg="command",
+)
 def run_command(
     ctx: ToolContext,
     command: str,

@@ -25,6 +25,7 @@ from ..errors import ConfigurationError, ToolFailure
 from .context import ToolContext
 
 Access = Literal["read", "write"]
+Risk = Literal["low", "medium", "high"]
 ResourceFn = Callable[[Mapping[str, Any]], Iterable[str]]
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI and Anthropic both limit names to this
@@ -44,6 +45,13 @@ class ToolSpec:
     - ``cancellable``: whether a running call may be stopped when its turn is cancelled; a tool
       that is not runs to its end and keeps its result.
     - ``idempotent``: whether running it twice is harmless (reads are; writes by default are not).
+    - ``risk``: ``low``, ``medium`` or ``high``, what an approval policy keys on (default: ``low``
+      for reads, ``medium`` for writes).
+    - ``sensitive``: parameters whose values are secrets: masked in the audit trail, in approval
+      requests and in the task arguments Flower shows.
+    - ``command_arg``: the parameter that holds a shell command; the policy's command rules check it.
+    - ``pollable``: a status check meant to be repeated: identical calls at least
+      ``poll_interval_s`` apart are not a loop.
     """
 
     name: str
@@ -59,6 +67,11 @@ class ToolSpec:
     queue: str = "default"
     cancellable: bool = True
     idempotent: bool = False
+    risk: Risk = "medium"
+    sensitive: tuple[str, ...] = ()
+    command_arg: str | None = None
+    pollable: bool = False
+    poll_interval_s: float = 1.0
     context_param: str | None = None
     validator: Draft202012Validator = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
 
@@ -83,6 +96,10 @@ class ToolSpec:
             "timeout_s": self.timeout_s,
             "cancellable": self.cancellable,
             "idempotent": self.idempotent,
+            "risk": self.risk,
+            "sensitive": list(self.sensitive),
+            "command_arg": self.command_arg,
+            "pollable": self.pollable,
         }
 
 
@@ -100,13 +117,20 @@ def tool(
     queue: str = "default",
     cancellable: bool = True,
     idempotent: bool | None = None,
+    risk: Risk | None = None,
+    sensitive: tuple[str, ...] | list[str] = (),
+    command_arg: str | None = None,
+    pollable: bool = False,
+    poll_interval_s: float = 1.0,
 ) -> Any:
     """Decorator: ``@tool`` or ``@tool(access="read", resources=paths("path"))``.
 
     Returns a :class:`ToolSpec` (still callable like the function). Options are explained on
-    :class:`ToolSpec`; ``idempotent`` defaults to ``access == "read"``. Raises
-    :class:`~toolfleet.errors.ConfigurationError` for a name providers refuse, an access other than
-    read/write, a parameter without a JSON-representable type, or a non-positive limit.
+    :class:`ToolSpec`; ``idempotent`` defaults to ``access == "read"``, ``risk`` to ``low`` for reads
+    and ``medium`` for writes. Raises :class:`~toolfleet.errors.ConfigurationError` for a name
+    providers refuse, an access other than read/write, an unknown risk level, a parameter without a
+    JSON-representable type, a ``sensitive`` or ``command_arg`` name that is not a parameter, or a
+    non-positive limit.
     """
 
     def build(func: Callable[..., Any]) -> ToolSpec:
@@ -123,6 +147,11 @@ def tool(
             queue=queue,
             cancellable=cancellable,
             idempotent=access == "read" if idempotent is None else idempotent,
+            risk=("low" if access == "read" else "medium") if risk is None else risk,
+            sensitive=tuple(sensitive),
+            command_arg=command_arg,
+            pollable=pollable,
+            poll_interval_s=poll_interval_s,
         )
 
     return build(fn) if fn is not None else build
@@ -180,13 +209,18 @@ def make_spec(func: Callable[..., Any], *, name: str | None, description: str | 
         raise ConfigurationError(f"tool name {tool_name!r} must match {_NAME.pattern} (provider limit)")
     if options["access"] not in ("read", "write"):
         raise ConfigurationError(f"tool {tool_name}: access must be 'read' or 'write', not {options['access']!r}")
-    for key in ("timeout_s", "max_timeout_s", "max_output_chars"):
+    if options["risk"] not in ("low", "medium", "high"):
+        raise ConfigurationError(f"tool {tool_name}: risk must be low, medium or high, not {options['risk']!r}")
+    for key in ("timeout_s", "max_timeout_s", "max_output_chars", "poll_interval_s"):
         if options[key] <= 0:
             raise ConfigurationError(f"tool {tool_name}: {key} must be positive")
     doc = docstring_parser.parse(inspect.getdoc(func) or "")
     parameters, context_param = _schema(func, tool_name, {p.arg_name: p.description for p in doc.params})
     if options["timeout_arg"] and options["timeout_arg"] not in parameters["properties"]:
         raise ConfigurationError(f"tool {tool_name}: timeout_arg {options['timeout_arg']!r} is not a parameter")
+    for declared in (*options["sensitive"], *([options["command_arg"]] if options["command_arg"] else [])):
+        if declared not in parameters["properties"]:
+            raise ConfigurationError(f"tool {tool_name}: {declared!r} (sensitive/command_arg) is not a parameter")
     text = description or "\n\n".join(
         part for part in (doc.short_description, doc.long_description) if part
     )

@@ -1,0 +1,240 @@
+"""Deciding one call: ``allow``, ``ask`` or ``deny`` (the same code on the dispatcher and the worker).
+
+Order of the decision for a call of tool ``T``:
+
+1. The tool's verdict from the policy (``tools`` entry, else ``risk`` level, else ``default``).
+   ``deny`` ends it.
+2. For a tool with a command argument (``run_command``), when the policy has command rules or the
+   tool's verdict is ``ask``: the command is parsed (:mod:`.commands`). Unparsable → deny. Any
+   segment matching a ``deny`` pattern → deny. Any write outside the workspace (a redirection, or
+   the target of ``tee``/``cp``/``mv``/...) → deny. Then each segment: an ``ask`` pattern → ask,
+   else an ``allow`` pattern → allow, else ``commands.unmatched`` (default: the tool's verdict).
+3. What is still ``ask`` is answered by the remembered rules of the workspace
+   (:mod:`.rules`): a matching remembered deny → deny, a matching remembered allow → allow.
+   Remembered rules never override a configured deny.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+
+from ..tools.spec import ToolSpec
+from .commands import CommandAnalysis, Segment, Write, analyse
+from .config import Action, CommandRules, Policy
+from .rules import Rule
+
+SAFE_WRITE_TARGETS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty"})
+_FD_PATH = re.compile(r"^/dev/fd/\d+$")
+UNPARSABLE_HINT = (
+    "write it as plain commands joined by &&, ||, ; or | (no case, [[ ]], $(( )) or time), "
+    "or split it into several calls"
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``action`` with the ``reason`` (for the model or the person approving), a ``hint`` (how to
+    get the call through) and the ``rule`` that decided (``tools.write_file``,
+    ``commands.deny: rm -rf *``, ``remembered: ...``)."""
+
+    action: Action
+    reason: str
+    hint: str = ""
+    rule: str = ""
+
+
+RulesSource = Callable[[], Sequence[Rule]]
+
+
+def evaluate(
+    policy: Policy,
+    spec: ToolSpec,
+    arguments: Mapping[str, Any],
+    *,
+    workspace: str | None,
+    remembered: RulesSource | None = None,
+) -> Verdict:
+    """The verdict for one validated call. ``remembered`` is called (at most once) only when the
+    answer would otherwise be ``ask``; it returns the rules that apply to this tool and workspace."""
+    action, source = policy.tool_action(spec.name, spec.risk)
+    if action == "deny":
+        return Verdict(
+            "deny",
+            f"the policy does not allow the tool {spec.name} ({source} = deny)",
+            "use another tool, or ask the operator to change the policy",
+            source,
+        )
+    command = arguments.get(spec.command_arg) if spec.command_arg else None
+    if isinstance(command, str) and (policy.commands is not None or action == "ask"):
+        rules = policy.commands or CommandRules()
+        return _command_verdict(rules, analyse(command), action, source, workspace, remembered)
+    if action == "allow":
+        return Verdict("allow", f"{spec.name} is allowed ({source})", rule=source)
+    for rule in _fetch(remembered):
+        if rule.pattern is None:
+            return Verdict(
+                rule.action, f"{spec.name}: {rule.describe()}", _denied_hint(rule.action), f"remembered:{rule.id}"
+            )
+    return Verdict("ask", f"the policy asks a person before running {spec.name} ({source} = ask)", rule=source)
+
+
+def _command_verdict(
+    rules: CommandRules,
+    analysis: CommandAnalysis,
+    tool_action: Action,
+    source: str,
+    workspace: str | None,
+    remembered: RulesSource | None,
+) -> Verdict:
+    if analysis.problem is not None:
+        return Verdict(
+            "deny",
+            f"the command could not be parsed by the shell parser, so it cannot be checked and was refused: "
+            f"{analysis.problem}",
+            UNPARSABLE_HINT,
+            "commands.unparsable",
+        )
+    for segment in analysis.segments:
+        for pattern in rules.deny:
+            if matches_denied(pattern, segment):
+                return Verdict(
+                    "deny",
+                    f"{_shown(segment)} matches the deny rule `{pattern}`",
+                    "this command is not allowed here; reach the goal another way",
+                    f"commands.deny: {pattern}",
+                )
+    for write in analysis.writes:
+        why = outside_workspace(write, workspace)
+        if why is not None:
+            return Verdict(
+                "deny",
+                f"`{write.text}` writes to {write.target!r}, {why}",
+                "write only to paths inside the workspace (relative paths, no .., no ~)",
+                "commands.workspace",
+            )
+    asks: list[tuple[Segment, str]] = []
+    for segment in analysis.segments:
+        action, why = _segment_action(rules, segment, tool_action, source)
+        if action == "deny":
+            return Verdict("deny", f"{_shown(segment)} {why}", _denied_hint("deny"), "commands.unmatched")
+        if action == "ask":
+            asks.append((segment, why))
+    if not asks:
+        return Verdict("allow", "every part of the command is allowed", rule="commands.allow")
+    fetched = _fetch(remembered)
+    still: list[tuple[Segment, str]] = []
+    for segment, why in asks:
+        denial = next((r for r in fetched if r.action == "deny" and _remembered(r, segment, matches_denied)), None)
+        if denial is not None:
+            return Verdict("deny", f"{_shown(segment)}: {denial.describe()}", _denied_hint("deny"), f"remembered:{denial.id}")
+        if not any(r.action == "allow" and _remembered(r, segment, matches_allowed) for r in fetched):
+            still.append((segment, why))
+    if not still:
+        return Verdict("allow", "every part of the command is allowed (remembered rules)", rule="remembered")
+    reason = "; ".join(f"{_shown(segment)} {why}" for segment, why in still)
+    return Verdict("ask", f"needs a person's approval: {reason}", rule=still[0][1])
+
+
+def _segment_action(rules: CommandRules, segment: Segment, tool_action: Action, source: str) -> tuple[Action, str]:
+    for pattern in rules.ask:
+        if matches_allowed(pattern, segment):
+            return "ask", f"matches the ask rule `{pattern}`"
+    for pattern in rules.allow:
+        if matches_allowed(pattern, segment):
+            return "allow", f"matches the allow rule `{pattern}`"
+    if rules.unmatched is not None:
+        return rules.unmatched, f"matches no rule (commands.unmatched = {rules.unmatched})"
+    return tool_action, f"matches no rule ({source} = {tool_action})"
+
+
+def matches_allowed(pattern: str, segment: Segment) -> bool:
+    """True when ``segment`` is exactly what ``pattern`` names, as written: leading ``VAR=value``
+    assignments must be in the pattern too, and ``./git`` is not ``git``."""
+    words = segment.assignments + segment.words
+    return _match(pattern.split(), list(words), [False] * len(words))
+
+
+def matches_denied(pattern: str, segment: Segment) -> bool:
+    """True when ``segment`` might run what ``pattern`` names: also with its assignments dropped,
+    with the command's directory dropped (``/bin/rm`` is ``rm``), and with every word whose value
+    is known only at run time (``$X``, ``$(...)``) standing for any words."""
+    words = list(segment.words)
+    dynamic = list(segment.dynamic) or [False] * len(words)
+    candidates = [words, [posixpath.basename(words[0]), *words[1:]]]
+    if segment.assignments:
+        candidates.append(list(segment.assignments) + words)
+    parts = pattern.split()
+    for candidate in candidates:
+        flags = dynamic if len(candidate) == len(words) else [False] * len(segment.assignments) + dynamic
+        if _match(parts, candidate, flags):
+            return True
+    return False
+
+
+def _match(pattern: list[str], words: list[str], dynamic: list[bool], i: int = 0, j: int = 0) -> bool:
+    if i == len(pattern):
+        return j == len(words) or all(dynamic[j:])
+    if pattern[i] == "*" and i == len(pattern) - 1:
+        return True  # a final * takes any remaining words, none included
+    if j == len(words):
+        return False
+    if dynamic[j]:  # may expand to any number of words
+        return _match(pattern, words, dynamic, i, j + 1) or any(
+            _match(pattern, words, dynamic, k, j + 1) for k in range(i + 1, len(pattern) + 1)
+        )
+    return fnmatchcase(words[j], pattern[i]) and _match(pattern, words, dynamic, i + 1, j + 1)
+
+
+def outside_workspace(write: Write, workspace: str | None) -> str | None:
+    """Why ``write`` leaves the workspace, or ``None`` when it stays inside. Lexical, plus a
+    symlink-resolving check where the workspace exists on this machine (the worker)."""
+    target = write.target
+    if write.tilde:
+        return "under a home directory, outside the workspace"
+    if write.dynamic:
+        return "a path known only at run time, which cannot be checked"
+    if target in SAFE_WRITE_TARGETS or _FD_PATH.match(target):
+        return None
+    root = posixpath.normpath(workspace) if workspace else "/__workspace__"
+    if target.startswith("/"):
+        path = posixpath.normpath(target)
+    elif write.cwd is None:
+        return "a relative path after a cd to a directory that cannot be known here"
+    else:
+        base = write.cwd if write.cwd.startswith("/") else posixpath.join(root, write.cwd)
+        path = posixpath.normpath(posixpath.join(base, target))
+    if not _within(path, root):
+        return "outside the workspace"
+    if workspace and os.path.isdir(workspace):
+        real_root = os.path.realpath(workspace)
+        if not _within(os.path.realpath(path), real_root):
+            return "outside the workspace (through a symbolic link)"
+    return None
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _shown(segment: Segment) -> str:
+    if segment.wrapped_by:
+        return f"`{' '.join(segment.words)}` (run by {segment.wrapped_by})"
+    return f"`{segment.text}`"
+
+
+def _remembered(rule: Rule, segment: Segment, match: Callable[[str, Segment], bool]) -> bool:
+    return rule.pattern is None or match(rule.pattern, segment)
+
+
+def _fetch(remembered: RulesSource | None) -> Sequence[Rule]:
+    return remembered() if remembered is not None else ()
+
+
+def _denied_hint(action: Action) -> str:
+    return "this command is not allowed here; reach the goal another way" if action == "deny" else ""
