@@ -1,0 +1,106 @@
+"""Loop detection across the batches of one session.
+
+A model that calls the same tool with the same arguments again and again is stuck: the result will
+not change. Per session, Redis keeps the signature of the last call (tool name + canonical JSON of
+its arguments), how many times in a row it came, and when. The call that makes it ``limit`` in a row
+(default 3) is answered ``LOOP_DETECTED`` without running; so is every further repeat, until the
+session calls something else.
+
+A tool declared ``pollable`` (a job-status check) is exempt while time passes: an identical call at
+least ``poll_interval_s`` after the previous one starts the count again. Calls in one batch are
+submitted at the same moment, so repeats inside a batch always count.
+
+One Lua script per batch (one round trip), so concurrent batches of a session count correctly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from ..errors import BrokerUnavailable
+from ..keys import Keys
+from ..models import ErrorCode, ToolResult
+
+_COUNT = """
+-- KEYS: loop ; ARGV: ttl, now, then (sig, poll_interval_s) pairs ; returns the run length of each call
+local now = tonumber(ARGV[2])
+local state = redis.call('HMGET', KEYS[1], 'sig', 'count', 'at')
+local sig, count, at = state[1], tonumber(state[2] or '0'), tonumber(state[3] or '0')
+local out = {}
+for i = 3, #ARGV, 2 do
+  local s, poll = ARGV[i], tonumber(ARGV[i + 1])
+  if s == sig and not (poll > 0 and now - at >= poll) then count = count + 1 else count = 1 end
+  sig, at = s, now
+  out[#out + 1] = count
+end
+redis.call('HSET', KEYS[1], 'sig', sig, 'count', count, 'at', at)
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
+return out
+"""
+
+
+@dataclass(frozen=True)
+class LoopCheck:
+    """One validated call as loop detection sees it (``poll_interval_s`` 0: not pollable)."""
+
+    call_id: str
+    name: str
+    arguments: Mapping[str, Any]
+    poll_interval_s: float = 0.0
+
+
+def signature(name: str, arguments: Mapping[str, Any]) -> str:
+    """Tool name + canonical JSON of the arguments, hashed."""
+    text = json.dumps([name, arguments], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class LoopDetector:
+    """Counts repeats per session in Redis (``<ns>:session:<id>:loop``, expiring ``ttl_s`` after
+    the session's last call)."""
+
+    def __init__(
+        self, client: redis.Redis, keys: Keys, *, url: str, limit: int = 3, ttl_s: int = 24 * 3600
+    ) -> None:
+        self.redis = client
+        self.url = url
+        self.keys = keys
+        self.limit = limit
+        self.ttl_s = ttl_s
+        self._count = client.register_script(_COUNT)
+
+    def check(self, session_id: str | None, calls: Sequence[LoopCheck], now: float | None = None) -> list[ToolResult]:
+        """The ``LOOP_DETECTED`` results for the calls of one batch (model order) that repeat too
+        often; empty without a session id or with the limit off. Raises :class:`BrokerUnavailable`
+        if Redis does not answer."""
+        if not session_id or self.limit <= 0 or not calls:
+            return []
+        args: list[Any] = [self.ttl_s, time.time() if now is None else now]
+        for call in calls:
+            args += [signature(call.name, call.arguments), call.poll_interval_s]
+        try:
+            counts = self._count(keys=[self.keys.session_loop(session_id)], args=args)
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(self.url, str(exc)) from exc
+        return [loop_detected(call, int(n)) for call, n in zip(calls, counts, strict=True) if int(n) >= self.limit]
+
+
+def loop_detected(call: LoopCheck, times: int) -> ToolResult:
+    hint = "use the result you already have, change the arguments, or try a different approach"
+    if call.poll_interval_s > 0:
+        hint += f"; to poll, wait at least {call.poll_interval_s:g} s between checks"
+    return ToolResult.failure(
+        call.call_id,
+        call.name,
+        ErrorCode.LOOP_DETECTED,
+        f"{call.name} was called with the same arguments {times} times in a row in this session; "
+        "it was not run again, because the result would not change",
+        hint,
+    )
