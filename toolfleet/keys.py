@@ -33,6 +33,19 @@ class Keys:
         """Stream of the turn's events (started, result, cancel), read by the dispatcher."""
         return f"{self.ns}:turn:{turn_id}:events"
 
+    def turn_audit(self, turn_id: str) -> str:
+        """Stream: the turn's audit trail (planned, submitted, started, finished, approved, denied,
+        cancelled), redacted; written by every side, never read by the turn's driver."""
+        return f"{self.ns}:turn:{turn_id}:audit"
+
+    def turn_pending(self, turn_id: str) -> str:
+        """Hash call_id -> JSON (tool, arguments redacted, reason, workspace): calls held for approval."""
+        return f"{self.ns}:turn:{turn_id}:pending"
+
+    def turn_decisions(self, turn_id: str) -> str:
+        """Hash call_id -> JSON (decision approved|denied, by, reason, at): the first decision wins."""
+        return f"{self.ns}:turn:{turn_id}:decisions"
+
     def cancel_channel(self, turn_id: str) -> str:
         """Pub/sub channel workers listen on to stop a turn's running calls."""
         return f"{self.ns}:cancel:{turn_id}"
@@ -40,6 +53,20 @@ class Keys:
     @property
     def cancel_pattern(self) -> str:
         return f"{self.ns}:cancel:*"
+
+    # --- policy ---
+    @property
+    def policy_rules(self) -> str:
+        """Hash rule id -> JSON: remembered approval rules (no time to live)."""
+        return f"{self.ns}:policy:rules"
+
+    def session_loop(self, session_id: str) -> str:
+        """Hash (sig, count, at): the last call signature of a session and how often it repeated."""
+        return f"{self.ns}:session:{session_id}:loop"
+
+    def output(self, ref: str) -> str:
+        """String (with a time to live): the whole output of a call whose result was cut."""
+        return f"{self.ns}:output:{ref}"
 
     # --- fleet ---
     def catalog(self, worker: str) -> str:

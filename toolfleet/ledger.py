@@ -12,6 +12,9 @@ Both sides write through it. Each operation is one Lua script, so it is atomic a
 - ``cancel`` (any process): flags the turn, records ``NOT_EXECUTED`` for every call not started,
   appends a ``cancel`` event and publishes on the turn's cancel channel for the workers.
 
+Each of them also appends to the turn's redacted audit trail (:mod:`toolfleet.audit`):
+``started``, ``finished``, ``cancelled``.
+
 Keys are listed in :mod:`toolfleet.keys`; all expire ``result_ttl_s`` after the last write.
 """
 
@@ -25,6 +28,7 @@ from typing import Any
 
 import redis
 
+from .audit import AuditLog
 from .errors import BrokerUnavailable, TurnNotFound
 from .keys import Keys
 from .models import ErrorCode, ToolResult
@@ -73,7 +77,7 @@ _CANCEL = """
 local ttl = tonumber(ARGV[2])
 if redis.call('SET', KEYS[4], ARGV[1], 'NX', 'EX', ttl) == false then return -1 end
 local calls = redis.call('HGETALL', KEYS[1])
-local n = 0
+local ids = {}
 for i = 1, #calls, 2 do
   local cid, name = calls[i], calls[i + 1]
   if redis.call('HEXISTS', KEYS[2], cid) == 0 and redis.call('HEXISTS', KEYS[3], cid) == 0 then
@@ -84,13 +88,13 @@ for i = 1, #calls, 2 do
       error = {code = 'NOT_EXECUTED', message = msg, hint = hint}, attempts = 0})
     redis.call('HSET', KEYS[3], cid, res)
     redis.call('XADD', KEYS[5], '*', 'type', 'result', 'call_id', cid, 'data', res)
-    n = n + 1
+    ids[#ids + 1] = cid
   end
 end
 redis.call('XADD', KEYS[5], '*', 'type', 'cancel', 'call_id', '', 'data', ARGV[1])
 for i = 1, 5 do redis.call('EXPIRE', KEYS[i], ttl) end
 redis.call('PUBLISH', ARGV[3], ARGV[1])
-return n
+return ids
 """
 
 
@@ -128,6 +132,7 @@ class Ledger:
         self._claim = self.redis.register_script(_CLAIM)
         self._cancel = self.redis.register_script(_CANCEL)
         self._add = self.redis.register_script(_ADD)
+        self.audit = AuditLog(self.redis, self.keys, settings.result_ttl_s)
 
     # --- dispatcher side ---
     def open_turn(self, turn_id: str, calls: dict[str, str]) -> None:
@@ -169,12 +174,12 @@ class Ledger:
             k.turn_cancelled(turn_id),
             k.turn_events(turn_id),
         ]
-        return int(
-            self._cancel(
-                keys=keys,
-                args=[reason, self.settings.result_ttl_s, k.cancel_channel(turn_id)],
-            )
-        )
+        reply = self._cancel(keys=keys, args=[reason, self.settings.result_ttl_s, k.cancel_channel(turn_id)])
+        if not isinstance(reply, list):
+            return int(reply)  # -1: already cancelled
+        not_started = [_s(cid) for cid in reply]
+        self.audit.append(turn_id, "cancelled", reason=reason, not_executed=not_started)
+        return len(not_started)
 
     def events(
         self, turn_id: str, after: str = "0-0", block_ms: int = 1000
@@ -211,8 +216,10 @@ class Ledger:
             k.turn_cancelled(turn_id),
         ]
         payload = result.model_dump_json(exclude_none=True)
-        kept = self._record(keys=keys, args=[result.call_id, payload, self.settings.result_ttl_s])
-        return bool(kept)
+        kept = bool(self._record(keys=keys, args=[result.call_id, payload, self.settings.result_ttl_s]))
+        if kept:
+            self.audit.finished(turn_id, result)
+        return kept
 
     def record_failures(
         self, turn_id: str, failures: Sequence[ToolResult]
@@ -232,7 +239,10 @@ class Ledger:
             k.turn_started(turn_id),
             k.turn_cancelled(turn_id),
         ]
-        return _s(self._claim(keys=keys, args=[call_id, started, self.settings.result_ttl_s]))
+        claim = _s(self._claim(keys=keys, args=[call_id, started, self.settings.result_ttl_s]))
+        if claim in ("ok", "restarted"):
+            self.audit.append(turn_id, "started", call_id, worker=worker, restarted=claim == "restarted")
+        return claim
 
     def is_cancelled(self, turn_id: str) -> bool:
         return bool(self.redis.exists(self.keys.turn_cancelled(turn_id)))

@@ -1,0 +1,119 @@
+"""The audit trail: an append-only, redacted event stream per turn in Redis.
+
+Key ``<ns>:turn:<turn_id>:audit`` (a Redis stream, expiring with the turn's ledger). Each entry has
+``type``, ``call_id`` (empty for turn events) and ``data`` (JSON, with ``at``: unix seconds of the
+writer). The stream id's millisecond part is Redis's clock, one clock for every machine, which
+``toolfleet trace`` uses for its time axis.
+
+Types and who writes them:
+
+==============  ============  ================================================================
+type            writer        data
+==============  ============  ================================================================
+``planned``     dispatcher    ``session_id``, ``workspace``, ``calls`` (index, id, tool, arguments,
+                              verdict), ``deps`` (call -> calls it waits for)
+``pending``     dispatcher    ``tool``, ``reason``: the call waits for a person
+``submitted``   dispatcher    ``tool``, ``queue``, ``task_id``: sent to the workers
+``started``     worker        ``worker``, ``attempt``
+``finished``    any side      ``tool``, ``status``, ``code``, ``message``, ``worker``, ``queued_ms``,
+                              ``run_ms``, ``attempts``, ``content_chars``
+``approved``    approver      ``by``, ``remembered`` (a rule, if one was kept)
+``denied``      approver or   ``by`` (``policy`` when the policy refused it), ``reason``, ``rule``
+                policy
+``cancelled``   any process   ``reason``, ``not_executed`` (call ids that never started)
+==============  ============  ================================================================
+
+Everything is passed through :func:`toolfleet.redact.redact_value` before it is written, and
+callers mask a tool's declared sensitive parameters first (:func:`~toolfleet.redact.redact_arguments`).
+A result's content is never written here, only its size: the model's text may hold anything.
+
+Writing is best effort: a failed append is logged and never fails the call it describes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from .keys import Keys
+from .models import ToolResult
+from .redact import redact_text, redact_value
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    """One entry of a turn's audit trail."""
+
+    stream_id: str
+    type: str
+    call_id: str
+    data: dict[str, Any]
+
+    @property
+    def at_ms(self) -> int:
+        """Redis's clock when the entry was written (milliseconds since the epoch)."""
+        return int(self.stream_id.split("-", 1)[0])
+
+
+class AuditLog:
+    """Appends to and reads the audit trails of one namespace."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, ttl_s: int) -> None:
+        self.redis = client
+        self.keys = keys
+        self.ttl_s = ttl_s
+
+    def append(self, turn_id: str, type: str, call_id: str = "", **data: Any) -> None:
+        """Append one event; ``data`` is redacted, then stamped with ``at`` (unix seconds)."""
+        payload = redact_value(data)
+        payload["at"] = time.time()
+        key = self.keys.turn_audit(turn_id)
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xadd(key, {"type": type, "call_id": call_id, "data": json.dumps(payload, default=str)})
+            pipe.expire(key, self.ttl_s)
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("audit: could not append %s of turn %s call %s (%s)", type, turn_id, call_id, exc)
+
+    def finished(self, turn_id: str, result: ToolResult) -> None:
+        """Append the ``finished`` event of ``result`` (its size, never its content)."""
+        error = result.error
+        self.append(
+            turn_id,
+            "finished",
+            result.call_id,
+            tool=result.name,
+            status=result.status,
+            code=error.code.value if error else None,
+            message=redact_text(error.message) if error else None,
+            worker=result.worker,
+            queued_ms=result.queued_ms,
+            run_ms=result.run_ms,
+            attempts=result.attempts,
+            content_chars=len(result.content),
+        )
+
+    def read(self, turn_id: str) -> list[AuditEvent]:
+        """Every event of the turn, oldest first (empty for an unknown or expired turn)."""
+        entries = self.redis.xrange(self.keys.turn_audit(turn_id))
+        return [
+            AuditEvent(
+                stream_id=_s(stream_id),
+                type=_s(fields.get(b"type", b"")),
+                call_id=_s(fields.get(b"call_id", b"")),
+                data=json.loads(_s(fields.get(b"data", b"{}")) or "{}"),
+            )
+            for stream_id, fields in entries
+        ]
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
