@@ -3,6 +3,7 @@
 Public API (everything else is private by convention)::
 
     from toolfleet import Dispatcher, Settings, tool, Registry, ToolContext
+    from toolfleet import Policy, PendingCall, Rule          # approvals and command rules
 
     with Dispatcher(settings, registry) as dispatcher:
         turn = dispatcher.submit_response(model_response)        # any provider format
@@ -24,11 +25,13 @@ from .dispatcher.adapters import (
     OpenAIResponsesStreamAdapter,
     get_adapter,
 )
+from .dispatcher.approvals import PendingCall
 from .errors import (
     BatchRejected,
     BrokerUnavailable,
     CallCancelled,
     ConfigurationError,
+    NotPending,
     PermissionDenied,
     ToolFailure,
     ToolfleetError,
@@ -36,6 +39,8 @@ from .errors import (
     TurnNotFound,
 )
 from .models import ErrorCode, ToolCall, ToolError, ToolResult
+from .policy import CommandRules, LoopRules, Policy, Rule, Verdict
+from .redact import redact_arguments, redact_text
 from .settings import Settings
 from .tools import Registry, ToolContext, ToolSpec, default_registry, paths, tool, tool_from_schema
 from .worker import create_app
@@ -48,18 +53,24 @@ __all__ = [
     "BatchRejected",
     "BrokerUnavailable",
     "CallCancelled",
+    "CommandRules",
     "ConfigurationError",
     "Dispatcher",
     "ErrorCode",
+    "LoopRules",
+    "NotPending",
     "OpenAIChatAdapter",
     "OpenAIChatStreamAdapter",
     "OpenAIResponsesAdapter",
     "OpenAIResponsesStreamAdapter",
+    "PendingCall",
     "PermissionDenied",
     "Plan",
+    "Policy",
     "Registry",
     "Repair",
     "RepairedHistory",
+    "Rule",
     "Settings",
     "ToolCall",
     "ToolContext",
@@ -72,11 +83,14 @@ __all__ = [
     "Turn",
     "TurnNotFound",
     "TurnStream",
+    "Verdict",
     "create_app",
     "default_registry",
     "get_adapter",
     "paths",
     "repair_history",
+    "redact_arguments",
+    "redact_text",
     "tool",
     "tool_from_schema",
 ]

@@ -6,7 +6,8 @@ Tree::
     ├── ConfigurationError      a tool or setting is declared wrongly (raised at registration)
     ├── BatchRejected           the whole batch cannot be run (duplicate call ids, unreadable payload)
     ├── BrokerUnavailable       Redis (broker or result store) does not answer
-    └── TurnNotFound            no turn with that id is known to the result store
+    ├── TurnNotFound            no turn with that id is known to the result store
+    └── NotPending              approve/deny named a call that is not waiting for approval
 
 A tool call that fails is *not* an exception: it becomes a ``ToolResult`` with ``status="error"``
 and one of the codes in :class:`toolfleet.models.ErrorCode`. Exceptions are for the caller's mistakes
@@ -54,6 +55,18 @@ class BrokerUnavailable(ToolfleetError):
 
 class TurnNotFound(ToolfleetError):
     """Raised when a turn id is not known to the result store (never submitted, or expired)."""
+
+
+class NotPending(ToolfleetError):
+    """Raised by ``approve``/``deny`` when the call is not waiting for a decision.
+
+    ``reason``: ``unknown`` (the policy did not ask about it), ``finished`` (it has its result),
+    ``cancelled`` (its turn was cancelled) or ``decided`` (someone answered first).
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class ToolFailure(ToolfleetError):

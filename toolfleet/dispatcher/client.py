@@ -14,10 +14,15 @@ from typing import Any
 
 from ..ledger import Ledger
 from ..models import ToolCall, ToolResult
+from ..policy.config import Policy
+from ..policy.loops import LoopDetector
+from ..policy.rules import Rule, RuleStore
 from ..settings import Settings
 from ..tools.registry import Registry, default_registry
 from ..worker.app import create_app
 from .adapters import Adapter, as_dict, detect, get_adapter
+from .approvals import Approvals, PendingCall
+from .guard import Guard
 from .streaming import TurnStream
 from .submit import Submitter
 from .turn import Turn, check_ids
@@ -27,16 +32,25 @@ class Dispatcher:
     """Runs batches of tool calls on the workers of ``settings.namespace``.
 
     ``registry`` must describe the same tools the workers serve (default: the built-in workspace
-    tools). Raises :class:`~toolfleet.errors.BrokerUnavailable` at construction if Redis does not
-    answer.
+    tools). ``policy`` decides what runs, waits for a person's approval or is refused (default:
+    :meth:`Policy.permissive`); give the workers the same policy, they check it again. Raises
+    :class:`~toolfleet.errors.BrokerUnavailable` at construction if Redis does not answer.
     """
 
-    def __init__(self, settings: Settings | None = None, registry: Registry | None = None) -> None:
+    def __init__(
+        self, settings: Settings | None = None, registry: Registry | None = None, policy: Policy | None = None
+    ) -> None:
         self.settings = settings or Settings()
         self.registry = registry if registry is not None else default_registry()
+        self.policy = policy if policy is not None else Policy.permissive()
         self.ledger = Ledger(self.settings)
         self.app = create_app(self.settings, self.registry)
-        self.submitter = Submitter(self.app, self.settings)
+        self.submitter = Submitter(self.app, self.settings, self.ledger.audit)
+        self.rules = RuleStore(self.ledger.redis, self.ledger.keys, self.settings.redis_url)
+        self.approvals = Approvals(self.ledger, self.rules)
+        loops = LoopDetector(self.ledger.redis, self.ledger.keys, url=self.settings.redis_url,
+                             limit=self.policy.loops.limit, ttl_s=self.settings.result_ttl_s)
+        self.guard = Guard(self.policy, self.registry, self.approvals, self.rules, loops)
 
     def open_turn(
         self,
@@ -50,7 +64,9 @@ class Dispatcher:
         """A turn that takes calls as they come (:meth:`Turn.add_calls`) until :meth:`Turn.close`.
 
         ``workspace`` is the directory the file tools and commands work in (as the workers see
-        it). Raises :class:`~toolfleet.errors.BrokerUnavailable` if Redis does not answer.
+        it); ``session_id`` ties the turns of one conversation together for loop detection. Calls
+        the policy asks about are held (``turn.pending``) until approved or denied. Raises
+        :class:`~toolfleet.errors.BrokerUnavailable` if Redis does not answer.
         """
         turn_id = turn_id or uuid.uuid4().hex
         self.ledger.open_turn(turn_id, {})
@@ -64,6 +80,7 @@ class Dispatcher:
             session_id=session_id,
             adapter=adapter,
             response=response,
+            guard=self.guard,
         )
         return turn.start()
 
@@ -124,6 +141,24 @@ class Dispatcher:
         """Cancel a turn by id, from any process. Returns how many calls will never start.
         Raises :class:`~toolfleet.errors.TurnNotFound` for an unknown turn."""
         return self.ledger.cancel(turn_id, reason)
+
+    def pending(self, turn_id: str) -> list[PendingCall]:
+        """The calls of any turn (by id, from any process) waiting for a person, in model order.
+        Raises :class:`~toolfleet.errors.TurnNotFound` for an unknown turn."""
+        return self.approvals.pending(turn_id)
+
+    def approve(
+        self, turn_id: str, call_id: str, *, by: str | None = None, remember: str | bool = False
+    ) -> Rule | None:
+        """Approve a pending call of any turn; see :meth:`Turn.approve`."""
+        return self.approvals.approve(turn_id, call_id, by=by, remember=remember)
+
+    def deny(
+        self, turn_id: str, call_id: str, reason: str = "a person denied it", *, by: str | None = None,
+        remember: str | bool = False,
+    ) -> Rule | None:
+        """Deny a pending call of any turn; see :meth:`Turn.deny`."""
+        return self.approvals.deny(turn_id, call_id, reason, by=by, remember=remember)
 
     def close(self) -> None:
         self.app.close()

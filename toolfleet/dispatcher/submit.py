@@ -1,4 +1,8 @@
-"""Sending one call to the workers as a Celery task (DESIGN.md, step 4)."""
+"""Sending one call to the workers as a Celery task (DESIGN.md, step 4).
+
+The arguments Flower shows (``kwargsrepr``) are redacted (:mod:`toolfleet.redact`); the message
+itself carries them whole, for the handler. Each send appends a ``submitted`` audit event.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,11 @@ from typing import Any
 from celery import Celery
 from kombu.exceptions import OperationalError
 
+from ..audit import AuditLog
 from ..errors import BrokerUnavailable
 from ..keys import Keys
 from ..models import CallEnvelope
+from ..redact import redact_arguments
 from ..settings import Settings
 from ..tools.spec import ToolSpec
 from ..worker.app import TASK_NAME
@@ -30,10 +36,11 @@ def task_id(turn_id: str, call_id: str) -> str:
 class Submitter:
     """Sends calls with one Celery app (thread-safe: Celery's producer pool)."""
 
-    def __init__(self, app: Celery, settings: Settings) -> None:
+    def __init__(self, app: Celery, settings: Settings, audit: AuditLog | None = None) -> None:
         self.app = app
         self.settings = settings
         self.keys = Keys(settings.namespace)
+        self.audit = audit
 
     def send(
         self,
@@ -58,16 +65,22 @@ class Submitter:
             idempotency_key=f"{turn_id}:{call_id}",
             submitted_at=time.time(),
         )
-        shown = json.dumps({"turn_id": turn_id, "call_id": call_id, "arguments": arguments}, default=str)
+        shown = json.dumps(
+            {"turn_id": turn_id, "call_id": call_id, "arguments": redact_arguments(arguments, spec.sensitive)},
+            default=str,
+        )
         if len(shown) > KWARGSREPR_MAX_CHARS:
             shown = shown[: KWARGSREPR_MAX_CHARS - 3] + "..."
         tid = task_id(turn_id, call_id)
+        queue = self.keys.queue(spec.queue)
+        if self.audit is not None:  # before the send, so it precedes the worker's `started` in the trail
+            self.audit.append(turn_id, "submitted", call_id, tool=spec.name, queue=queue, task_id=tid)
         try:
             self.app.send_task(
                 TASK_NAME,
                 kwargs={"envelope": envelope.model_dump(mode="json")},
                 task_id=tid,
-                queue=self.keys.queue(spec.queue),
+                queue=queue,
                 soft_time_limit=limit_s + SOFT_LIMIT_MARGIN_S,
                 time_limit=limit_s + SOFT_LIMIT_MARGIN_S + self.settings.kill_grace_s,
                 shadow=f"tool.{spec.name}",

@@ -11,6 +11,12 @@ of Celery's result backend), submits each call as soon as the calls it waits for
 and watches the time: after a cancel, calls still running past the grace period are reported
 ``CANCELLED`` and killed; a started call silent past its hard time limit is reported
 ``WORKER_LOST``, so a lost worker cannot hang the turn.
+
+With a guard (:mod:`.guard`), each call taken is also screened by the policy: a refused call gets
+its ``PERMISSION_DENIED`` or ``LOOP_DETECTED`` result and is not planned; a call the policy asks
+about is *held*: planned but not submitted and without a result, so the turn stays open and the
+calls that wait for it in the plan keep waiting. An ``approved`` event (from :meth:`Turn.approve`
+or any other process) releases it; a denial arrives as its ``PERMISSION_DENIED`` result.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -36,6 +42,11 @@ from ..tools.spec import ToolSpec
 from ..tools.validation import check_call
 from .plan import Plan, PlanItem, Planner
 from .submit import SOFT_LIMIT_MARGIN_S, Submitter
+from .turn_approvals import TurnApprovals
+
+if TYPE_CHECKING:
+    from .approvals import PendingCall
+    from .guard import Guard
 
 log = logging.getLogger(__name__)
 WATCHDOG_SLACK_S = 3.0  # beyond a call's hard limit before the dispatcher calls its worker lost
@@ -50,7 +61,7 @@ class Runnable:
     arguments: dict[str, Any]
 
 
-class Turn:
+class Turn(TurnApprovals):
     """One batch in flight. Create through :meth:`toolfleet.Dispatcher.submit` (a whole batch),
     :meth:`~toolfleet.Dispatcher.submit_response`, :meth:`~toolfleet.Dispatcher.submit_stream` or
     :meth:`~toolfleet.Dispatcher.open_turn` (calls added as they come, then :meth:`close`)."""
@@ -67,6 +78,7 @@ class Turn:
         session_id: str | None,
         adapter: Any = None,
         response: Any = None,
+        guard: Guard | None = None,
     ) -> None:
         self.turn_id = turn_id
         self.adapter = adapter
@@ -93,6 +105,9 @@ class Turn:
         self._done = threading.Event()
         self._cancelled_at: float | None = None
         self._error: ToolfleetError | None = None
+        self._guard = guard
+        self._held: dict[str, PendingCall] = {}  # waiting for a person
+        self._changed = threading.Condition(self._lock)
         self._thread = threading.Thread(target=self._drive, name=f"toolfleet-turn-{turn_id}", daemon=True)
 
     # ---- public ----
@@ -158,21 +173,33 @@ class Turn:
                     self._names[call.id] = call.name
             try:
                 refused = self._ledger.add_calls(self.turn_id, {c.id: c.name for c in calls})
-                to_send = []
+                screened = None
+                if self._guard is not None:
+                    screened = self._guard.screen(self.turn_id, calls, checked, workspace=self._workspace,
+                                                  session_id=self._session_id)
+                    checked = [screened.refused.get(c.id, outcome) for c, outcome in zip(calls, checked, strict=True)]
+                to_send, failures, planned = [], [], {}
                 for call, outcome in zip(calls, checked, strict=True):
                     if call.id in refused:
                         continue  # cancelled before it was taken: NOT_EXECUTED is recorded
                     if isinstance(outcome, ToolResult):
-                        self._ledger.record_result(self.turn_id, outcome)
+                        failures.append(outcome)
                         continue
                     spec, arguments = outcome
                     item = PlanItem(call.id, spec.access, resolve(spec.resources, arguments))
                     with self._lock:
                         self._runnable[call.id] = Runnable(spec, arguments)
-                        deps = self._planner.add(item)
-                        if self._cancelled_at is None and deps <= self._finished:
+                        deps = planned[call.id] = self._planner.add(item)
+                        if screened is not None and call.id in screened.held:
+                            self._held[call.id] = screened.held[call.id]
+                        elif self._cancelled_at is None and deps <= self._finished:
                             self._scheduled.add(call.id)
                             to_send.append(call.id)
+                if screened is not None:  # the audit's `planned` comes before any result or submission
+                    self._guard.record(self.turn_id, calls, checked, screened, planned,
+                                       workspace=self._workspace, session_id=self._session_id)
+                for failure in failures:
+                    self._ledger.record_result(self.turn_id, failure)
             except redis.RedisError as exc:
                 raise BrokerUnavailable(self._settings.redis_url, str(exc)) from exc
             for call_id in to_send:
@@ -184,6 +211,7 @@ class Turn:
             self._closed = True
             if len(self._results) == len(self._calls):
                 self._done.set()
+            self._changed.notify_all()
         self._completed.put(_WAKE)
         return self
 
@@ -199,7 +227,9 @@ class Turn:
         went away for good while waiting.
         """
         if not self._done.wait(timeout_s):
-            raise TimeoutError(f"turn {self.turn_id} not finished after {timeout_s} s")
+            waiting = [p.call_id for p in self.pending]
+            note = f"; {len(waiting)} call(s) wait for approval: {', '.join(waiting)}" if waiting else ""
+            raise TimeoutError(f"turn {self.turn_id} not finished after {timeout_s} s{note}")
         if self._error is not None:
             raise self._error
         with self._lock:
@@ -302,6 +332,8 @@ class Turn:
                     self._error = BrokerUnavailable(self._settings.redis_url, str(exc))
                     self._done.set()
                     self._completed.put(_WAKE)
+                    with self._changed:
+                        self._changed.notify_all()
                     return
                 time.sleep(min(0.05 * failures, 1.0))
 
@@ -315,6 +347,8 @@ class Turn:
                     self._cancelled_at = time.monotonic()
         elif event.type == "result":
             self._on_result(event.result())
+        elif event.type == "approved":
+            self._on_approved(event.call_id)
 
     def _on_result(self, result: ToolResult) -> None:
         with self._lock:
@@ -322,11 +356,14 @@ class Turn:
                 return
             self._results[result.call_id] = result
             self._finished.add(result.call_id)
+            self._held.pop(result.call_id, None)  # denied, or cancelled while held
             ready = [
                 d
                 for d in self._planner.dependents.get(result.call_id, ())
-                if d not in self._scheduled and d not in self._finished and self._planner.deps[d] <= self._finished
+                if d not in self._scheduled and d not in self._finished and d not in self._held
+                and self._planner.deps[d] <= self._finished
             ]
+            self._changed.notify_all()
             cancelled = self._cancelled_at is not None
             if not cancelled:
                 self._scheduled.update(ready)
@@ -337,6 +374,8 @@ class Turn:
                 self._submit(call_id)
         if all_in:
             self._done.set()
+            with self._changed:
+                self._changed.notify_all()
 
     def _watchdog(self) -> None:
         now = time.monotonic()

@@ -1,0 +1,153 @@
+"""The dispatcher's policy step, between validation and planning (called by :meth:`Turn.add_calls`
+for each group of calls it takes: a whole batch, or the calls a stream event completed).
+
+For each valid call, in model order: the policy's verdict (:func:`toolfleet.policy.evaluate`, with
+the remembered rules of the workspace), then loop detection over the session for the calls not
+denied. ``deny`` → ``PERMISSION_DENIED`` and repeats → ``LOOP_DETECTED`` (neither is planned nor
+run); ``ask`` → held as a :class:`PendingCall` (planned, not submitted until approved);
+``allow`` → planned and submitted as usual. Then :meth:`Guard.record` writes the ``planned`` audit
+event of those calls, the pending records and the policy's ``denied`` events.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..models import ErrorCode, ToolCall, ToolResult
+from ..policy.config import Policy
+from ..policy.engine import Verdict, evaluate
+from ..policy.loops import LoopCheck, LoopDetector
+from ..policy.rules import Rule, RuleStore
+from ..redact import redact_arguments, redact_text, redact_value
+from ..tools.registry import Registry
+from ..tools.spec import ToolSpec
+from ..tools.validation import parse_arguments
+from .approvals import Approvals, PendingCall
+
+# what validation made of a call: its tool and arguments, or its error result
+Checked = tuple[ToolSpec, dict[str, Any]] | ToolResult
+
+
+@dataclass
+class Screened:
+    """What the policy step decided for a group of calls."""
+
+    refused: dict[str, ToolResult] = field(default_factory=dict)
+    held: dict[str, PendingCall] = field(default_factory=dict)
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+
+
+class Guard:
+    """Policy, remembered rules, loop detection and the audit of one dispatcher."""
+
+    def __init__(
+        self, policy: Policy, registry: Registry, approvals: Approvals, rules: RuleStore, loops: LoopDetector
+    ) -> None:
+        self.policy = policy
+        self.registry = registry
+        self.approvals = approvals
+        self.rules = rules
+        self.loops = loops
+        self.audit = approvals.ledger.audit
+
+    def screen(
+        self,
+        turn_id: str,
+        calls: Sequence[ToolCall],
+        checked: Sequence[Checked],
+        *,
+        workspace: str | None,
+        session_id: str | None,
+    ) -> Screened:
+        """Decide every valid call of ``calls`` (``checked`` says which are valid). Raises
+        :class:`~toolfleet.errors.BrokerUnavailable` if Redis does not answer."""
+        out = Screened()
+        rules_cache: list[Rule] | None = None
+
+        def remembered(name: str) -> list[Rule]:
+            nonlocal rules_cache
+            if rules_cache is None:  # read once per group, and only if some call would be asked about
+                rules_cache = self.rules.all()
+            return [rule for rule in rules_cache if rule.applies(name, workspace)]
+
+        looping: list[LoopCheck] = []
+        for call, outcome in zip(calls, checked, strict=True):
+            if isinstance(outcome, ToolResult):
+                continue
+            spec, arguments = outcome
+            verdict = evaluate(
+                self.policy, spec, arguments, workspace=workspace,
+                remembered=lambda name=spec.name: remembered(name),
+            )
+            out.verdicts[call.id] = verdict
+            if verdict.action == "deny":
+                out.refused[call.id] = ToolResult.failure(
+                    call.id, spec.name, ErrorCode.PERMISSION_DENIED, f"policy: {verdict.reason}", verdict.hint
+                )
+                continue
+            looping.append(LoopCheck(call.id, spec.name, arguments, spec.poll_interval_s if spec.pollable else 0.0))
+            if verdict.action == "ask":
+                out.held[call.id] = PendingCall(
+                    turn_id=turn_id,
+                    call_id=call.id,
+                    name=spec.name,
+                    index=call.index,
+                    arguments=redact_arguments(arguments, spec.sensitive),
+                    reason=redact_text(verdict.reason),
+                    workspace=workspace,
+                    requested_at=time.time(),
+                )
+        for result in self.loops.check(session_id, looping):
+            out.refused[result.call_id] = result
+            out.held.pop(result.call_id, None)
+        return out
+
+    def record(
+        self,
+        turn_id: str,
+        calls: Sequence[ToolCall],
+        checked: Sequence[Checked],
+        screened: Screened,
+        deps: Mapping[str, frozenset[str]],
+        *,
+        workspace: str | None,
+        session_id: str | None,
+    ) -> None:
+        """Write the ``planned`` audit event of ``calls`` (``deps``: what each planned call waits
+        for), hold the pending ones, and audit the ones the policy refused. Call after planning and
+        before any of them is submitted or gets a result."""
+        entries = []
+        for call, outcome in zip(calls, checked, strict=True):
+            verdict = screened.verdicts.get(call.id)
+            refused = screened.refused.get(call.id)
+            if refused is not None and refused.code == ErrorCode.LOOP_DETECTED:
+                decided = "loop"
+            elif verdict is not None:
+                decided = verdict.action
+            else:  # invalid: never reached the policy
+                decided = outcome.code.value if isinstance(outcome, ToolResult) and outcome.code else "error"
+            entries.append({"index": call.index, "id": call.id, "tool": call.name,
+                            "arguments": self._shown_arguments(call, outcome), "verdict": decided,
+                            "rule": verdict.rule if verdict else None})
+        self.audit.append(
+            turn_id, "planned", session_id=session_id, workspace=workspace, calls=entries,
+            deps={c: sorted(d) for c, d in deps.items()},
+        )
+        self.approvals.hold(turn_id, list(screened.held.values()))
+        for call_id, result in screened.refused.items():
+            if result.code == ErrorCode.PERMISSION_DENIED:
+                verdict = screened.verdicts[call_id]
+                self.audit.append(turn_id, "denied", call_id, by="policy", reason=verdict.reason, rule=verdict.rule)
+
+    def _shown_arguments(self, call: ToolCall, outcome: Checked) -> object:
+        if not isinstance(outcome, ToolResult):
+            spec, arguments = outcome
+            return redact_arguments(arguments, spec.sensitive)
+        spec = self.registry.get(call.name)
+        parsed = parse_arguments(call)
+        if isinstance(parsed, dict):
+            return redact_arguments(parsed, spec.sensitive if spec else ())
+        return redact_text(call.arguments) if isinstance(call.arguments, str) else redact_value(call.arguments)
