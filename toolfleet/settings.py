@@ -28,6 +28,8 @@ class Settings(BaseModel):
       is killed and reported ``CANCELLED`` by the dispatcher.
     - ``kill_grace_s``: added to a call's time limit to make the hard limit that kills the process.
     - ``heartbeat_s``: how often a worker republishes its tool catalog.
+    - ``output_ttl_s``: how long the whole output of a call whose result was cut stays readable
+      with ``read_output``.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -39,6 +41,7 @@ class Settings(BaseModel):
     cancel_grace_s: float = 0.5
     kill_grace_s: float = 2.0
     heartbeat_s: float = 2.0
+    output_ttl_s: int = 24 * 3600
 
     @field_validator("namespace")
     @classmethod

@@ -6,6 +6,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import CallCancelled
 
@@ -19,6 +20,8 @@ class ToolContext:
       (``ctx.check_cancelled()``) or wait on it instead of sleeping.
     - ``workspace``: the turn's workspace root, or ``None`` for tools that need none.
     - ``attempt``: 1 for the first execution, more when a call was redelivered.
+    - ``output_store``: where the worker keeps whole outputs that were cut (``read_output`` reads
+      it); ``None`` outside a worker.
     """
 
     call_id: str
@@ -30,6 +33,7 @@ class ToolContext:
     attempt: int = 1
     cancelled: threading.Event = field(default_factory=threading.Event)
     cancel_reason: str = ""
+    output_store: Any = field(default=None, repr=False)
 
     @property
     def remaining_s(self) -> float:

@@ -81,11 +81,13 @@ class Registry:
 
 
 def default_registry(modules: Iterable[str] = ()) -> Registry:
-    """The built-in workspace tools plus the tools of ``modules`` (dotted import paths)."""
+    """The built-in tools (workspace files, ``run_command``, ``read_output``) plus the tools of
+    ``modules`` (dotted import paths)."""
     from .command import run_command
     from .files import edit_file, grep, list_dir, read_file, write_file
+    from .stored_output import read_output
 
-    registry = Registry([read_file, list_dir, grep, write_file, edit_file, run_command])
+    registry = Registry([read_file, list_dir, grep, write_file, edit_file, run_command, read_output])
     for name in modules:
         registry.load_module(name)
     return registry

@@ -15,6 +15,7 @@ from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLo
 from celery.worker.request import Request
 
 from ..models import CallEnvelope, ErrorCode, ToolResult
+from ..policy.config import Policy
 from ..settings import Settings
 from ..tools.registry import Registry, default_registry
 from .catalog import connect_catalog
@@ -46,11 +47,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
-def create_app(settings: Settings, registry: Registry | None = None) -> Celery:
+def create_app(settings: Settings, registry: Registry | None = None, policy: Policy | None = None) -> Celery:
     """A Celery app bound to ``settings``; ``registry`` (default: built-in tools) is what a worker
-    started from this app serves. ``app.toolfleet`` is the :class:`Runtime`."""
+    started from this app serves, ``policy`` (default: permissive) what it checks before running a
+    call. ``app.toolfleet`` is the :class:`Runtime`."""
     registry = registry if registry is not None else default_registry()
-    runtime = Runtime(settings, registry)
+    runtime = Runtime(settings, registry, policy)
     app = Celery(f"toolfleet-{settings.namespace}", broker=settings.broker, backend=settings.redis_url)
     app.conf.update(celery_config(settings))
     app.toolfleet = runtime  # type: ignore[attr-defined]

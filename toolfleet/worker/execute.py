@@ -1,8 +1,9 @@
 """The body of the task that runs one call on a worker (DESIGN.md, step 5).
 
-Looks the tool up, checks the arguments again (a worker never trusts a message because it
-arrived), claims the call in the ledger (refused if the turn was cancelled or the call already has
-a result), runs the handler with its context, and records exactly one result. A tool failure is a
+Looks the tool up, checks the arguments and the worker's own policy again (a worker never trusts
+a message because it arrived: :mod:`.guard`), claims the call in the ledger (refused if the turn
+was cancelled or the call already has a result), runs the handler with its context, and records
+exactly one result. A tool failure is a
 result, never a raised exception, so the chains of the plan keep going.
 """
 
@@ -21,6 +22,7 @@ from ..tools.context import ToolContext
 from ..tools.output import fit_output
 from ..tools.spec import ToolSpec
 from ..tools.validation import check_arguments
+from .guard import screen_call
 from .runtime import Runtime
 
 
@@ -38,7 +40,7 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResu
             f"tools served here: {', '.join(runtime.registry.names())}",
         )
         return _record(runtime, env, result, worker, picked_at, picked_at)
-    problem = check_arguments(spec, env.call_id, env.arguments)
+    problem = check_arguments(spec, env.call_id, env.arguments) or screen_call(runtime, env, spec, worker)
     if problem is not None:
         return _record(runtime, env, problem, worker, picked_at, picked_at)
 
@@ -49,6 +51,7 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResu
         session_id=env.session_id,
         workspace=None if env.workspace is None else Path(env.workspace),
         deadline=time.monotonic() + env.time_limit_s,
+        output_store=runtime.outputs,
     )
     ledger = runtime.ledger
     with runtime.watcher.track(ctx):
@@ -78,6 +81,10 @@ def _run_handler(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: 
     if spec.context_param:
         kwargs[spec.context_param] = ctx
     budget = spec.max_output_chars
+
+    def store(text: str) -> str:
+        return ctx.output_store.save(text, turn_id=ctx.turn_id, call_id=ctx.call_id, tool=spec.name)
+
     try:
         with runtime.watcher.interruptible(ctx, spec.cancellable):
             value = spec.handler(**kwargs)
@@ -88,7 +95,7 @@ def _run_handler(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: 
             ErrorCode.CANCELLED,
             f"the turn was cancelled while the call ran; it was stopped ({exc})",
             "the call may have done part of its work; check before repeating it",
-            output=fit_output(exc.output, budget) if exc.output else "",
+            output=fit_output(exc.output, budget, store) if exc.output else "",
         )
     except SoftTimeLimitExceeded:
         return ToolResult.failure(
@@ -105,7 +112,7 @@ def _run_handler(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: 
             ErrorCode(exc.code),
             exc.message,
             exc.hint,
-            output=fit_output(exc.output, budget) if exc.output else "",
+            output=fit_output(exc.output, budget, store) if exc.output else "",
         )
     except Exception as exc:  # the handler failed: that is the call's result, not the task's
         return ToolResult.failure(
@@ -116,10 +123,10 @@ def _run_handler(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: 
             "the tool failed; read the message, fix the arguments or try another way",
         )
     if isinstance(value, str):
-        return ToolResult(call_id=ctx.call_id, name=spec.name, status="ok", content=fit_output(value, budget))
+        return ToolResult(call_id=ctx.call_id, name=spec.name, status="ok", content=fit_output(value, budget, store))
     text = json.dumps(value, ensure_ascii=False, indent=2, default=str)
     return ToolResult(
-        call_id=ctx.call_id, name=spec.name, status="ok", content=fit_output(text, budget), data=value
+        call_id=ctx.call_id, name=spec.name, status="ok", content=fit_output(text, budget, store), data=value
     )
 
 

@@ -1,7 +1,8 @@
-"""What a worker process holds: settings, registry, and per-process Redis connections."""
+"""What a worker process holds: settings, registry, policy, and per-process Redis connections."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
@@ -9,8 +10,11 @@ import redis
 
 from ..keys import Keys
 from ..ledger import Ledger
+from ..policy.config import Policy
+from ..policy.rules import RuleStore
 from ..settings import Settings
 from ..tools.registry import Registry
+from ..tools.stored_output import OutputStore
 from .cancel_watch import CancelWatcher
 
 
@@ -18,9 +22,10 @@ class Runtime:
     """Shared by the Celery app's task and signal handlers. Connections are made lazily and anew
     in each process, because a Redis socket must not be shared across ``fork``."""
 
-    def __init__(self, settings: Settings, registry: Registry) -> None:
+    def __init__(self, settings: Settings, registry: Registry, policy: Policy | None = None) -> None:
         self.settings = settings
         self.registry = registry
+        self.policy = policy if policy is not None else Policy.permissive()
         self.keys = Keys(settings.namespace)
         self._lock = threading.Lock()
         self._pid: int | None = None
@@ -37,3 +42,18 @@ class Runtime:
                 self._ledger = Ledger(self.settings, client=self._new_client())
                 self._pid = os.getpid()
             return self._ledger
+
+    @property
+    def rules(self) -> RuleStore:
+        """Remembered approval rules (read when the policy would ask)."""
+        return RuleStore(self.ledger.redis, self.keys, self.settings.redis_url)
+
+    @property
+    def outputs(self) -> OutputStore:
+        """Where whole outputs of cut results are kept for ``read_output``."""
+        return OutputStore(self.ledger.redis, self.keys, self.settings.output_ttl_s)
+
+    def approvals_decision(self, turn_id: str, call_id: str) -> str | None:
+        """``approved``, ``denied`` or ``None``: a person's decision on a held call."""
+        raw = self.ledger.redis.hget(self.keys.turn_decisions(turn_id), call_id)
+        return None if raw is None else json.loads(raw).get("decision")
