@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -89,14 +89,14 @@ def make_registry():
 class WorkerProcess:
     """A ``toolfleet worker`` process (prefork pool) for one test."""
 
-    def __init__(self, settings: Settings, concurrency: int, name: str) -> None:
+    def __init__(self, settings: Settings, concurrency: int, name: str, args: Sequence[str] = ()) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT), TOOLFLEET_NAMESPACE=settings.namespace)
         env.pop("REDIS_URL", None)
         self.name = f"{name}@{settings.namespace}"
         self.settings = settings
         argv = [sys.executable, "-m", "toolfleet", "worker", "--redis-url", settings.redis_url,
                 "--namespace", settings.namespace, "--concurrency", str(concurrency),
-                "--tools", TEST_TOOLS, "--hostname", self.name, "--loglevel", "WARNING"]
+                "--tools", TEST_TOOLS, "--hostname", self.name, "--loglevel", "WARNING", *args]
         self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, start_new_session=True)
 
     def wait_ready(self) -> None:
@@ -121,8 +121,9 @@ class WorkerProcess:
 def start_worker(settings: Settings) -> Iterator:
     started: list[WorkerProcess] = []
 
-    def start(concurrency: int = 2, name: str = "w") -> WorkerProcess:
-        worker = WorkerProcess(settings, concurrency, f"{name}{len(started)}")
+    def start(concurrency: int = 2, name: str = "w", args: Sequence[str] = ()) -> WorkerProcess:
+        """``args``: extra ``toolfleet worker`` options, e.g. ``["--policy", path]``."""
+        worker = WorkerProcess(settings, concurrency, f"{name}{len(started)}", args)
         started.append(worker)
         worker.wait_ready()
         return worker

@@ -1,7 +1,8 @@
-"""``toolfleet up | down | worker | run | cancel | tools``.
+"""``toolfleet up | down | worker | run | cancel | tools`` (and, from :mod:`.cli_policy`,
+``pending | approve | deny | rules | trace``).
 
 Environment variables are read here, at the edge: ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``,
-``TOOLFLEET_NAMESPACE``; when none is set and ``toolfleet up`` started a private Redis, its URL is
+``TOOLFLEET_NAMESPACE``, ``TOOLFLEET_POLICY`` (a policy file); when none is set and ``toolfleet up`` started a private Redis, its URL is
 taken from the stack's state file.
 """
 
@@ -35,6 +36,11 @@ NamespaceOpt = Annotated[
     typer.Option("--namespace", help="Key and queue prefix (default: $TOOLFLEET_NAMESPACE or 'toolfleet')."),
 ]
 ToolsOpt = Annotated[Optional[list[str]], typer.Option("--tools", help="Extra tool module to import (repeatable).")]
+PolicyOpt = Annotated[
+    Optional[Path],
+    typer.Option("--policy", help="Policy file, TOML or JSON (default: $TOOLFLEET_POLICY, else everything allowed).",
+                 dir_okay=False),
+]
 
 
 def _settings(redis_url: str | None, namespace: str | None) -> Settings:
@@ -43,6 +49,15 @@ def _settings(redis_url: str | None, namespace: str | None) -> Settings:
     if not redis_url and not os.environ.get("REDIS_URL"):
         redis_url = stack.running_redis_url()
     return Settings.from_env(redis_url=redis_url, namespace=namespace)
+
+
+def _policy(path: Path | None):  # -> Policy | None
+    import os
+
+    from .policy import Policy
+
+    chosen = path or (Path(os.environ["TOOLFLEET_POLICY"]) if os.environ.get("TOOLFLEET_POLICY") else None)
+    return Policy.load(chosen) if chosen else None
 
 
 def _fail(exc: Exception, code: int = 1) -> None:
@@ -58,6 +73,7 @@ def worker(
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Worker processes.")] = 2,
     hostname: Annotated[Optional[str], typer.Option(help="Celery node name, e.g. tools@%h.")] = None,
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
+    policy: PolicyOpt = None,
 ) -> None:
     """Run a worker (prefork pool) serving the built-in tools plus --tools modules."""
     from .ledger import connect
@@ -68,9 +84,10 @@ def worker(
     try:
         connect(settings.redis_url)
         registry = default_registry(tools or [])
+        rules = _policy(policy)
     except ToolfleetError as exc:
         _fail(exc)
-    celery_app = create_app(settings, registry)
+    celery_app = create_app(settings, registry, rules)
     keys = Keys(settings.namespace)
     argv = [
         "worker",
@@ -102,11 +119,15 @@ def run(
     redis_url: RedisOpt = None,
     namespace: NamespaceOpt = None,
     tools: ToolsOpt = None,
+    policy: PolicyOpt = None,
+    session: Annotated[Optional[str], typer.Option("--session", help="Session id (loop detection across runs).")] = None,
 ) -> None:
     """Execute the tool calls of a recorded model response or stream and print their results.
 
     With --json: ``messages`` are the results in the same provider's shape, ``assistant`` the
-    model's own message(s) to put before them in the next request."""
+    model's own message(s) to put before them in the next request. Calls the policy asks about
+    wait until approved or denied from another terminal (`toolfleet approve TURN CALL`); the
+    commands to do so are printed."""
     from .dispatcher import Dispatcher
     from .dispatcher.adapters import detect, detect_event, get_adapter
     from .tools.registry import default_registry
@@ -119,8 +140,8 @@ def run(
         adapter = get_adapter(fmt) if fmt else detect(payload)
         if not adapter.streamed and isinstance(payload, list) and payload and detect_event(payload[0]):
             adapter = get_adapter(f"{adapter.name}_stream")  # --format chat for a recorded chat stream
-        dispatcher = Dispatcher(settings, default_registry(tools or []))
-        options = {"workspace": str(workspace.resolve())}
+        dispatcher = Dispatcher(settings, default_registry(tools or []), _policy(policy))
+        options = {"workspace": str(workspace.resolve()), "session_id": session}
         if adapter.streamed:
             with dispatcher.open_stream(format=adapter.name, **options) as stream:
                 for event in payload if isinstance(payload, list) else [payload]:
@@ -138,6 +159,9 @@ def run(
     except ToolfleetError as exc:
         _fail(exc)
     started = time.monotonic()
+    from .cli_policy import announce_pending
+
+    announce_pending(turn, err)
     cancelled_at: list[float] = []
     if cancel_after is not None:
         def _cancel() -> None:
@@ -312,6 +336,9 @@ def up(
 def down() -> None:
     """Stop the local stack started by `toolfleet up -d`."""
     stack.down(console=out)
+
+
+from . import cli_policy  # noqa: E402,F401  (registers pending, approve, deny, rules, trace on `app`)
 
 
 def main() -> None:
