@@ -109,10 +109,14 @@ def test_symlink_out_of_the_workspace_is_a_write_outside(root, tmp_path):
 
 def test_remembered_rules_answer_what_would_be_asked(root):
     rules = [Rule(tool="run_command", action="allow", pattern="npm *", workspace=root)]
-    assert evaluate(POLICY, run_command, {"command": "npm install"}, workspace=root, remembered=lambda: rules).action == "allow"
+
+    def verdict(command: str):
+        return evaluate(POLICY, run_command, {"command": command}, workspace=root, remembered=lambda: rules)
+
+    assert verdict("npm install").action == "allow"
     # never a configured deny
     rules.append(Rule(tool="run_command", action="allow", pattern="rm *", workspace=root))
-    assert evaluate(POLICY, run_command, {"command": "rm -rf x"}, workspace=root, remembered=lambda: rules).action == "deny"
+    assert verdict("rm -rf x").action == "deny"
     # a remembered deny answers an ask with a deny
     rules.append(Rule(tool="run_command", action="deny", pattern="git commit *", workspace=root))
     verdict = evaluate(POLICY, run_command, {"command": "git commit -m x"}, workspace=root, remembered=lambda: rules)

@@ -96,3 +96,26 @@ def append_line(ctx: ToolContext, path: str, line: str) -> str:
     time.sleep(0.01)
     target.write_text(before + line + "\n")
     return f"appended {line}"
+
+
+@tool(access="read", resources=lambda a: [f"job:{a['job']}"], timeout_s=10, pollable=True, poll_interval_s=0.05)
+def job_status(ctx: ToolContext, job: str) -> str:
+    """Report a (pretend) job's status; takes 0.1 s, like a real status check.
+
+    Args:
+        job: The job id.
+    """
+    ctx.cancelled.wait(0.1)
+    return f"job {job}: running"
+
+
+@tool(access="write", resources=lambda a: [f"api:{a['endpoint']}"], sensitive=("api_token",), timeout_s=10)
+def call_api(endpoint: str, api_token: str, payload: str = "") -> str:
+    """Pretend to call an API with a token (a declared sensitive parameter).
+
+    Args:
+        endpoint: The endpoint.
+        api_token: The secret token.
+        payload: What to send.
+    """
+    return f"called {endpoint} with a token of {len(api_token)} characters"

@@ -14,7 +14,7 @@ type            writer        data
                               verdict), ``deps`` (call -> calls it waits for)
 ``pending``     dispatcher    ``tool``, ``reason``: the call waits for a person
 ``submitted``   dispatcher    ``tool``, ``queue``, ``task_id``: sent to the workers
-``started``     worker        ``worker``, ``attempt``
+``started``     worker        ``worker`` (a second ``started`` means a redelivery)
 ``finished``    any side      ``tool``, ``status``, ``code``, ``message``, ``worker``, ``queued_ms``,
                               ``run_ms``, ``attempts``, ``content_chars``
 ``approved``    approver      ``by``, ``remembered`` (a rule, if one was kept)
@@ -70,26 +70,30 @@ class AuditLog:
         self.keys = keys
         self.ttl_s = ttl_s
 
-    def append(self, turn_id: str, type: str, call_id: str = "", **data: Any) -> None:
-        """Append one event; ``data`` is redacted, then stamped with ``at`` (unix seconds)."""
+    @staticmethod
+    def data(**data: Any) -> str:
+        """The ``data`` field of an event: ``data`` redacted, stamped with ``at`` (unix seconds), as
+        JSON. (The ledger's scripts append ``started`` and ``finished`` with it atomically.)"""
         payload = redact_value(data)
         payload["at"] = time.time()
+        return json.dumps(payload, default=str)
+
+    def append(self, turn_id: str, type: str, call_id: str = "", **data: Any) -> None:
+        """Append one event; ``data`` is redacted, then stamped with ``at`` (unix seconds)."""
         key = self.keys.turn_audit(turn_id)
         try:
             pipe = self.redis.pipeline(transaction=False)
-            pipe.xadd(key, {"type": type, "call_id": call_id, "data": json.dumps(payload, default=str)})
+            pipe.xadd(key, {"type": type, "call_id": call_id, "data": self.data(**data)})
             pipe.expire(key, self.ttl_s)
             pipe.execute()
         except redis.RedisError as exc:
             log.warning("audit: could not append %s of turn %s call %s (%s)", type, turn_id, call_id, exc)
 
-    def finished(self, turn_id: str, result: ToolResult) -> None:
-        """Append the ``finished`` event of ``result`` (its size, never its content)."""
+    @classmethod
+    def finished_data(cls, result: ToolResult) -> str:
+        """The ``data`` of the ``finished`` event of ``result``."""
         error = result.error
-        self.append(
-            turn_id,
-            "finished",
-            result.call_id,
+        return cls.data(
             tool=result.name,
             status=result.status,
             code=error.code.value if error else None,

@@ -2,8 +2,8 @@
 ``pending | approve | deny | rules | trace``).
 
 Environment variables are read here, at the edge: ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``,
-``TOOLFLEET_NAMESPACE``, ``TOOLFLEET_POLICY`` (a policy file); when none is set and ``toolfleet up`` started a private Redis, its URL is
-taken from the stack's state file.
+``TOOLFLEET_NAMESPACE``, ``TOOLFLEET_POLICY`` (a policy file); when none is set and
+``toolfleet up`` started a private Redis, its URL is taken from the stack's state file.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ NamespaceOpt = Annotated[
 ]
 ToolsOpt = Annotated[Optional[list[str]], typer.Option("--tools", help="Extra tool module to import (repeatable).")]
 PolicyOpt = Annotated[
-    Optional[Path],
+    Path | None,
     typer.Option("--policy", help="Policy file, TOML or JSON (default: $TOOLFLEET_POLICY, else everything allowed).",
                  dir_okay=False),
 ]
@@ -120,7 +120,7 @@ def run(
     namespace: NamespaceOpt = None,
     tools: ToolsOpt = None,
     policy: PolicyOpt = None,
-    session: Annotated[Optional[str], typer.Option("--session", help="Session id (loop detection across runs).")] = None,
+    session: Annotated[str | None, typer.Option("--session", help="Session id (loop detection across runs).")] = None,
 ) -> None:
     """Execute the tool calls of a recorded model response or stream and print their results.
 

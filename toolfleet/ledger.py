@@ -13,7 +13,8 @@ Both sides write through it. Each operation is one Lua script, so it is atomic a
   appends a ``cancel`` event and publishes on the turn's cancel channel for the workers.
 
 Each of them also appends to the turn's redacted audit trail (:mod:`toolfleet.audit`):
-``started``, ``finished``, ``cancelled``.
+``started`` and ``finished`` inside the script (so the trail's order is the ledger's order),
+``cancelled`` right after it.
 
 Keys are listed in :mod:`toolfleet.keys`; all expire ``result_ttl_s`` after the last write.
 """
@@ -35,21 +36,24 @@ from .models import ErrorCode, ToolResult
 from .settings import Settings
 
 _RECORD = """
--- KEYS: results, events, calls, started, cancelled ; ARGV: call_id, result_json, ttl
+-- KEYS: results, events, calls, started, cancelled, audit ; ARGV: call_id, result_json, ttl, audit_json
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('XADD', KEYS[2], '*', 'type', 'result', 'call_id', ARGV[1], 'data', ARGV[2])
-for i = 1, 5 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end
+redis.call('XADD', KEYS[6], '*', 'type', 'finished', 'call_id', ARGV[1], 'data', ARGV[4])
+for i = 1, 6 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end
 return 1
 """
 
 _CLAIM = """
--- KEYS: results, events, started, cancelled ; ARGV: call_id, started_json, ttl
+-- KEYS: results, events, started, cancelled, audit ; ARGV: call_id, started_json, ttl, audit_json
 if redis.call('EXISTS', KEYS[4]) == 1 then return 'cancelled' end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 'done' end
 local before = redis.call('HGET', KEYS[3], ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 redis.call('XADD', KEYS[2], '*', 'type', 'started', 'call_id', ARGV[1], 'data', ARGV[2])
+redis.call('XADD', KEYS[5], '*', 'type', 'started', 'call_id', ARGV[1], 'data', ARGV[4])
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
+redis.call('EXPIRE', KEYS[5], tonumber(ARGV[3]))
 if before then return 'restarted' end
 return 'ok'
 """
@@ -73,7 +77,7 @@ return refused
 """
 
 _CANCEL = """
--- KEYS: calls, started, results, cancelled, events ; ARGV: reason, ttl, channel
+-- KEYS: calls, started, results, cancelled, events, audit ; ARGV: reason, ttl, channel
 local ttl = tonumber(ARGV[2])
 if redis.call('SET', KEYS[4], ARGV[1], 'NX', 'EX', ttl) == false then return -1 end
 local calls = redis.call('HGETALL', KEYS[1])
@@ -83,16 +87,18 @@ for i = 1, #calls, 2 do
   if redis.call('HEXISTS', KEYS[2], cid) == 0 and redis.call('HEXISTS', KEYS[3], cid) == 0 then
     local msg = 'The turn was cancelled before this call started; it did not run.'
     local hint = 'Nothing happened; ask again if the call is still wanted.'
-    local res = cjson.encode({call_id = cid, name = name, status = 'error',
-      content = 'Error [NOT_EXECUTED]: ' .. msg .. '\\nHint: ' .. hint,
+    local content = 'Error [NOT_EXECUTED]: ' .. msg .. '\\nHint: ' .. hint
+    local res = cjson.encode({call_id = cid, name = name, status = 'error', content = content,
       error = {code = 'NOT_EXECUTED', message = msg, hint = hint}, attempts = 0})
     redis.call('HSET', KEYS[3], cid, res)
     redis.call('XADD', KEYS[5], '*', 'type', 'result', 'call_id', cid, 'data', res)
+    redis.call('XADD', KEYS[6], '*', 'type', 'finished', 'call_id', cid, 'data', cjson.encode({tool = name,
+      status = 'error', code = 'NOT_EXECUTED', message = msg, attempts = 0, content_chars = #content}))
     ids[#ids + 1] = cid
   end
 end
 redis.call('XADD', KEYS[5], '*', 'type', 'cancel', 'call_id', '', 'data', ARGV[1])
-for i = 1, 5 do redis.call('EXPIRE', KEYS[i], ttl) end
+for i = 1, 6 do redis.call('EXPIRE', KEYS[i], ttl) end
 redis.call('PUBLISH', ARGV[3], ARGV[1])
 return ids
 """
@@ -173,6 +179,7 @@ class Ledger:
             k.turn_results(turn_id),
             k.turn_cancelled(turn_id),
             k.turn_events(turn_id),
+            k.turn_audit(turn_id),
         ]
         reply = self._cancel(keys=keys, args=[reason, self.settings.result_ttl_s, k.cancel_channel(turn_id)])
         if not isinstance(reply, list):
@@ -214,12 +221,11 @@ class Ledger:
             k.turn_calls(turn_id),
             k.turn_started(turn_id),
             k.turn_cancelled(turn_id),
+            k.turn_audit(turn_id),
         ]
         payload = result.model_dump_json(exclude_none=True)
-        kept = bool(self._record(keys=keys, args=[result.call_id, payload, self.settings.result_ttl_s]))
-        if kept:
-            self.audit.finished(turn_id, result)
-        return kept
+        audit = self.audit.finished_data(result)
+        return bool(self._record(keys=keys, args=[result.call_id, payload, self.settings.result_ttl_s, audit]))
 
     def record_failures(
         self, turn_id: str, failures: Sequence[ToolResult]
@@ -238,11 +244,10 @@ class Ledger:
             k.turn_events(turn_id),
             k.turn_started(turn_id),
             k.turn_cancelled(turn_id),
+            k.turn_audit(turn_id),
         ]
-        claim = _s(self._claim(keys=keys, args=[call_id, started, self.settings.result_ttl_s]))
-        if claim in ("ok", "restarted"):
-            self.audit.append(turn_id, "started", call_id, worker=worker, restarted=claim == "restarted")
-        return claim
+        audit = self.audit.data(worker=worker)
+        return _s(self._claim(keys=keys, args=[call_id, started, self.settings.result_ttl_s, audit]))
 
     def is_cancelled(self, turn_id: str) -> bool:
         return bool(self.redis.exists(self.keys.turn_cancelled(turn_id)))

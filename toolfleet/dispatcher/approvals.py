@@ -20,13 +20,15 @@ from typing import Any, Literal
 
 import redis
 
+from ..audit import AuditLog
 from ..errors import BrokerUnavailable, NotPending, TurnNotFound
 from ..ledger import Ledger
 from ..models import ErrorCode, ToolResult
 from ..policy.rules import Rule, RuleStore
 
 _DECIDE = """
--- KEYS: pending, decisions, results, cancelled, events, calls ; ARGV: call_id, decision_json, result_json, ttl, type
+-- KEYS: pending, decisions, results, cancelled, events, calls, audit
+-- ARGV: call_id, decision_json, result_json ('' to approve), ttl, decision, decision_audit, finished_audit
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   if redis.call('EXISTS', KEYS[6]) == 0 then return 'no_turn' end
   return 'unknown'
@@ -35,11 +37,13 @@ if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return 'finished' end
 if redis.call('EXISTS', KEYS[4]) == 1 then return 'cancelled' end
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 'decided' end
 redis.call('XADD', KEYS[5], '*', 'type', ARGV[5], 'call_id', ARGV[1], 'data', ARGV[2])
+redis.call('XADD', KEYS[7], '*', 'type', ARGV[5], 'call_id', ARGV[1], 'data', ARGV[6])
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
   redis.call('XADD', KEYS[5], '*', 'type', 'result', 'call_id', ARGV[1], 'data', ARGV[3])
+  redis.call('XADD', KEYS[7], '*', 'type', 'finished', 'call_id', ARGV[1], 'data', ARGV[7])
 end
-for i = 1, 5 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[4])) end
+for i = 1, 7 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[4])) end
 return 'ok'
 """
 
@@ -98,13 +102,18 @@ class Approvals:
         """Record ``calls`` as pending and append their ``pending`` audit events."""
         if not calls:
             return
-        key = self.keys.turn_pending(turn_id)
+        key, audit = self.keys.turn_pending(turn_id), self.keys.turn_audit(turn_id)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(key, mapping={c.call_id: c.to_json() for c in calls})
-        pipe.expire(key, self.ttl_s)
-        pipe.execute()
         for call in calls:
-            self.ledger.audit.append(turn_id, "pending", call.call_id, tool=call.name, reason=call.reason)
+            data = AuditLog.data(tool=call.name, reason=call.reason)
+            pipe.xadd(audit, {"type": "pending", "call_id": call.call_id, "data": data})
+        pipe.expire(key, self.ttl_s)
+        pipe.expire(audit, self.ttl_s)
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(self.ledger.settings.redis_url, str(exc)) from exc
 
     def pending(self, turn_id: str) -> list[PendingCall]:
         """Calls of ``turn_id`` still waiting for a decision, in model order."""
@@ -133,11 +142,7 @@ class Approvals:
         (``"git *"``) or ``True`` (the whole tool) to keep as a rule for the turn's workspace;
         the rule is returned. Raises :class:`NotPending` if the call is not waiting (unknown,
         finished, cancelled or already decided), :class:`TurnNotFound` for an unknown turn."""
-        held = self._decide_once(turn_id, call_id, "approved", by=by)
-        rule = self._remember(held, "allow", remember, by)
-        self.ledger.audit.append(turn_id, "approved", call_id, by=by or default_approver(),
-                                 remembered=rule.describe() if rule else None)
-        return rule
+        return self._decide_once(turn_id, call_id, "approved", by=by, remember=remember)
 
     def deny(
         self,
@@ -151,20 +156,19 @@ class Approvals:
         """Refuse a pending call: its result is ``PERMISSION_DENIED`` with ``reason``; calls that
         wait for it in the plan then run. ``remember`` as for :meth:`approve` (a deny rule).
         Raises as :meth:`approve` does."""
-        held = self._decide_once(turn_id, call_id, "denied", by=by, reason=reason)
-        rule = self._remember(held, "deny", remember, by)
-        self.ledger.audit.append(turn_id, "denied", call_id, by=by or default_approver(), reason=reason,
-                                 remembered=rule.describe() if rule else None)
-        return rule
+        return self._decide_once(turn_id, call_id, "denied", by=by, reason=reason, remember=remember)
 
     def _decide_once(
         self, turn_id: str, call_id: str, decision: Literal["approved", "denied"], *, by: str | None,
-        reason: str = "",
-    ) -> PendingCall | None:
+        reason: str = "", remember: str | bool = False,
+    ) -> Rule | None:
         k = self.keys
-        record = {"decision": decision, "by": by or default_approver(), "reason": reason, "at": time.time()}
-        result_json = ""
+        by = by or default_approver()
         held = self._held(turn_id, call_id)
+        rule = self._rule(held, "allow" if decision == "approved" else "deny", remember, by)
+        record = {"decision": decision, "by": by, "reason": reason, "at": time.time()}
+        audit = AuditLog.data(by=by, reason=reason or None, remembered=rule.describe() if rule else None)
+        result_json = finished_audit = ""
         if decision == "denied":
             result = ToolResult.failure(
                 call_id,
@@ -174,17 +178,17 @@ class Approvals:
                 "do not repeat it; ask the user what they want instead",
             )
             result_json = result.model_dump_json(exclude_none=True)
+            finished_audit = AuditLog.finished_data(result)
         keys = [k.turn_pending(turn_id), k.turn_decisions(turn_id), k.turn_results(turn_id),
-                k.turn_cancelled(turn_id), k.turn_events(turn_id), k.turn_calls(turn_id)]
+                k.turn_cancelled(turn_id), k.turn_events(turn_id), k.turn_calls(turn_id), k.turn_audit(turn_id)]
+        args = [call_id, json.dumps(record), result_json, self.ttl_s, decision, audit, finished_audit]
         try:
-            status = self._decide(keys=keys, args=[call_id, json.dumps(record), result_json, self.ttl_s, decision])
+            status = self._decide(keys=keys, args=args)
         except redis.RedisError as exc:
             raise BrokerUnavailable(self.ledger.settings.redis_url, str(exc)) from exc
         status = status.decode() if isinstance(status, bytes) else str(status)
         if status == "ok":
-            if decision == "denied":
-                self.ledger.audit.finished(turn_id, result)
-            return held
+            return self.rules.add(rule) if rule is not None else None
         earlier = self.decision(turn_id, call_id) if status == "decided" else None
         message = _REFUSALS[status].format(turn=turn_id, call=call_id, decision=earlier)
         if status == "no_turn":
@@ -195,12 +199,11 @@ class Approvals:
         raw = self.redis.hget(self.keys.turn_pending(turn_id), call_id)
         return None if raw is None else PendingCall.from_json(raw)
 
-    def _remember(
-        self, held: PendingCall | None, action: Literal["allow", "deny"], remember: str | bool, by: str | None
+    @staticmethod
+    def _rule(
+        held: PendingCall | None, action: Literal["allow", "deny"], remember: str | bool, by: str
     ) -> Rule | None:
         if not remember or held is None:
             return None
         pattern = remember if isinstance(remember, str) else None
-        rule = Rule(tool=held.name, action=action, pattern=pattern, workspace=held.workspace,
-                    by=by or default_approver())
-        return self.rules.add(rule)
+        return Rule(tool=held.name, action=action, pattern=pattern, workspace=held.workspace, by=by)

@@ -132,7 +132,9 @@ def _command_verdict(
     for segment, why in asks:
         denial = next((r for r in fetched if r.action == "deny" and _remembered(r, segment, matches_denied)), None)
         if denial is not None:
-            return Verdict("deny", f"{_shown(segment)}: {denial.describe()}", _denied_hint("deny"), f"remembered:{denial.id}")
+            return Verdict(
+                "deny", f"{_shown(segment)}: {denial.describe()}", _denied_hint("deny"), f"remembered:{denial.id}"
+            )
         if not any(r.action == "allow" and _remembered(r, segment, matches_allowed) for r in fetched):
             still.append((segment, why))
     if not still:

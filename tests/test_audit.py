@@ -1,0 +1,188 @@
+"""The audit trail (redacted, complete, per turn) and `toolfleet trace`, against real services;
+secrets never reach the audit stream, the approval records, or the task arguments Flower shows."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import redis
+from celery.events.receiver import EventReceiver
+
+from toolfleet import Dispatcher, Policy, ToolCall
+from toolfleet.audit import AuditLog
+from toolfleet.keys import Keys
+from toolfleet.trace import build_timeline
+
+from .conftest import ROOT, make_registry
+
+WAIT_S = 60
+TOKEN = "hunter2-ultra-private-value"  # no known shape: masked because call_api declares it sensitive
+BEARER = "abcdefghijklmnop1234567890"  # masked by shape (Authorization: Bearer ...)
+OPENAI = "sk-proj-Zx81Qw55Lk09Rt7yUi3oP2aS"  # masked by shape (sk-...)
+SECRETS = (TOKEN, BEARER, OPENAI)
+
+
+def call(cid: str, name: str, index: int, **arguments) -> ToolCall:
+    return ToolCall(id=cid, name=name, arguments=json.dumps(arguments), index=index)
+
+
+class TaskEvents:
+    """Celery task events (what Flower reads), captured on a thread until stopped."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.events: list[dict] = []
+        self.ready = threading.Event()
+        self.changed = threading.Condition()
+        self.receiver: EventReceiver | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        capture = self
+
+        class Receiver(EventReceiver):
+            def on_consume_ready(self, *args, **kwargs):
+                super().on_consume_ready(*args, **kwargs)
+                capture.ready.set()
+
+        def on_event(event: dict) -> None:
+            with self.changed:
+                self.events.append(event)
+                self.changed.notify_all()
+
+        with self.app.connection_for_read() as conn:
+            self.receiver = Receiver(conn, handlers={"*": on_event}, app=self.app)
+            self.receiver.capture(limit=None, timeout=None, wakeup=False)
+
+    def __enter__(self) -> TaskEvents:
+        self.thread.start()
+        assert self.ready.wait(10), "event receiver did not start"
+        return self
+
+    def wait_for(self, predicate, timeout_s: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: predicate(self.events), timeout_s)
+
+    def __exit__(self, *exc) -> None:
+        if self.receiver is not None:
+            self.receiver.should_stop = True
+        self.thread.join(timeout=5)
+
+
+def test_secrets_never_reach_the_audit_trail_or_flower(settings, start_worker, tmp_path, workspace):
+    policy_file = tmp_path / "policy.json"
+    policy_file.write_text(json.dumps({"tools": {"call_api": "ask"}}))
+    start_worker(args=["--policy", str(policy_file)])
+    calls = [
+        call("api", "call_api", 0, endpoint="/deploy", api_token=TOKEN, payload=f"Authorization: Bearer {BEARER}"),
+        call("cmd", "run_command", 1, command=f"echo {OPENAI} > /dev/null && echo sent"),
+    ]
+    with Dispatcher(settings, make_registry(), Policy.load(policy_file)) as d, TaskEvents(d.app) as flower:
+        turn = d.submit(calls, workspace=str(workspace))
+        [held] = turn.wait_settled(WAIT_S)
+        assert held.arguments["api_token"] == "[REDACTED]" and BEARER not in json.dumps(held.arguments)
+        turn.approve("api")
+        results = {r.call_id: r for r in turn.results(WAIT_S)}
+
+        def received_both(events) -> bool:
+            mine = {e.get("uuid") for e in events if e.get("type") == "task-received"
+                    and str(e.get("uuid", "")).startswith(turn.turn_id)}
+            return len(mine) == 2
+
+        assert flower.wait_for(received_both, WAIT_S), "task-received events did not arrive"
+        mine = [e for e in flower.events if str(e.get("uuid", "")).startswith(turn.turn_id)]
+
+    # the handler got the real values; only what people see is masked
+    assert results["api"].ok and f"{len(TOKEN)} characters" in results["api"].content
+    assert results["cmd"].ok and "sent" in results["cmd"].content
+
+    shown = [e for e in mine if e.get("type") in ("task-sent", "task-received")]
+    assert {e["type"] for e in shown} == {"task-sent", "task-received"}
+    for event in shown:
+        text = json.dumps(event)
+        assert not any(secret in text for secret in SECRETS), event
+        assert "[REDACTED]" in event["kwargs"] and turn.turn_id in event["kwargs"]
+
+    client = redis.Redis.from_url(settings.redis_url)
+    keys = Keys(settings.namespace)
+    raw = json.dumps([[k.decode(), v.decode()] for _id, fields in client.xrange(keys.turn_audit(turn.turn_id))
+                      for k, v in fields.items()])
+    raw += json.dumps({k.decode(): v.decode() for k, v in client.hgetall(keys.turn_pending(turn.turn_id)).items()})
+    raw += json.dumps({k.decode(): v.decode() for k, v in client.hgetall(keys.turn_decisions(turn.turn_id)).items()})
+    assert not any(secret in raw for secret in SECRETS)
+    assert "[REDACTED]" in raw
+
+
+def test_trail_records_every_step_with_timings_and_workers(dispatcher, worker, settings, workspace):
+    calls = [
+        call("w", "wait_write", 0, label="k", seconds=0.3),
+        call("r", "wait_read", 1, label="k"),  # waits for w (same resource, w writes)
+        call("p", "wait_read", 2, label="j", seconds=0.3),  # parallel with w
+        call("bad", "read_file", 3, path="../../etc/passwd"),
+    ]
+    turn = dispatcher.submit(calls, workspace=str(workspace))
+    turn.results(WAIT_S)
+    events = AuditLog(redis.Redis.from_url(settings.redis_url), Keys(settings.namespace), 60).read(turn.turn_id)
+    types = [e.type for e in events]
+    assert types[0] == "planned"
+    for call_id in ("w", "r", "p", "bad"):
+        mine = [e.type for e in events if e.call_id == call_id]
+        assert mine == ["submitted", "started", "finished"] or mine == ["submitted", "finished"], (call_id, mine)
+    finished = {e.call_id: e.data for e in events if e.type == "finished"}
+    assert finished["w"]["worker"] == worker.name and finished["w"]["run_ms"] >= 300
+    assert finished["bad"]["code"] == "PERMISSION_DENIED"
+    planned = events[0].data
+    assert planned["deps"]["r"] == ["w"] and planned["deps"]["p"] == []
+
+    timeline = build_timeline(turn.turn_id, events)
+    rows = {row.call_id: row for row in timeline.rows}
+    assert rows["r"].submitted_ms >= rows["w"].finished_ms  # the chain
+    assert rows["p"].started_ms < rows["w"].finished_ms  # the parallel group
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200")
+    argv = [sys.executable, "-m", "toolfleet", "trace", turn.turn_id, "--redis-url", settings.redis_url,
+            "--namespace", settings.namespace]
+    shown = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    lines = {cid: next(line for line in shown.stdout.splitlines() if f" {cid} " in line) for cid in ("w", "r", "p")}
+    assert lines["r"].index("█") > lines["w"].index("█")  # r's run starts where w's ends
+    assert abs(lines["p"].index("█") - lines["w"].index("█")) <= 2  # p and w start together
+    assert "legend" in shown.stdout and "PERMISSION_DENIED" in shown.stdout
+
+    as_json = subprocess.run(argv + ["--json"], env=env, capture_output=True, text=True, timeout=60)
+    assert {e["type"] for e in json.loads(as_json.stdout)} >= {"planned", "submitted", "started", "finished"}
+
+
+def test_trail_records_approvals_denials_and_cancel(settings, start_worker, tmp_path, workspace):
+    policy = Policy.from_dict({"tools": {"append_line": "ask"}})
+    policy_file = tmp_path / "policy.json"
+    policy_file.write_text(policy.model_dump_json())
+    start_worker(args=["--policy", str(policy_file)])
+    with Dispatcher(settings, make_registry(), policy) as d:
+        turn = d.submit([call("a", "append_line", 0, path="a.txt", line="x"),
+                         call("b", "append_line", 1, path="b.txt", line="y"),
+                         call("c", "append_line", 2, path="c.txt", line="z")], workspace=str(workspace))
+        assert len(turn.wait_settled(WAIT_S)) == 3
+        turn.approve("a", by="alice")
+        turn.deny("b", "not that file", by="bob")
+        assert [p.call_id for p in turn.wait_settled(WAIT_S)] == ["c"]
+        assert turn.result("a").ok and turn.result("b").code.value == "PERMISSION_DENIED"
+        turn.cancel("user closed the tab")
+        turn.results(WAIT_S)
+    events = AuditLog(redis.Redis.from_url(settings.redis_url), Keys(settings.namespace), 60).read(turn.turn_id)
+    by_type = {}
+    for e in events:
+        by_type.setdefault(e.type, []).append(e)
+    assert [e.call_id for e in by_type["pending"]] == ["a", "b", "c"]
+    assert by_type["approved"][0].call_id == "a" and by_type["approved"][0].data["by"] == "alice"
+    denied = by_type["denied"][0]
+    assert denied.call_id == "b" and denied.data["by"] == "bob" and denied.data["reason"] == "not that file"
+    [cancelled] = by_type["cancelled"]
+    assert cancelled.data["reason"] == "user closed the tab" and cancelled.data["not_executed"] == ["c"]
+    codes = {e.call_id: e.data["code"] for e in by_type["finished"]}
+    assert codes == {"a": None, "b": "PERMISSION_DENIED", "c": "NOT_EXECUTED"}
+

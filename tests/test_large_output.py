@@ -1,0 +1,67 @@
+"""Large outputs: a result over its budget keeps head and tail for the model, the whole output is
+stored in Redis, and `read_output` pages through it (real Redis, real workers)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+
+from toolfleet import ToolCall
+from toolfleet.tools.output import fit_output
+
+WAIT_S = 120
+LINES = 262_144  # 8 characters a line: exactly 2 MiB
+FULL = "".join(f"{i:07d}\n" for i in range(LINES))
+PAGE = 20_000
+
+
+def test_two_megabyte_command_output_is_cut_stored_and_paged(dispatcher, worker, workspace):
+    script = f"import sys; sys.stdout.write(''.join(f'{{i:07d}}\\n' for i in range({LINES})))"
+    command = f"{shlex.quote(sys.executable)} -c {shlex.quote(script)}"
+    [result] = dispatcher.run([ToolCall(id="big", name="run_command", arguments=json.dumps({"command": command}))],
+                              workspace=str(workspace), timeout_s=WAIT_S)
+    assert result.ok, result.content
+    content = result.content
+    assert len(content) <= 20_000  # run_command's budget
+    assert content.startswith("0000000\n0000001\n") and content.endswith("0262142\n0262143\n")
+    assert f"of {len(FULL)} characters cut" in content
+    found = re.search(r'read_output\(ref="(out_[0-9a-f]+)", offset=(\d+), limit=\d+\)', content)
+    assert found, content[:2000]
+    ref, head = found.group(1), int(found.group(2))
+    assert content[:head] == FULL[:head]
+
+    offsets = list(range(head, len(FULL), PAGE))
+    pages = [ToolCall(id=f"p{i}", name="read_output", index=i,
+                      arguments=json.dumps({"ref": ref, "offset": offset, "limit": PAGE}))
+             for i, offset in enumerate(offsets)]
+    results = dispatcher.run(pages, workspace=str(workspace), timeout_s=WAIT_S)
+    assert all(r.ok for r in results), [r.content for r in results if not r.ok][:1]
+    texts = []
+    for offset, page in zip(offsets, results, strict=True):
+        text, _, footer = page.content.rpartition("\n[characters ")
+        assert footer.startswith(f"{offset}-{min(offset + PAGE, len(FULL))} of {len(FULL)}")
+        texts.append(text)
+    assert results[-1].content.endswith("this is the end]")
+    assert FULL[:head] + "".join(texts) == FULL
+
+
+def test_unknown_reference_is_an_error_result(dispatcher, worker, workspace):
+    [result] = dispatcher.run([ToolCall(id="x", name="read_output", arguments='{"ref": "out_0000000000000000"}')],
+                              workspace=str(workspace), timeout_s=WAIT_S)
+    assert result.code.value == "EXECUTION_ERROR" and "expired" in result.content
+
+
+def test_fit_output_without_a_store_or_when_the_store_fails():
+    text = "x" * 50_000
+    plain = fit_output(text, 1000)
+    assert len(plain) <= 1000 and "50000 characters" in plain and "read_output" not in plain
+
+    def broken(_: str) -> str:
+        raise OSError("redis is down")
+
+    assert fit_output(text, 1000, broken) == plain
+    assert fit_output("short", 1000, broken) == "short"
+    stored = fit_output(text, 1000, lambda _: "out_1")
+    assert len(stored) <= 1000 and 'read_output(ref="out_1"' in stored
