@@ -140,3 +140,35 @@ def test_analysis_finds_segments_of_substitutions_and_wrappers():
     words = [s.words for s in found.segments]
     assert ("git", "push") in words and ("cat", "x") in words and ("wc", "-l") in words
     assert [w.target for w in found.writes] == ["out"]
+
+
+def test_the_worked_example_in_docs_policy_md_holds(tmp_path):
+    """docs/policy.md's example policy gives the verdicts the page says it gives."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "policy.md").read_text()
+    example = doc[doc.index("## Worked example"):]
+    toml = example[example.index("```toml") + len("```toml"):]
+    path = tmp_path / "policy.toml"
+    path.write_text(toml[: toml.index("```")])
+    policy = Policy.load(path)
+    expect = {
+        "git status": ("allow", ""),
+        "python -m pytest -q && git commit -am 'fix stock count'": ("ask", "`git commit *`"),
+        "touch notes.md": ("ask", "matches no rule"),
+        "git status; git push origin main": ("deny", "`git push origin main` matches the deny rule `git push *`"),
+    }
+    for command, (action, fragment) in expect.items():
+        verdict = evaluate(policy, run_command, {"command": command}, workspace=str(tmp_path))
+        assert (verdict.action, fragment in verdict.reason) == (action, True), (command, verdict)
+        assert command.split()[0] in doc
+
+
+def test_remembered_rules_apply_to_their_workspace_only():
+    here = Rule(tool="run_command", action="allow", pattern="npm *", workspace="/srv/ws")
+    assert here.applies("run_command", "/srv/ws/") and not here.applies("run_command", "/srv/other")
+    assert not here.applies("read_file", "/srv/ws")
+    nowhere = Rule(tool="run_command", action="allow", workspace="")
+    assert nowhere.applies("run_command", None) and not nowhere.applies("run_command", "/srv/ws")
+    everywhere = Rule(tool="run_command", action="allow", workspace=None)
+    assert everywhere.applies("run_command", "/anything") and "everywhere" in everywhere.describe()

@@ -37,7 +37,7 @@ NamespaceOpt = Annotated[
 ]
 ToolsOpt = Annotated[Optional[list[str]], typer.Option("--tools", help="Extra tool module to import (repeatable).")]
 PolicyOpt = Annotated[
-    Path | None,
+    Optional[Path],
     typer.Option("--policy", help="Policy file, TOML or JSON (default: $TOOLFLEET_POLICY, else everything allowed).",
                  dir_okay=False),
 ]
@@ -120,7 +120,9 @@ def run(
     namespace: NamespaceOpt = None,
     tools: ToolsOpt = None,
     policy: PolicyOpt = None,
-    session: Annotated[str | None, typer.Option("--session", help="Session id (loop detection across runs).")] = None,
+    session: Annotated[
+        Optional[str], typer.Option("--session", help="Session id (loop detection across runs).")
+    ] = None,
 ) -> None:
     """Execute the tool calls of a recorded model response or stream and print their results.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -20,11 +20,11 @@ from .cli import NamespaceOpt, RedisOpt, _fail, _settings, app, err, out
 from .errors import ToolfleetError
 
 RememberOpt = Annotated[
-    str | None,
+    Optional[str],
     typer.Option("--remember", help="Keep the answer as a rule for this workspace: a command pattern such as "
                  "'git *', or 'tool' for the whole tool."),
 ]
-ByOpt = Annotated[str | None, typer.Option("--by", help="Who answers (default: user@host).")]
+ByOpt = Annotated[Optional[str], typer.Option("--by", help="Who answers (default: user@host).")]
 
 
 def announce_pending(turn, console: Console) -> None:
@@ -124,7 +124,7 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per 
 
     @app.command()
     def rules(
-        forget: Annotated[str | None, typer.Option("--forget", help="Remove the rule with this id.")] = None,
+        forget: Annotated[Optional[str], typer.Option("--forget", help="Remove the rule with this id.")] = None,
         redis_url: RedisOpt = None,
         namespace: NamespaceOpt = None,
     ) -> None:

@@ -104,7 +104,7 @@ def _apply(row: CallRow, event: AuditEvent) -> None:
         row.status, row.code = data.get("status", ""), data.get("code")
         row.worker = data.get("worker") or row.worker
         row.queued_ms, row.run_ms = data.get("queued_ms"), data.get("run_ms")
-        if data.get("message") and row.status != "ok":
+        if data.get("message") and row.status != "ok" and not row.notes:
             row.notes.append(str(data["message"]))
 
 
@@ -144,8 +144,9 @@ def print_timeline(console: Console, timeline: Timeline, width: int = BAR_WIDTH)
     if timeline.session_id:
         title += f" · session {timeline.session_id}"
     table = Table(title=title, show_lines=False)
-    for column in ("#", "call id", "tool", "policy", "worker", "result", "timeline", "wait ms", "run ms"):
-        table.add_column(column, overflow="fold", no_wrap=column == "timeline")
+    axis = f"timeline: 0 to {timeline.span_ms} ms"
+    for column in ("#", "call id", "tool", "policy", "worker", "result", axis, "wait ms", "run ms"):
+        table.add_column(column, overflow="fold", no_wrap=column == axis, min_width=width if column == axis else None)
     for row in timeline.rows:
         result = "[green]ok[/]" if row.status == "ok" else f"[red]{row.code or row.status or 'no result'}[/]"
         policy = row.verdict + (f"\n{row.decision}" if row.decision else "")
@@ -154,8 +155,6 @@ def print_timeline(console: Console, timeline: Timeline, width: int = BAR_WIDTH)
             result, bar(row, timeline, width), _ms(row.queued_ms), _ms(row.run_ms),
         )
     console.print(table)
-    axis = f"0 ms{' ' * max(width - 4 - len(str(timeline.span_ms)) - 3, 1)}{timeline.span_ms} ms"
-    console.print(f"axis: {axis}")
     console.print("legend: [magenta]?[/] waits for approval  [yellow]░[/] queued  "
                   "[green]█[/] ran ok  [red]█[/] ran, error  [red]×[/] refused or never started")
     if timeline.cancelled:

@@ -24,7 +24,7 @@ from ..audit import AuditLog
 from ..errors import BrokerUnavailable, NotPending, TurnNotFound
 from ..ledger import Ledger
 from ..models import ErrorCode, ToolResult
-from ..policy.rules import Rule, RuleStore
+from ..policy.rules import Rule, RuleStore, workspace_key
 
 _DECIDE = """
 -- KEYS: pending, decisions, results, cancelled, events, calls, audit
@@ -206,4 +206,4 @@ class Approvals:
         if not remember or held is None:
             return None
         pattern = remember if isinstance(remember, str) else None
-        return Rule(tool=held.name, action=action, pattern=pattern, workspace=held.workspace, by=by)
+        return Rule(tool=held.name, action=action, pattern=pattern, workspace=workspace_key(held.workspace), by=by)

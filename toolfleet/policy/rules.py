@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 import time
 from typing import Literal
 
@@ -25,7 +26,9 @@ from ..keys import Keys
 
 class Rule(BaseModel):
     """``pattern`` is a command pattern (tools with a command argument) or ``None`` (the whole tool).
-    ``workspace`` ``None`` means every workspace."""
+    ``workspace`` is a directory (compared after normalising), ``""`` for turns without a
+    workspace, or ``None`` for every workspace (only when added explicitly: an approval always
+    remembers its turn's workspace)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -43,12 +46,18 @@ class Rule(BaseModel):
         return hashlib.sha1(key.encode()).hexdigest()[:12]
 
     def applies(self, tool: str, workspace: str | None) -> bool:
-        return self.tool == tool and (self.workspace is None or self.workspace == workspace)
+        """True for calls of ``tool`` in ``workspace``."""
+        return self.tool == tool and (self.workspace is None or self.workspace == workspace_key(workspace))
 
     def describe(self) -> str:
         what = f"`{self.pattern}`" if self.pattern else "the tool"
-        where = f"in {self.workspace}" if self.workspace else "everywhere"
+        where = "everywhere" if self.workspace is None else f"in {self.workspace or 'turns without a workspace'}"
         return f"remembered {self.action} {self.tool} {what} {where}"
+
+
+def workspace_key(workspace: str | None) -> str:
+    """How a workspace is compared: normalised (``/srv/ws/`` is ``/srv/ws``), ``""`` for none."""
+    return posixpath.normpath(workspace) if workspace else ""
 
 
 class RuleStore:
