@@ -207,3 +207,26 @@ def test_worker_applies_its_own_policy_to_a_permissive_dispatcher(settings, star
     assert by_id["a"].code.value == "PERMISSION_DENIED" and "approval" in by_id["a"].content
     assert by_id["ok"].ok
     assert (workspace / "src").exists() and not (workspace / "f.txt").exists()
+
+
+def test_a_streamed_turn_holds_its_asks_and_dispatches_the_rest_early(settings, start_worker, tmp_path, workspace):
+    from .conftest import CASES
+
+    policy_file = tmp_path / "policy.json"
+    policy_file.write_text(json.dumps({"tools": {"grep": "ask"}}))
+    start_worker(args=["--policy", str(policy_file)])
+    events = [json.loads(line) for line in (CASES / "openai_chat_stream" / "08_parallel_reads.jsonl").open()]
+    with Dispatcher(settings, make_registry(), Policy.load(policy_file)) as d:
+        with d.open_stream(workspace=str(workspace)) as stream:
+            for event in events:
+                stream.feed(event)
+        turn = stream.turn
+        assert [p.call_id for p in turn.wait_settled(WAIT_S)] == ["call_st2"]
+        assert turn.result("call_st1").ok
+        turn.approve("call_st2")
+        results = {r.call_id: r for r in turn.results(WAIT_S)}
+    assert results["call_st2"].ok and "WARN slow" in results["call_st2"].content
+    trail = AuditLog(redis.Redis.from_url(settings.redis_url), Keys(settings.namespace), 60).read(turn.turn_id)
+    planned = [e for e in trail if e.type == "planned"]
+    assert [c["id"] for e in planned for c in e.data["calls"]] == ["call_st1", "call_st2"]
+    assert [c["verdict"] for e in planned for c in e.data["calls"]] == ["allow", "ask"]

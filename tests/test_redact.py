@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from toolfleet import ConfigurationError, Policy, tool
-from toolfleet.redact import MASK, is_secret_name, redact_arguments, redact_text
+from toolfleet.tools.redact import MASK, is_secret_name, redact_arguments, redact_text
 
 SHAPES = [
     'curl -H "Authorization: Bearer abcdef1234567890XYZ" https://x',
@@ -32,8 +32,8 @@ def test_secret_shapes_are_masked(text, secret):
     assert secret not in masked and MASK in masked
 
 
-@pytest.mark.parametrize("text", ["the token count is 5", "keyboard = 5", "passed: 10 tests", "Basic authentication",
-                                  "max_tokens: 1024", "echo done"])
+@pytest.mark.parametrize("text", ["the token count is 5", "keyboard = 5", "passed: 10 tests", "max_tokens: 1024",
+                                  "echo done", "--tokens 5000"])
 def test_ordinary_text_is_left_alone(text):
     assert redact_text(text) == text
 
@@ -44,7 +44,10 @@ def test_arguments_mask_declared_and_secret_named_parameters():
         sensitive=["pin"],
     )
     assert shown == {"pin": MASK, "db_password": MASK, "headers": {"Authorization": MASK}, "n": 3, "note": "plain"}
-    assert is_secret_name("api_key") and is_secret_name("clientSecret".lower()) and not is_secret_name("max_tokens")
+    for name in ("api_key", "apiKey", "clientSecret", "Authorization", "DB_PASSWORD", "X-Auth-Token"):
+        assert is_secret_name(name), name
+    for name in ("max_tokens", "keyboard", "author", "path"):
+        assert not is_secret_name(name), name
 
 
 def test_tool_declarations_are_checked():

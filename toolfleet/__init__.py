@@ -40,9 +40,9 @@ from .errors import (
 )
 from .models import ErrorCode, ToolCall, ToolError, ToolResult
 from .policy import CommandRules, LoopRules, Policy, Rule, Verdict
-from .redact import redact_arguments, redact_text
 from .settings import Settings
 from .tools import Registry, ToolContext, ToolSpec, default_registry, paths, tool, tool_from_schema
+from .tools.redact import redact_arguments, redact_text
 from .worker import create_app
 
 __version__ = "0.1.0"

@@ -23,8 +23,9 @@ type            writer        data
 ``cancelled``   any process   ``reason``, ``not_executed`` (call ids that never started)
 ==============  ============  ================================================================
 
-Everything is passed through :func:`toolfleet.redact.redact_value` before it is written, and
-callers mask a tool's declared sensitive parameters first (:func:`~toolfleet.redact.redact_arguments`).
+Everything is passed through :func:`toolfleet.tools.redact.redact_value` before it is written,
+and callers mask a tool's declared sensitive parameters first
+(:func:`~toolfleet.tools.redact.redact_arguments`).
 A result's content is never written here, only its size: the model's text may hold anything.
 
 Writing is best effort: a failed append is logged and never fails the call it describes.
@@ -42,7 +43,7 @@ import redis
 
 from .keys import Keys
 from .models import ToolResult
-from .redact import redact_text, redact_value
+from .tools.redact import redact_text, redact_value
 
 log = logging.getLogger(__name__)
 

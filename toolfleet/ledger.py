@@ -13,7 +13,7 @@ Both sides write through it. Each operation is one Lua script, so it is atomic a
   appends a ``cancel`` event and publishes on the turn's cancel channel for the workers.
 
 Each of them also appends to the turn's redacted audit trail (:mod:`toolfleet.audit`):
-``started`` and ``finished`` inside the script (so the trail's order is the ledger's order),
+``started`` and ``finished`` inside the scripts (so the trail's order is the ledger's order),
 ``cancelled`` right after it.
 
 Keys are listed in :mod:`toolfleet.keys`; all expire ``result_ttl_s`` after the last write.
@@ -59,15 +59,18 @@ return 'ok'
 """
 
 _ADD = """
--- KEYS: calls, results, events, cancelled ; ARGV: ttl, then (call_id, name, not_executed_json) triples
+-- KEYS: calls, results, events, cancelled, audit
+-- ARGV: ttl, then (call_id, name, not_executed_json, not_executed_audit_json) quadruples
 local ttl = tonumber(ARGV[1])
 local cancelled = redis.call('EXISTS', KEYS[4]) == 1
 local refused = {}
-for i = 2, #ARGV, 3 do
+for i = 2, #ARGV, 4 do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
   if cancelled then
     if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 2]) == 1 then
       redis.call('XADD', KEYS[3], '*', 'type', 'result', 'call_id', ARGV[i], 'data', ARGV[i + 2])
+      redis.call('XADD', KEYS[5], '*', 'type', 'finished', 'call_id', ARGV[i], 'data', ARGV[i + 3])
+      redis.call('EXPIRE', KEYS[5], ttl)
     end
     refused[#refused + 1] = ARGV[i]
   end
@@ -161,8 +164,11 @@ class Ledger:
         k = self.keys
         args: list[Any] = [self.settings.result_ttl_s]
         for call_id, name in calls.items():
-            args += [call_id, name, not_executed(call_id, name).model_dump_json(exclude_none=True)]
-        keys = [k.turn_calls(turn_id), k.turn_results(turn_id), k.turn_events(turn_id), k.turn_cancelled(turn_id)]
+            placeholder = not_executed(call_id, name)
+            args += [call_id, name, placeholder.model_dump_json(exclude_none=True),
+                     self.audit.finished_data(placeholder)]
+        keys = [k.turn_calls(turn_id), k.turn_results(turn_id), k.turn_events(turn_id), k.turn_cancelled(turn_id),
+                k.turn_audit(turn_id)]
         return {_s(cid) for cid in self._add(keys=keys, args=args)}
 
     def cancel(self, turn_id: str, reason: str = "cancelled by caller") -> int:

@@ -68,11 +68,13 @@ def build_timeline(turn_id: str, events: list[AuditEvent]) -> Timeline:
     cancelled = None
     for event in events:
         data = event.data
-        if event.type == "planned":
-            info = data
+        if event.type == "planned":  # one per group of calls taken (several for a streamed turn)
+            info = info or data
             for call in data.get("calls", []):
-                rows[call["id"]] = CallRow(call.get("index", len(rows)), call["id"], call.get("tool", ""),
-                                           verdict=call.get("verdict", ""))
+                row = rows.setdefault(call["id"], CallRow(len(rows), call["id"], ""))
+                row.index = call.get("index", row.index)
+                row.tool = call.get("tool", row.tool)
+                row.verdict = call.get("verdict", "")
             continue
         if event.type == "cancelled":
             cancelled = data.get("reason", "cancelled")

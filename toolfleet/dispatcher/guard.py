@@ -21,7 +21,7 @@ from ..policy.config import Policy
 from ..policy.engine import Verdict, evaluate
 from ..policy.loops import LoopCheck, LoopDetector
 from ..policy.rules import Rule, RuleStore
-from ..redact import redact_arguments, redact_text, redact_value
+from ..tools.redact import redact_arguments, redact_text, redact_value
 from ..tools.registry import Registry
 from ..tools.spec import ToolSpec
 from ..tools.validation import parse_arguments

@@ -1,6 +1,6 @@
 """Sending one call to the workers as a Celery task (DESIGN.md, step 4).
 
-The arguments Flower shows (``kwargsrepr``) are redacted (:mod:`toolfleet.redact`); the message
+The arguments Flower shows (``kwargsrepr``) are redacted (:mod:`toolfleet.tools.redact`); the message
 itself carries them whole, for the handler. Each send appends a ``submitted`` audit event.
 """
 
@@ -17,8 +17,8 @@ from ..audit import AuditLog
 from ..errors import BrokerUnavailable
 from ..keys import Keys
 from ..models import CallEnvelope
-from ..redact import redact_arguments
 from ..settings import Settings
+from ..tools.redact import redact_arguments
 from ..tools.spec import ToolSpec
 from ..worker.app import TASK_NAME
 

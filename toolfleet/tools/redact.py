@@ -1,5 +1,9 @@
 """Showing what a model gave without leaking it: values shortened, secrets masked.
 
+The one module that knows what a secret looks like. :func:`show_given` quotes values back in
+error messages; :func:`redact_arguments` / :func:`redact_value` / :func:`redact_text` mask what is
+stored or shown to people: the audit trail, approval requests, the task arguments Flower shows.
+
 Error messages quote the given value back to the model (and into logs, the ledger and UIs), so
 anything that looks like a credential is replaced before it is quoted:
 
@@ -28,7 +32,7 @@ _SECRET_PARTS = frozenset(
 )
 _SECRET_PAIRS = frozenset({("api", "key"), ("private", "key"), ("access", "key"), ("secret", "key"),
                            ("session", "id"), ("client", "secret")})
-_SPLIT = re.compile(r"[^a-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 _TOKEN_SHAPES = re.compile(
     r"sk-(?:ant-|proj-)?[A-Za-z0-9_-]{16,}"
     r"|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
@@ -120,3 +124,60 @@ def _mask_nested(text: str, value: Any) -> str:
         return node
 
     return json.dumps(walk(value), ensure_ascii=False, default=str)
+
+
+# --- redaction of what is stored or shown for people (audit trail, approvals, Flower) ---
+
+MASK = "***"
+_KEY_VALUE = re.compile(r"""(?<![\w-])([A-Za-z_][\w.-]*)(["']?\s*[=:]\s*["']?)([^\s"'&,;}]{4,})""")
+_FLAG_VALUE = re.compile(r"""(?<![\w-])--?([A-Za-z][\w-]*)(\s+["']?)([^\s"'-][^\s"']{3,})""")
+_MORE_SHAPES = re.compile(
+    r"\bsk-(?:live-|test-)[A-Za-z0-9_-]{16,}"
+    r"|\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}"  # Stripe
+    r"|\bglpat-[A-Za-z0-9_-]{20,}"  # GitLab
+    r"|\bASIA[0-9A-Z]{16}\b"  # AWS temporary key id
+)
+_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/@]+:)[^\s@/]+(@)")
+_AUTH_HEADER = re.compile(r"""(?i)(authorization["']?\s*[:=]\s*["']?(?:[a-z]+\s+)?)[^\s"']{4,}""")
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every secret found masked as ``***``: the shapes :func:`mask_text` knows, plus
+    Stripe and GitLab keys, credentials in URLs (``https://user:***@host``), ``Authorization``
+    header values, ``KEY=value`` / ``"key": "value"`` / ``--password value`` where the key names a
+    secret (:func:`is_secret_name`)."""
+    if not text:
+        return text
+    text = mask_text(text)
+    text = _MORE_SHAPES.sub(MASK, text)
+    text = _URL_CREDENTIALS.sub(r"\1" + MASK + r"\2", text)
+    text = _AUTH_HEADER.sub(r"\1" + MASK, text)
+
+    def pair(match: re.Match[str]) -> str:
+        if is_secret_name(match.group(1)) and match.group(3) != MASK:
+            return match.group(1) + match.group(2) + MASK
+        return match.group(0)
+
+    text = _KEY_VALUE.sub(pair, text)
+    return _FLAG_VALUE.sub(pair, text)
+
+
+def redact_value(value: Any) -> Any:
+    """A copy of a JSON-like value with secret-named keys masked and secrets in strings masked."""
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, dict):
+        return {k: MASK if is_secret_name(k) and value[k] not in (None, "") else redact_value(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_value(v) for v in value]
+    return value
+
+
+def redact_arguments(arguments: dict[str, Any], sensitive: Iterable[str] = ()) -> dict[str, Any]:
+    """A call's arguments as they may be stored or shown to people: the tool's declared
+    ``sensitive`` parameters masked whole, then :func:`redact_value` over the rest. The handler
+    always receives the real values."""
+    hidden = set(sensitive)
+    return {name: MASK if name in hidden and value not in (None, "") else redact_value({name: value})[name]
+            for name, value in arguments.items()}

@@ -191,6 +191,7 @@ def tool_from_schema(
     defaults: dict[str, Any] = {"timeout_s": 60.0, "max_output_chars": 20_000}
     defaults.update(options)
     defaults.setdefault("idempotent", access == "read")
+    defaults.setdefault("risk", "low" if access == "read" else "medium")
     return ToolSpec(
         name=name,
         description=description,
