@@ -75,30 +75,44 @@ class AuditLog:
     def data(**data: Any) -> str:
         """The ``data`` field of an event: ``data`` redacted, stamped with ``at`` (unix seconds), as
         JSON. (The ledger's scripts append ``started`` and ``finished`` with it atomically.)"""
-        payload = redact_value(data)
-        payload["at"] = time.time()
-        return json.dumps(payload, default=str)
+        return AuditLog.plain(**redact_value(data))
+
+    @staticmethod
+    def plain(**data: Any) -> str:
+        """As :meth:`data`, without redaction: only for values toolfleet itself made (tool, queue
+        and worker names, ids, codes, timings), never for what a model or a tool wrote."""
+        data["at"] = time.time()
+        return json.dumps(data, default=str)
 
     def append(self, turn_id: str, type: str, call_id: str = "", **data: Any) -> None:
         """Append one event; ``data`` is redacted, then stamped with ``at`` (unix seconds)."""
+        self.append_many(turn_id, [(type, call_id, data)])
+
+    def append_many(self, turn_id: str, events: list[tuple[str, str, dict[str, Any]]], *, redact: bool = True) -> None:
+        """Append ``(type, call_id, data)`` events in order, in one round trip. ``redact=False``
+        only for data toolfleet itself made (see :meth:`plain`)."""
+        if not events:
+            return
         key = self.keys.turn_audit(turn_id)
+        encode = self.data if redact else self.plain
         try:
             pipe = self.redis.pipeline(transaction=False)
-            pipe.xadd(key, {"type": type, "call_id": call_id, "data": self.data(**data)})
+            for type, call_id, data in events:
+                pipe.xadd(key, {"type": type, "call_id": call_id, "data": encode(**data)})
             pipe.expire(key, self.ttl_s)
             pipe.execute()
         except redis.RedisError as exc:
-            log.warning("audit: could not append %s of turn %s call %s (%s)", type, turn_id, call_id, exc)
+            log.warning("audit: could not append %d event(s) of turn %s (%s)", len(events), turn_id, exc)
 
     @classmethod
     def finished_data(cls, result: ToolResult) -> str:
         """The ``data`` of the ``finished`` event of ``result``."""
         error = result.error
-        return cls.data(
-            tool=result.name,
+        return cls.plain(
+            tool=redact_text(result.name),  # a model may name a tool that does not exist
             status=result.status,
             code=error.code.value if error else None,
-            message=redact_text(error.message) if error else None,
+            message=redact_text(error.message) if error else None,  # written by a tool
             worker=result.worker,
             queued_ms=result.queued_ms,
             run_ms=result.run_ms,

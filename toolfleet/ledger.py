@@ -34,6 +34,7 @@ from .errors import BrokerUnavailable, TurnNotFound
 from .keys import Keys
 from .models import ErrorCode, ToolResult
 from .settings import Settings
+from .tools.redact import redact_text
 
 _RECORD = """
 -- KEYS: results, events, calls, started, cancelled, audit ; ARGV: call_id, result_json, ttl, audit_json
@@ -165,8 +166,8 @@ class Ledger:
         args: list[Any] = [self.settings.result_ttl_s]
         for call_id, name in calls.items():
             placeholder = not_executed(call_id, name)
-            args += [call_id, name, placeholder.model_dump_json(exclude_none=True),
-                     self.audit.finished_data(placeholder)]
+            audit = self.audit.plain(tool=redact_text(name), status="error", code="NOT_EXECUTED", attempts=0)
+            args += [call_id, name, placeholder.model_dump_json(exclude_none=True), audit]
         keys = [k.turn_calls(turn_id), k.turn_results(turn_id), k.turn_events(turn_id), k.turn_cancelled(turn_id),
                 k.turn_audit(turn_id)]
         return {_s(cid) for cid in self._add(keys=keys, args=args)}
@@ -252,7 +253,7 @@ class Ledger:
             k.turn_cancelled(turn_id),
             k.turn_audit(turn_id),
         ]
-        audit = self.audit.data(worker=worker)
+        audit = self.audit.plain(worker=worker)
         return _s(self._claim(keys=keys, args=[call_id, started, self.settings.result_ttl_s, audit]))
 
     def is_cancelled(self, turn_id: str) -> bool:

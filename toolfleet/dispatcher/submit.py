@@ -7,7 +7,9 @@ itself carries them whole, for the handler. Each send appends a ``submitted`` au
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery
@@ -41,6 +43,21 @@ class Submitter:
         self.settings = settings
         self.keys = Keys(settings.namespace)
         self.audit = audit
+        self._announced: set[tuple[str, str]] = set()  # (turn, call) whose `submitted` is written
+        self._lock = threading.Lock()
+
+    def announce(self, turn_id: str, calls: Sequence[tuple[str, ToolSpec]]) -> None:
+        """Write the ``submitted`` audit events of ``(call_id, spec)`` about to be sent, in one
+        round trip (instead of one per :meth:`send`)."""
+        if self.audit is None or not calls:
+            return
+        self.audit.append_many(turn_id, [("submitted", call_id, self._submitted(turn_id, call_id, spec))
+                                         for call_id, spec in calls], redact=False)
+        with self._lock:
+            self._announced.update((turn_id, call_id) for call_id, _ in calls)
+
+    def _submitted(self, turn_id: str, call_id: str, spec: ToolSpec) -> dict[str, Any]:
+        return {"tool": spec.name, "queue": self.keys.queue(spec.queue), "task_id": task_id(turn_id, call_id)}
 
     def send(
         self,
@@ -73,8 +90,12 @@ class Submitter:
             shown = shown[: KWARGSREPR_MAX_CHARS - 3] + "..."
         tid = task_id(turn_id, call_id)
         queue = self.keys.queue(spec.queue)
-        if self.audit is not None:  # before the send, so it precedes the worker's `started` in the trail
-            self.audit.append(turn_id, "submitted", call_id, tool=spec.name, queue=queue, task_id=tid)
+        with self._lock:
+            announced = (turn_id, call_id) in self._announced
+            self._announced.discard((turn_id, call_id))
+        if self.audit is not None and not announced:  # before the send: it precedes the worker's `started`
+            self.audit.append_many(turn_id, [("submitted", call_id, self._submitted(turn_id, call_id, spec))],
+                                   redact=False)
         try:
             self.app.send_task(
                 TASK_NAME,

@@ -202,6 +202,7 @@ class Turn(TurnApprovals):
                     self._ledger.record_result(self.turn_id, failure)
             except redis.RedisError as exc:
                 raise BrokerUnavailable(self._settings.redis_url, str(exc)) from exc
+            self._submitter.announce(self.turn_id, [(c, self._runnable[c].spec) for c in to_send])
             for call_id in to_send:
                 self._submit(call_id, raise_errors=raise_errors)
 
