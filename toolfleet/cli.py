@@ -108,8 +108,8 @@ def run(
     response: Annotated[Path, typer.Argument(
         help="A recorded model response (.json) or stream (.jsonl, one event a line), in any provider format.",
         exists=True, dir_okay=False)],
-    workspace: Annotated[Path, typer.Option("--workspace", "-w", help="Directory the tools work in.",
-                                            file_okay=False)] = Path("."),
+    workspace: Annotated[Path, typer.Option("--workspace", "-w", help="Directory the tools work in (required: "
+                                            "file tools and commands act there).", exists=True, file_okay=False)],
     cancel_after: Annotated[
         Optional[float], typer.Option("--cancel-after", help="Cancel the turn after S seconds.")
     ] = None,
@@ -164,6 +164,9 @@ def run(
     from .cli_policy import announce_pending
 
     announce_pending(turn, err)
+    if not as_json:
+        err.print(f"turn {turn.turn_id}: {len(turn.calls)} call(s); cancel it from anywhere with "
+                  f"`toolfleet cancel {turn.turn_id}`")
     cancelled_at: list[float] = []
     if cancel_after is not None:
         def _cancel() -> None:
@@ -177,7 +180,10 @@ def run(
             results = turn.results(timeout_s)
         else:
             results = progress(turn, out, timeout_s)
-    except (TimeoutError, ToolfleetError) as exc:
+    except TimeoutError as exc:
+        _fail(ToolfleetError(f"{exc}; is a worker serving these tools running in namespace "
+                             f"{settings.namespace!r}? `toolfleet tools` lists what the live workers serve"))
+    except ToolfleetError as exc:
         _fail(exc)
     finished = time.monotonic()
     if as_json:
@@ -219,7 +225,8 @@ def _read_payload(path: Path) -> Any:
                 return [json.loads(line) for line in lines]
             raise
     except json.JSONDecodeError as exc:
-        _fail(ToolfleetError(f"cannot read {path}: not JSON ({exc})"), 2)
+        _fail(ToolfleetError(f"cannot read {path}: not JSON ({exc}); expected a provider response saved as "
+                             "JSON (chat completion, Responses or Anthropic message) or a .jsonl stream"), 2)
 
 
 @app.command()
@@ -286,7 +293,7 @@ def tools_cmd(
     if as_json:
         print(json.dumps(entries, indent=2))
     else:
-        print_catalog(out, entries)
+        print_catalog(out, entries, settings.namespace)
 
 
 def _live_entries(settings: Settings) -> list[dict[str, Any]]:

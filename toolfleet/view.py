@@ -34,6 +34,9 @@ def progress(turn: Turn, console: Console, timeout_s: float | None) -> list[Tool
 def print_results(
     console: Console, turn: Turn, results: list[ToolResult], elapsed_s: float, after_cancel_s: float | None
 ) -> None:
+    if not results:
+        console.print(f"turn {turn.turn_id}: the response has no tool calls; nothing to run")
+        return
     table = Table(title=f"turn {turn.turn_id}", show_lines=True)
     for column in ("#", "call id", "tool", "status", "ms", "content"):
         table.add_column(column, overflow="fold")
@@ -53,9 +56,10 @@ def print_results(
     console.print(line)
 
 
-def print_catalog(console: Console, entries: list[dict[str, Any]]) -> None:
+def print_catalog(console: Console, entries: list[dict[str, Any]], namespace: str = "toolfleet") -> None:
     if not entries:
-        console.print("no live worker (start one with `toolfleet worker` or `toolfleet up`)")
+        console.print(f"no live worker in namespace {namespace!r} (start one with `toolfleet worker` or "
+                      "`toolfleet up`, or pass the namespace the workers use with --namespace)")
         return
     table = Table(title="tools served by live workers")
     for column in ("tool", "access", "queue", "timeout s", "workers", "description"):

@@ -45,6 +45,15 @@ class ToolContext:
         if self.cancelled.is_set():
             raise CallCancelled(self.cancel_reason or "the turn was cancelled")
 
+    def resolve_path(self, path: str) -> Path:
+        """Absolute, symlink-resolved path of ``path`` (relative to the workspace, or absolute
+        inside it). Raises :class:`~toolfleet.errors.PermissionDenied` when it lies outside the
+        workspace, :class:`~toolfleet.errors.ToolFailure` when the turn has no workspace. Tools
+        that take paths call this before touching the file system."""
+        from .workspace import resolve_path
+
+        return resolve_path(self, path)
+
     def cancel(self, reason: str = "the turn was cancelled") -> None:
         """Set the cancel signal (called by the worker when the turn is cancelled)."""
         self.cancel_reason = reason

@@ -40,7 +40,10 @@ def overlaps(a: str, b: str) -> bool:
 
 
 def paths(*arg_names: str, default: str = ".") -> Callable[[Mapping[str, Any]], list[str]]:
-    """Resource function for tools whose arguments ``arg_names`` are workspace paths."""
+    """Resource function for tools whose arguments ``arg_names`` are workspace paths.
+
+    This declares what a call touches, for planning; it does not confine the path. The handler
+    does that with ``ctx.resolve_path(path)`` (``PERMISSION_DENIED`` outside the workspace)."""
 
     def resources(arguments: Mapping[str, Any]) -> list[str]:
         return [path_resource(str(arguments.get(name) or default)) for name in arg_names]

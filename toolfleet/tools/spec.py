@@ -41,7 +41,9 @@ class ToolSpec:
     - ``timeout_s``: default time limit of one call; ``timeout_arg`` names an argument that may
       lower or raise it per call, up to ``max_timeout_s``.
     - ``max_output_chars``: output budget of the text the model reads.
-    - ``queue``: the Celery queue (under the namespace) its calls are routed to.
+    - ``queue``: the Celery queue (under the namespace) its calls are routed to; by default the
+      tool's own name, so a call only reaches workers that serve its tool. Tools may share a queue
+      (e.g. ``"gpu"``); then every worker consuming it must serve all of them.
     - ``cancellable``: whether a running call may be stopped when its turn is cancelled; a tool
       that is not runs to its end and keeps its result.
     - ``idempotent``: whether running it twice is harmless (reads are; writes by default are not).
@@ -64,7 +66,7 @@ class ToolSpec:
     timeout_arg: str | None = None
     max_timeout_s: float = 3600.0
     max_output_chars: int = 20_000
-    queue: str = "default"
+    queue: str = ""
     cancellable: bool = True
     idempotent: bool = False
     risk: Risk = "medium"
@@ -74,6 +76,10 @@ class ToolSpec:
     poll_interval_s: float = 1.0
     context_param: str | None = None
     validator: Draft202012Validator = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if not self.queue:
+            object.__setattr__(self, "queue", self.name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the handler directly (in-process, no worker): handy in tests and notebooks."""
@@ -114,7 +120,7 @@ def tool(
     timeout_arg: str | None = None,
     max_timeout_s: float = 3600.0,
     max_output_chars: int = 20_000,
-    queue: str = "default",
+    queue: str = "",
     cancellable: bool = True,
     idempotent: bool | None = None,
     risk: Risk | None = None,
