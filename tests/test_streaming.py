@@ -21,6 +21,15 @@ from toolfleet.tools.resources import resolve
 from .conftest import CASES
 from .expect import check_call
 
+
+@pytest.fixture
+def settings(settings):
+    """Some tests here run without a worker, so calls stay queued (nothing starts) while they
+    test cancels and refusals: queue them as for a fleet scaling from zero, instead of getting
+    TOOL_UNAVAILABLE at once (tests/test_availability.py covers that)."""
+    return settings.model_copy(update={"require_live_worker": False})
+
+
 FIRST_RESULT_TIMEOUT_S = 60  # generous: a loaded CI machine, not a speed claim
 STREAMS = [("openai_chat_stream", "08_parallel_reads"), ("anthropic_stream", "09_two_reads"),
            ("openai_responses_stream", "10_parallel_reads")]

@@ -119,3 +119,131 @@ def call_api(endpoint: str, api_token: str, payload: str = "") -> str:
         payload: What to send.
     """
     return f"called {endpoint} with a token of {len(api_token)} characters"
+
+
+# --- side effects: the refund demo (tests/refund_store.py is its domain store) ---
+
+def _refund_key(arguments) -> str:
+    return f"order-{arguments['order_id']}"
+
+
+def _paid(ctx: ToolContext, order_id: str, amount_cents: int) -> str:
+    return f"refunded {amount_cents} cents for order {order_id}"
+
+
+def refund_probe(ctx: ToolContext, order_id: str, amount_cents: int, pre_s: float = 0.0, post_s: float = 0.0):
+    """Look the refund up in the store: what the handler returned if it was paid, else None."""
+    from tests import refund_store
+
+    found = refund_store.find(ctx.workspace, _refund_key({"order_id": order_id}))
+    return None if found is None else _paid(ctx, order_id, found[1])
+
+
+def _refund(ctx: ToolContext, order_id: str, amount_cents: int, pre_s: float, post_s: float) -> str:
+    import os
+
+    from tests import refund_store
+
+    key = _refund_key({"order_id": order_id})
+    refund_store.record_run(ctx.workspace, key, os.getpid())
+    time.sleep(pre_s)  # talking to the payment provider...
+    refund_store.pay(ctx.workspace, key, order_id, amount_cents)
+    time.sleep(post_s)  # ...and its reply taking long, or never coming back
+    return _paid(ctx, order_id, amount_cents)
+
+
+@tool(access="write", resources=lambda a: [f"order:{a['order_id']}"], timeout_s=3,
+      idempotency_key=_refund_key, probe=refund_probe)
+def refund(ctx: ToolContext, order_id: str, amount_cents: int, pre_s: float = 0.0, post_s: float = 0.0) -> str:
+    """Refund an order (journaled under the order id; a probe looks the refund up in the store).
+
+    Args:
+        order_id: The order to refund.
+        amount_cents: How much to refund.
+        pre_s: Seconds spent before the money moves.
+        post_s: Seconds spent after the money moved (a slow or lost reply).
+    """
+    return _refund(ctx, order_id, amount_cents, pre_s, post_s)
+
+
+@tool(access="write", resources=lambda a: [f"order:{a['order_id']}"], timeout_s=3, idempotency_key=_refund_key)
+def refund_blind(ctx: ToolContext, order_id: str, amount_cents: int, pre_s: float = 0.0, post_s: float = 0.0) -> str:
+    """Refund an order, journaled, without a probe (an abandoned execution is OUTCOME_UNKNOWN).
+
+    Args:
+        order_id: The order to refund.
+        amount_cents: How much to refund.
+        pre_s: Seconds spent before the money moves.
+        post_s: Seconds spent after the money moved.
+    """
+    return _refund(ctx, order_id, amount_cents, pre_s, post_s)
+
+
+@tool(access="write", resources=lambda a: [f"note:{a['text']}"], timeout_s=5, journal=False)
+def add_note(ctx: ToolContext, text: str, seconds: float = 0.0) -> str:
+    """Add a note to the store: a write neither idempotent nor journaled.
+
+    Args:
+        text: The note.
+        seconds: Seconds spent before writing it.
+    """
+    from tests import refund_store
+
+    time.sleep(seconds)
+    refund_store.add_note(ctx.workspace, text)
+    return f"noted {text}"
+
+
+@tool(access="read", resources=lambda a: [], timeout_s=5, health_check=lambda: _flaky_health())
+def flaky(ctx: ToolContext, fail: bool) -> str:
+    """Fail with an unexpected exception when asked to (for the circuit breaker).
+
+    Args:
+        fail: Whether to crash.
+    """
+    if fail:
+        raise ConnectionError("backend refused the connection")
+    return "fine"
+
+
+def _flaky_health() -> None:
+    import os
+
+    if os.path.exists(os.environ.get("FLAKY_HEALTH_FILE", "/nonexistent")):
+        raise ConnectionError("backend still down")
+
+
+@tool(access="read", resources=lambda a: [], timeout_s=10)
+def count_until_cancelled(ctx: ToolContext, seconds: float, cleanup_s: float = 0.0) -> str:
+    """Count every 0.1 s until cancelled (cooperatively), then clean up and keep what it counted.
+
+    Args:
+        seconds: How long to count at most.
+        cleanup_s: Seconds its clean-up takes once cancelled (within the grace period).
+    """
+    from toolfleet import CallCancelled
+
+    counted = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if ctx.cancelled.wait(0.1):
+            time.sleep(cleanup_s)
+            counted.append("cleaned up")
+            raise CallCancelled(ctx.cancel_reason, output="\n".join(counted))
+        counted.append(f"tick {len(counted) + 1}")
+    return "\n".join(counted)
+
+
+@tool(access="write", resources=lambda a: [f"note:{a['text']}"], timeout_s=10, cancellable=False, journal=False)
+def settle_note(ctx: ToolContext, text: str, seconds: float = 0.0) -> str:
+    """Add a note after a while; declared not cancellable, so a cancel lets it finish.
+
+    Args:
+        text: The note.
+        seconds: Seconds before writing it.
+    """
+    from tests import refund_store
+
+    time.sleep(seconds)
+    refund_store.add_note(ctx.workspace, text)
+    return f"noted {text}"

@@ -41,14 +41,19 @@ PolicyOpt = Annotated[
     typer.Option("--policy", help="Policy file, TOML or JSON (default: $TOOLFLEET_POLICY, else everything allowed).",
                  dir_okay=False),
 ]
+BrokerOpt = Annotated[
+    Optional[str],
+    typer.Option("--broker-url", help="Celery broker, e.g. amqp://guest:guest@127.0.0.1:5672// "
+                 "(default: $TOOLFLEET_BROKER_URL, else the Redis URL)."),
+]
 
 
-def _settings(redis_url: str | None, namespace: str | None) -> Settings:
+def _settings(redis_url: str | None, namespace: str | None, broker_url: str | None = None) -> Settings:
     import os
 
     if not redis_url and not os.environ.get("REDIS_URL"):
         redis_url = stack.running_redis_url()
-    return Settings.from_env(redis_url=redis_url, namespace=namespace)
+    return Settings.from_env(redis_url=redis_url, namespace=namespace, broker_url=broker_url)
 
 
 def _policy(path: Path | None):  # -> Policy | None
@@ -74,24 +79,25 @@ def worker(
     hostname: Annotated[Optional[str], typer.Option(help="Celery node name, e.g. tools@%h.")] = None,
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
     policy: PolicyOpt = None,
+    broker_url: BrokerOpt = None,
 ) -> None:
     """Run a worker (prefork pool) serving the built-in tools plus --tools modules."""
     from .ledger import connect
     from .tools.registry import default_registry
     from .worker.app import create_app
 
-    settings = _settings(redis_url, namespace)
+    settings = _settings(redis_url, namespace, broker_url)
     try:
         connect(settings.redis_url)
         registry = default_registry(tools or [])
         rules = _policy(policy)
+        celery_app = create_app(settings, registry, rules)
     except ToolfleetError as exc:
         _fail(exc)
-    celery_app = create_app(settings, registry, rules)
     keys = Keys(settings.namespace)
     argv = [
         "worker",
-        "--pool=prefork",
+        "--pool=prefork",  # with conf.worker_pool set, Celery takes toolfleet's prefork subclass
         f"--concurrency={concurrency}",
         f"--queues={','.join(keys.queue(q) for q in registry.queues())}",
         f"--loglevel={loglevel}",
@@ -123,6 +129,7 @@ def run(
     session: Annotated[
         Optional[str], typer.Option("--session", help="Session id (loop detection across runs).")
     ] = None,
+    broker_url: BrokerOpt = None,
 ) -> None:
     """Execute the tool calls of a recorded model response or stream and print their results.
 
@@ -135,7 +142,7 @@ def run(
     from .tools.registry import default_registry
     from .view import print_results, progress
 
-    settings = _settings(redis_url, namespace)
+    settings = _settings(redis_url, namespace, broker_url)
     payload = _read_payload(response)
     warnings: list[str] = []
     try:

@@ -40,16 +40,20 @@ class BatchRejected(ToolfleetError):
 
 
 class BrokerUnavailable(ToolfleetError):
-    """Raised when Redis does not answer at ``url``; the message says how to start one."""
+    """Raised when Redis (or the Celery broker) does not answer at ``url``; the message names the
+    URL (password masked) and says how to start one. When raised by a submit, nothing of the batch
+    runs: calls already sent are never armed (see :mod:`toolfleet.ledger`)."""
 
     def __init__(self, url: str, detail: str = "") -> None:
-        self.url = url
-        message = (
-            f"Redis is not answering at {url}"
-            + (f" ({detail})" if detail else "")
-            + ". Start one with `toolfleet up` (local stack), `redis-server --port 6379`, "
-            "or point REDIS_URL at a running Redis."
-        )
+        from kombu.utils.url import maybe_sanitize_url
+
+        self.url = maybe_sanitize_url(url)
+        if self.url.startswith(("redis", "unix")):
+            what, start = "Redis", ("Start one with `toolfleet up` (local stack), `redis-server --port 6379`, "
+                                    "or point REDIS_URL at a running Redis.")
+        else:
+            what, start = "The broker", "Start it, or point TOOLFLEET_BROKER_URL at a running broker."
+        message = f"{what} is not answering at {self.url}" + (f" ({detail})" if detail else "") + ". " + start
         super().__init__(message)
 
 

@@ -25,6 +25,15 @@ class Keys:
         """Hash call_id -> ToolResult JSON: the first (and only) result recorded per call."""
         return f"{self.ns}:turn:{turn_id}:results"
 
+    def turn_attempts(self, turn_id: str) -> str:
+        """Hash call_id -> how many times a worker began the call (redeliveries count)."""
+        return f"{self.ns}:turn:{turn_id}:attempts"
+
+    def turn_armed(self, turn_id: str) -> str:
+        """String: set once the dispatcher sent every call of the turn's first group; a worker
+        runs no call of a turn that is not armed (so a half-submitted turn never runs)."""
+        return f"{self.ns}:turn:{turn_id}:armed"
+
     def turn_cancelled(self, turn_id: str) -> str:
         """String: set when the turn is cancelled (value: reason)."""
         return f"{self.ns}:turn:{turn_id}:cancelled"
@@ -68,6 +77,21 @@ class Keys:
         """String (with a time to live): the whole output of a call whose result was cut."""
         return f"{self.ns}:output:{ref}"
 
+    # --- side effects ---
+    def journal(self, tool: str, key: str) -> str:
+        """Hash: the idempotency journal entry of one execution key of one tool."""
+        return f"{self.ns}:journal:{tool}:{key}"
+
+    def breaker(self, tool: str) -> str:
+        """Hash: the circuit breaker of one tool (state, consecutive failures, times)."""
+        return f"{self.ns}:breaker:{tool}"
+
+    @property
+    def locks(self) -> str:
+        """Hash: resource locks across turns, field = workspace + newline + resource,
+        value = owner turn id + space + lease end (ms, Redis clock)."""
+        return f"{self.ns}:locks"
+
     # --- fleet ---
     def catalog(self, worker: str) -> str:
         """String (JSON, with a time to live): the tools one live worker serves."""
@@ -76,6 +100,11 @@ class Keys:
     @property
     def catalog_pattern(self) -> str:
         return f"{self.ns}:catalog:*"
+
+    @property
+    def workers(self) -> str:
+        """Set: names of workers that published a catalog (dead ones are dropped lazily)."""
+        return f"{self.ns}:workers"
 
     @property
     def workers_ready(self) -> str:

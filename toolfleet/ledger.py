@@ -3,7 +3,10 @@
 Both sides write through it. Each operation is one Lua script, so it is atomic against the others:
 
 - ``claim_start`` (worker, before a handler runs): refuses when the turn is cancelled or the call
-  already has a result; otherwise marks the call started and appends a ``started`` event.
+  already has a result; waits while the turn is not *armed* (a batch submitted at once is armed
+  only after every call that waits for nothing was sent, so a half-submitted batch never runs; a
+  turn that takes calls as they come is armed when opened); otherwise marks the call started,
+  counts the attempt and appends a ``started`` event.
 - ``record_result`` (worker or dispatcher): stores the result only if the call has none yet
   (``HSETNX``) and appends a ``result`` event; a later result for the same call is dropped. This is
   what makes "exactly one result per call" hold even when a worker and the dispatcher's watchdog race.
@@ -17,15 +20,20 @@ Each of them also appends to the turn's redacted audit trail (:mod:`toolfleet.au
 ``cancelled`` right after it.
 
 Keys are listed in :mod:`toolfleet.keys`; all expire ``result_ttl_s`` after the last write.
+Redis errors reach callers as :class:`~toolfleet.errors.BrokerUnavailable`; a worker's ledger
+retries them for ``retry_s`` (a Redis restart must not lose a result the handler produced).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -45,16 +53,29 @@ for i = 1, 6 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end
 return 1
 """
 
+_RECORD_UNSTARTED = """
+-- KEYS: results, events, calls, started, cancelled, audit ; ARGV: call_id, result_json, ttl, audit_json
+if redis.call('HEXISTS', KEYS[4], ARGV[1]) == 1 then return 0 end
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('XADD', KEYS[2], '*', 'type', 'result', 'call_id', ARGV[1], 'data', ARGV[2])
+redis.call('XADD', KEYS[6], '*', 'type', 'finished', 'call_id', ARGV[1], 'data', ARGV[4])
+for i = 1, 6 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end
+return 1
+"""
+
 _CLAIM = """
--- KEYS: results, events, started, cancelled, audit ; ARGV: call_id, started_json, ttl, audit_json
+-- KEYS: results, events, started, cancelled, audit, armed, attempts ; ARGV: call_id, started_json, ttl, audit
 if redis.call('EXISTS', KEYS[4]) == 1 then return 'cancelled' end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 'done' end
+if redis.call('EXISTS', KEYS[6]) == 0 then return 'unarmed' end
 local before = redis.call('HGET', KEYS[3], ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+redis.call('HINCRBY', KEYS[7], ARGV[1], 1)
 redis.call('XADD', KEYS[2], '*', 'type', 'started', 'call_id', ARGV[1], 'data', ARGV[2])
 redis.call('XADD', KEYS[5], '*', 'type', 'started', 'call_id', ARGV[1], 'data', ARGV[4])
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
 redis.call('EXPIRE', KEYS[5], tonumber(ARGV[3]))
+redis.call('EXPIRE', KEYS[7], tonumber(ARGV[3]))
 if before then return 'restarted' end
 return 'ok'
 """
@@ -78,6 +99,19 @@ for i = 2, #ARGV, 4 do
 end
 for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ttl) end
 return refused
+"""
+
+_REOPEN = """
+-- KEYS: calls, armed, results, events ; ARGV: ttl, armed (1/0), n_calls, (call_id, name)*, (call_id, result)*
+local missing = redis.call('EXISTS', KEYS[1]) == 0
+local ttl = tonumber(ARGV[1])
+local n = tonumber(ARGV[3])
+for i = 4, 3 + 2 * n, 2 do redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = 4 + 2 * n, #ARGV, 2 do redis.call('HSETNX', KEYS[3], ARGV[i], ARGV[i + 1]) end
+if ARGV[2] == '1' then redis.call('SET', KEYS[2], '1', 'EX', ttl) end
+for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ttl) end
+if missing then return 1 end
+return 0
 """
 
 _CANCEL = """
@@ -108,14 +142,29 @@ return ids
 """
 
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError)
+ARM_WAIT_S = 10.0  # longest a worker waits for an unarmed turn before calling it abandoned
+
+
 def connect(url: str) -> redis.Redis:
     """A redis-py client for ``url`` that answers, else :class:`BrokerUnavailable`."""
     client = redis.Redis.from_url(url, socket_connect_timeout=3, health_check_interval=30)
     try:
         client.ping()
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+    except REDIS_DOWN as exc:
         raise BrokerUnavailable(url, str(exc)) from exc
     return client
+
+
+@contextmanager
+def translated(url: str) -> Iterator[None]:
+    """Turn redis-py's connection errors inside the block into :class:`BrokerUnavailable`."""
+    try:
+        yield
+    except REDIS_DOWN as exc:
+        raise BrokerUnavailable(url, str(exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -134,27 +183,72 @@ class LedgerEvent:
 class Ledger:
     """Access to the turn ledger of one namespace. Safe to share between threads."""
 
-    def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
+    def __init__(self, settings: Settings, client: redis.Redis | None = None, *, retry_s: float = 0.0) -> None:
         self.settings = settings
         self.keys = Keys(settings.namespace)
         self.redis = client if client is not None else connect(settings.redis_url)
+        self.retry_s = retry_s
         self._record = self.redis.register_script(_RECORD)
+        self._record_unstarted = self.redis.register_script(_RECORD_UNSTARTED)
         self._claim = self.redis.register_script(_CLAIM)
         self._cancel = self.redis.register_script(_CANCEL)
         self._add = self.redis.register_script(_ADD)
         self.audit = AuditLog(self.redis, self.keys, settings.result_ttl_s)
+        self._reopen = self.redis.register_script(_REOPEN)
+
+    def retrying(self, op: Callable[[], T]) -> T:
+        """Run ``op``; while Redis is down, retry it for ``retry_s`` (then BrokerUnavailable)."""
+        deadline = time.monotonic() + self.retry_s
+        pause_s = 0.05
+        while True:
+            try:
+                return op()
+            except REDIS_DOWN as exc:
+                if time.monotonic() + pause_s > deadline:
+                    raise BrokerUnavailable(self.settings.redis_url, str(exc)) from exc
+                log.warning("Redis unreachable (%s); retrying for up to %.0f s", exc, deadline - time.monotonic())
+                time.sleep(pause_s)
+                pause_s = min(pause_s * 2, 1.0)
 
     # --- dispatcher side ---
-    def open_turn(self, turn_id: str, calls: dict[str, str]) -> None:
-        """Register the calls (call_id -> tool name) of a new turn."""
+    def open_turn(self, turn_id: str, calls: dict[str, str], *, armed: bool = True) -> None:
+        """Register the calls (call_id -> tool name) of a new turn. ``armed=False`` for a turn
+        whose first calls must all be sent before any runs: :meth:`arm` it once they are."""
         k, ttl = self.keys, self.settings.result_ttl_s
         pipe = self.redis.pipeline()
         if calls:
             pipe.hset(k.turn_calls(turn_id), mapping=calls)
+        if armed:
+            pipe.set(k.turn_armed(turn_id), "1", ex=ttl)
         pipe.xadd(k.turn_events(turn_id), {"type": "open", "call_id": "", "data": str(time.time())})
         pipe.expire(k.turn_calls(turn_id), ttl)
         pipe.expire(k.turn_events(turn_id), ttl)
-        pipe.execute()
+        with translated(self.settings.redis_url):
+            pipe.execute()
+
+    def arm(self, turn_id: str) -> None:
+        """Confirm that every call of the turn's first group was sent: workers may run them now.
+        Raises :class:`BrokerUnavailable` if Redis does not answer (the turn then never runs)."""
+        k, ttl = self.keys, self.settings.result_ttl_s
+        pipe = self.redis.pipeline()
+        pipe.set(k.turn_armed(turn_id), "1", ex=ttl)
+        pipe.xadd(k.turn_events(turn_id), {"type": "armed", "call_id": "", "data": ""})
+        with translated(self.settings.redis_url):
+            pipe.execute()
+
+    def reopen(self, turn_id: str, calls: dict[str, str], results: Sequence[ToolResult], *, armed: bool) -> bool:
+        """After Redis came back: restore the turn's calls, its arming (only if the dispatcher had
+        armed it) and the ``results`` the caller already holds (first result still wins). True when
+        the turn had vanished (Redis lost its data)."""
+        k = self.keys
+        args: list[Any] = [self.settings.result_ttl_s, int(armed), len(calls)]
+        for call_id, name in calls.items():
+            args += [call_id, name]
+        for result in results:
+            args += [result.call_id, result.model_dump_json(exclude_none=True)]
+        keys = [k.turn_calls(turn_id), k.turn_armed(turn_id), k.turn_results(turn_id), k.turn_events(turn_id)]
+        with translated(self.settings.redis_url):
+            return bool(self._reopen(keys=keys, args=args))
 
     def add_calls(self, turn_id: str, calls: dict[str, str]) -> set[str]:
         """Register more calls (call_id -> tool name) of an open turn, atomically against
@@ -176,24 +270,23 @@ class Ledger:
         """Cancel a turn from any process. Returns how many calls were marked ``NOT_EXECUTED``,
         or -1 if the turn was already cancelled. Raises :class:`TurnNotFound` for an unknown turn."""
         k = self.keys
-        if not self.redis.exists(k.turn_calls(turn_id)) and not self.redis.exists(
-            k.turn_events(turn_id)
-        ):
-            raise TurnNotFound(f"no turn {turn_id!r} in namespace {k.ns!r}")
-        keys = [
-            k.turn_calls(turn_id),
-            k.turn_started(turn_id),
-            k.turn_results(turn_id),
-            k.turn_cancelled(turn_id),
-            k.turn_events(turn_id),
-            k.turn_audit(turn_id),
-        ]
-        reply = self._cancel(keys=keys, args=[reason, self.settings.result_ttl_s, k.cancel_channel(turn_id)])
-        if not isinstance(reply, list):
-            return int(reply)  # -1: already cancelled
-        not_started = [_s(cid) for cid in reply]
-        self.audit.append(turn_id, "cancelled", reason=reason, not_executed=not_started)
-        return len(not_started)
+        with translated(self.settings.redis_url):
+            if not self.redis.exists(k.turn_calls(turn_id)) and not self.redis.exists(k.turn_events(turn_id)):
+                raise TurnNotFound(f"no turn {turn_id!r} in namespace {k.ns!r}")
+            keys = [
+                k.turn_calls(turn_id),
+                k.turn_started(turn_id),
+                k.turn_results(turn_id),
+                k.turn_cancelled(turn_id),
+                k.turn_events(turn_id),
+                k.turn_audit(turn_id),
+            ]
+            reply = self._cancel(keys=keys, args=[reason, self.settings.result_ttl_s, k.cancel_channel(turn_id)])
+            if not isinstance(reply, list):
+                return int(reply)  # -1: already cancelled
+            not_started = [_s(cid) for cid in reply]
+            self.audit.append(turn_id, "cancelled", reason=reason, not_executed=not_started)
+            return len(not_started)
 
     def events(
         self, turn_id: str, after: str = "0-0", block_ms: int = 1000
@@ -219,8 +312,9 @@ class Ledger:
         return {_s(k): _s(v) for k, v in self.redis.hgetall(self.keys.turn_calls(turn_id)).items()}
 
     # --- both sides ---
-    def record_result(self, turn_id: str, result: ToolResult) -> bool:
-        """Store ``result`` unless its call already has one. True if this one was kept."""
+    def record_result(self, turn_id: str, result: ToolResult, *, unless_started: bool = False) -> bool:
+        """Store ``result`` unless its call already has one (or, with ``unless_started``, a worker
+        already began it: for placeholders that say "it did not run"). True if this one was kept."""
         k = self.keys
         keys = [
             k.turn_results(turn_id),
@@ -232,7 +326,9 @@ class Ledger:
         ]
         payload = result.model_dump_json(exclude_none=True)
         audit = self.audit.finished_data(result)
-        return bool(self._record(keys=keys, args=[result.call_id, payload, self.settings.result_ttl_s, audit]))
+        args = [result.call_id, payload, self.settings.result_ttl_s, audit]
+        script = self._record_unstarted if unless_started else self._record
+        return bool(self.retrying(lambda: script(keys=keys, args=args)))
 
     def record_failures(
         self, turn_id: str, failures: Sequence[ToolResult]
@@ -241,20 +337,54 @@ class Ledger:
             self.record_result(turn_id, result)
 
     # --- worker side ---
-    def claim_start(self, turn_id: str, call_id: str, worker: str) -> str:
+    def claim_start(self, turn_id: str, call_id: str, worker: str, *, arm_wait_s: float = ARM_WAIT_S) -> str:
         """Mark a call started. Returns ``ok``, ``restarted`` (started before: a redelivery),
-        ``cancelled`` (turn cancelled: do not run) or ``done`` (already has a result: do not run)."""
+        ``cancelled`` (turn cancelled: do not run) or ``done`` (already has a result: do not run).
+
+        A turn that is not armed yet is waited for (up to ``arm_wait_s``; normally the dispatcher
+        arms it milliseconds after sending its first group); one that stays unarmed was abandoned
+        by a dispatcher whose submission failed, so it is cancelled (``NOT_EXECUTED``) and
+        ``cancelled`` returned."""
         k = self.keys
-        started = json.dumps({"worker": worker, "started_at": time.time()})
+        started = json.dumps({"worker": worker, "pid": os.getpid(), "started_at": time.time()})
         keys = [
             k.turn_results(turn_id),
             k.turn_events(turn_id),
             k.turn_started(turn_id),
             k.turn_cancelled(turn_id),
             k.turn_audit(turn_id),
+            k.turn_armed(turn_id),
+            k.turn_attempts(turn_id),
         ]
-        audit = self.audit.plain(worker=worker)
-        return _s(self._claim(keys=keys, args=[call_id, started, self.settings.result_ttl_s, audit]))
+        args = [call_id, started, self.settings.result_ttl_s, self.audit.plain(worker=worker)]
+        claim = _s(self.retrying(lambda: self._claim(keys=keys, args=args)))
+        if claim != "unarmed":
+            return claim
+        self._wait_armed(turn_id, arm_wait_s)
+        claim = _s(self.retrying(lambda: self._claim(keys=keys, args=args)))
+        if claim != "unarmed":
+            return claim
+        try:
+            self.cancel(turn_id, "the dispatcher never finished submitting the turn")
+        except TurnNotFound:
+            pass
+        return "cancelled"
+
+    def _wait_armed(self, turn_id: str, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        last = "0-0"
+        while time.monotonic() < deadline:
+            block_ms = max(int((deadline - time.monotonic()) * 1000), 1)
+            read = lambda after=last, ms=block_ms: list(self.events(turn_id, after=after, block_ms=ms))  # noqa: E731
+            for event in self.retrying(read):
+                last = event.stream_id
+                if event.type in ("armed", "cancel"):
+                    return
+
+    def attempts(self, turn_id: str, call_id: str) -> int:
+        """How many times workers began the call (1 on the first run)."""
+        raw = self.retrying(lambda: self.redis.hget(self.keys.turn_attempts(turn_id), call_id))
+        return int(raw or 1)
 
     def is_cancelled(self, turn_id: str) -> bool:
         return bool(self.redis.exists(self.keys.turn_cancelled(turn_id)))

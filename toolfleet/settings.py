@@ -27,9 +27,27 @@ class Settings(BaseModel):
     - ``cancel_grace_s``: after a cancel, how long a running call gets to stop by itself before it
       is killed and reported ``CANCELLED`` by the dispatcher.
     - ``kill_grace_s``: added to a call's time limit to make the hard limit that kills the process.
-    - ``heartbeat_s``: how often a worker republishes its tool catalog.
+    - ``heartbeat_s``: how often a worker republishes its tool catalog; a worker silent for three
+      heartbeats is presumed dead (its catalog expires, its journal leases lapse).
     - ``output_ttl_s``: how long the whole output of a call whose result was cut stays readable
       with ``read_output``.
+    - ``max_queue_wait_s``: how long a submitted call may wait for a worker to start it before the
+      dispatcher gives it ``TOOL_UNAVAILABLE`` (the ledger then keeps it from ever starting).
+    - ``max_attempts``: how many times a call whose worker died is started again (reads and
+      journaled writes) before it is given ``WORKER_LOST``.
+    - ``visibility_timeout_s``: Redis broker only: seconds before an unacknowledged message is handed
+      out again. ``None`` derives it from the registry (longest hard time limit + ``max_queue_wait_s``
+      + a margin); a value that is not larger than that is refused (:func:`toolfleet.worker.app.
+      visibility_timeout_s`), since a shorter one runs a still-running call a second time.
+    - ``journal_ttl_s``: how long the idempotency journal remembers an execution.
+    - ``require_live_worker``: refuse a call at once (``TOOL_UNAVAILABLE``) when no live worker
+      serves its tool; turn off for fleets that scale workers up from zero on queue length.
+    - ``breaker_failures`` / ``breaker_cooldown_s``: a tool's circuit opens after that many
+      consecutive failures (crashes, time-outs, lost workers) and stays open that long before a
+      health check may close it.
+    - ``lock_lease_s`` / ``lock_wait_s``: resource locks across turns: the lease a turn holds on the
+      paths it writes (renewed while it runs, so a dead dispatcher frees them within a lease) and
+      how long a turn waits for another turn's lock before its writes get ``TOOL_UNAVAILABLE``.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -42,6 +60,30 @@ class Settings(BaseModel):
     kill_grace_s: float = 2.0
     heartbeat_s: float = 2.0
     output_ttl_s: int = 24 * 3600
+    max_queue_wait_s: float = 600.0
+    max_attempts: int = 3
+    visibility_timeout_s: float | None = None
+    journal_ttl_s: int = 7 * 24 * 3600
+    require_live_worker: bool = True
+    breaker_failures: int = 5
+    breaker_cooldown_s: float = 30.0
+    lock_lease_s: float = 30.0
+    lock_wait_s: float = 600.0
+
+    @field_validator("heartbeat_s", "max_queue_wait_s", "breaker_cooldown_s", "lock_lease_s", "lock_wait_s",
+                     "cancel_grace_s", "kill_grace_s")
+    @classmethod
+    def _positive_s(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be a positive number of seconds")
+        return value
+
+    @field_validator("max_attempts", "breaker_failures", "result_ttl_s", "journal_ttl_s")
+    @classmethod
+    def _at_least_one(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be at least 1")
+        return value
 
     @field_validator("namespace")
     @classmethod
@@ -54,10 +96,14 @@ class Settings(BaseModel):
     def broker(self) -> str:
         return self.broker_url or self.redis_url
 
+    @property
+    def broker_is_redis(self) -> bool:
+        return self.broker.startswith(("redis://", "rediss://"))
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
-        """Settings from ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``, ``TOOLFLEET_NAMESPACE``;
-        keyword overrides that are not ``None`` win."""
+        """Settings from ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``, ``TOOLFLEET_NAMESPACE``,
+        ``TOOLFLEET_HEARTBEAT_S``; keyword overrides that are not ``None`` win."""
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
         if env.get("REDIS_URL"):
@@ -66,5 +112,7 @@ class Settings(BaseModel):
             values["broker_url"] = env["TOOLFLEET_BROKER_URL"]
         if env.get("TOOLFLEET_NAMESPACE"):
             values["namespace"] = env["TOOLFLEET_NAMESPACE"]
+        if env.get("TOOLFLEET_HEARTBEAT_S"):
+            values["heartbeat_s"] = float(env["TOOLFLEET_HEARTBEAT_S"])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

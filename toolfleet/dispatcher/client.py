@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from typing import Any
 
+from ..errors import ToolfleetError
 from ..ledger import Ledger
 from ..models import ToolCall, ToolResult
 from ..policy.config import Policy
@@ -22,7 +24,9 @@ from ..tools.registry import Registry, default_registry
 from ..worker.app import create_app
 from .adapters import Adapter, as_dict, detect, get_adapter
 from .approvals import Approvals, PendingCall
+from .availability import Availability
 from .guard import Guard
+from .locks import ResourceLocks
 from .streaming import TurnStream
 from .submit import Submitter
 from .turn import Turn, check_ids
@@ -51,6 +55,8 @@ class Dispatcher:
         loops = LoopDetector(self.ledger.redis, self.ledger.keys, url=self.settings.redis_url,
                              limit=self.policy.loops.limit, ttl_s=self.settings.result_ttl_s)
         self.guard = Guard(self.policy, self.registry, self.approvals, self.rules, loops)
+        self.availability = Availability(self.settings, self.ledger.redis, self.app)
+        self.locks = ResourceLocks(self.settings, self.ledger.redis)
 
     def open_turn(
         self,
@@ -60,16 +66,19 @@ class Dispatcher:
         turn_id: str | None = None,
         adapter: Adapter | None = None,
         response: Any = None,
+        armed: bool = True,
     ) -> Turn:
         """A turn that takes calls as they come (:meth:`Turn.add_calls`) until :meth:`Turn.close`.
 
         ``workspace`` is the directory the file tools and commands work in (as the workers see
         it); ``session_id`` ties the turns of one conversation together for loop detection. Calls
         the policy asks about are held (``turn.pending``) until approved or denied. Raises
-        :class:`~toolfleet.errors.BrokerUnavailable` if Redis does not answer.
+        :class:`~toolfleet.errors.BrokerUnavailable` if Redis does not answer. ``armed=False``:
+        workers run none of its calls until :meth:`~toolfleet.ledger.Ledger.arm` (what
+        :meth:`submit` does once the whole batch is sent).
         """
         turn_id = turn_id or uuid.uuid4().hex
-        self.ledger.open_turn(turn_id, {})
+        self.ledger.open_turn(turn_id, {}, armed=armed)
         turn = Turn(
             turn_id=turn_id,
             registry=self.registry,
@@ -81,6 +90,9 @@ class Dispatcher:
             adapter=adapter,
             response=response,
             guard=self.guard,
+            availability=self.availability,
+            locks=self.locks,
+            armed=armed,
         )
         return turn.start()
 
@@ -89,16 +101,20 @@ class Dispatcher:
 
         ``options`` are those of :meth:`open_turn`. Raises
         :class:`~toolfleet.errors.BatchRejected` (nothing runs) if two calls share an id or a call
-        has none, :class:`~toolfleet.errors.BrokerUnavailable` if Redis or the broker does not
-        answer (nothing keeps running).
+        has none, :class:`~toolfleet.errors.BrokerUnavailable` (naming the URL) if Redis or the
+        broker does not answer: then nothing of the batch runs, even the calls already sent.
         """
         check_ids(calls)
-        turn = self.open_turn(**options)
+        turn = self.open_turn(armed=False, **options)
         try:
             turn.add_calls(calls, raise_errors=True)
+            turn.arm()
         except BaseException:
-            self.ledger.cancel(turn.turn_id, "submission failed")
-            turn.close()
+            # Nothing of the batch may run: the turn is not armed, so a worker that got one of its
+            # calls does not run it; cancel it too where Redis still answers, and free its locks.
+            with suppress(ToolfleetError):
+                self.ledger.cancel(turn.turn_id, "submission failed")
+            turn.abandon()
             raise
         return turn.close()
 

@@ -79,7 +79,7 @@ class Submitter:
             workspace=workspace,
             session_id=session_id,
             time_limit_s=limit_s,
-            idempotency_key=f"{turn_id}:{call_id}",
+            idempotency_key=spec.idempotency_key_for(turn_id, call_id, arguments),
             submitted_at=time.time(),
         )
         shown = json.dumps(

@@ -7,10 +7,13 @@ is the plan of the whole batch), registered in the ledger, and submitted as soon
 waits for have results.
 
 A driver thread per turn reads the turn's event stream in Redis (push: ``XREAD BLOCK``, no polling
-of Celery's result backend), submits each call as soon as the calls it waits for have results,
-and watches the time: after a cancel, calls still running past the grace period are reported
-``CANCELLED`` and killed; a started call silent past its hard time limit is reported
-``WORKER_LOST``, so a lost worker cannot hang the turn.
+of Celery's result backend) and submits each call as soon as the calls it waits for have results.
+Sending goes through :class:`~toolfleet.dispatcher.sending.Sender` (resource locks across turns,
+availability, broker trouble); the time-based promises are :mod:`~toolfleet.dispatcher.watchdog`'s:
+after a cancel, calls still running past the grace period are reported ``CANCELLED`` and killed;
+a call whose worker died is sent again or reported ``WORKER_LOST``; a call no worker takes gets
+``TOOL_UNAVAILABLE``; so a lost worker or a lost message cannot hang the turn. When Redis comes
+back after trouble, the driver restores the turn in the ledger (:meth:`Sender.reconcile`).
 
 With a guard (:mod:`.guard`), each call taken is also screened by the policy: a refused call gets
 its ``PERMISSION_DENIED`` or ``LOOP_DETECTED`` result and is not planned; a call the policy asks
@@ -21,6 +24,7 @@ or any other process) releases it; a denial arrives as its ``PERMISSION_DENIED``
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -33,25 +37,26 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ..errors import BatchRejected, BrokerUnavailable, ToolfleetError
-from ..ledger import Ledger, not_executed
-from ..models import ErrorCode, ToolCall, ToolResult
+from ..ledger import Ledger
+from ..models import ToolCall, ToolResult
 from ..settings import Settings
 from ..tools.registry import Registry
 from ..tools.resources import resolve
 from ..tools.spec import ToolSpec
 from ..tools.validation import check_call
 from .plan import Plan, PlanItem, Planner
-from .submit import SOFT_LIMIT_MARGIN_S, Submitter
+from .sending import Sender
+from .submit import Submitter
 from .turn_approvals import TurnApprovals
+from .watchdog import Watchdog
 
 if TYPE_CHECKING:
     from .approvals import PendingCall
     from .guard import Guard
 
 log = logging.getLogger(__name__)
-WATCHDOG_SLACK_S = 3.0  # beyond a call's hard limit before the dispatcher calls its worker lost
-CANCEL_SLACK_S = 0.25  # beyond cancel_grace_s before the dispatcher reports running calls itself
 BLOCK_MS = 100
+REDIS_GIVE_UP_FAILURES = 50  # consecutive failed reads (about 45 s) before the turn fails loudly
 _WAKE = object()  # put on the completion queue when the turn closes or fails
 
 
@@ -79,6 +84,9 @@ class Turn(TurnApprovals):
         adapter: Any = None,
         response: Any = None,
         guard: Guard | None = None,
+        availability: Any = None,
+        locks: Any = None,
+        armed: bool = True,
     ) -> None:
         self.turn_id = turn_id
         self.adapter = adapter
@@ -96,7 +104,8 @@ class Turn(TurnApprovals):
         self._results: dict[str, ToolResult] = {}
         self._scheduled: set[str] = set()  # call ids handed (or being handed) to the submitter
         self._submitted: dict[str, str] = {}  # call id -> task id
-        self._started: dict[str, float] = {}  # call id -> monotonic time its start was seen
+        self._started: dict[str, float] = {}  # call id -> monotonic time its (latest) start was seen
+        self._worker_of: dict[str, str] = {}  # call id -> worker that started it
         self._finished: set[str] = set()
         self._completed: queue.Queue[Any] = queue.Queue()
         self._lock = threading.Lock()
@@ -108,6 +117,10 @@ class Turn(TurnApprovals):
         self._guard = guard
         self._held: dict[str, PendingCall] = {}  # waiting for a person
         self._changed = threading.Condition(self._lock)
+        self.armed = armed  # workers may run its calls (see Ledger.arm); False until a batch is all sent
+        self._abandoned = False
+        self._sender = Sender(self, availability, locks)
+        self._watch = Watchdog(self, availability)
         self._thread = threading.Thread(target=self._drive, name=f"toolfleet-turn-{turn_id}", daemon=True)
 
     # ---- public ----
@@ -187,6 +200,8 @@ class Turn(TurnApprovals):
                         continue
                     spec, arguments = outcome
                     item = PlanItem(call.id, spec.access, resolve(spec.resources, arguments))
+                    if spec.access == "write":
+                        self._sender.note_writes(item.resources)
                     with self._lock:
                         self._runnable[call.id] = Runnable(spec, arguments)
                         deps = planned[call.id] = self._planner.add(item)
@@ -200,6 +215,7 @@ class Turn(TurnApprovals):
                                        workspace=self._workspace, session_id=self._session_id)
                 for failure in failures:
                     self._ledger.record_result(self.turn_id, failure)
+                self._sender.take_locks()
             except redis.RedisError as exc:
                 raise BrokerUnavailable(self._settings.redis_url, str(exc)) from exc
             self._submitter.announce(self.turn_id, [(c, self._runnable[c].spec) for c in to_send])
@@ -215,6 +231,18 @@ class Turn(TurnApprovals):
             self._changed.notify_all()
         self._completed.put(_WAKE)
         return self
+
+    def arm(self) -> None:
+        """Let workers run the calls sent so far (:meth:`~toolfleet.ledger.Ledger.arm`)."""
+        self._ledger.arm(self.turn_id)
+        self.armed = True
+
+    def abandon(self) -> None:
+        """The caller gives the turn up after a failed submission: no more calls, locks freed, and
+        the driver no longer restores the turn in Redis."""
+        self._abandoned = True
+        self._sender.release_locks()
+        self.close()
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until the turn is closed and every call has its result (True), or ``timeout_s``
@@ -294,54 +322,43 @@ class Turn(TurnApprovals):
         return self
 
     def _submit(self, call_id: str, raise_errors: bool = False) -> None:
-        run = self._runnable[call_id]
-        try:
-            tid = self._submitter.send(
-                turn_id=self.turn_id,
-                call_id=call_id,
-                spec=run.spec,
-                arguments=run.arguments,
-                workspace=self._workspace,
-                session_id=self._session_id,
-            )
-        except BrokerUnavailable as exc:
-            if raise_errors:
-                raise
-            self._ledger.record_result(
-                self.turn_id,
-                ToolResult.failure(call_id, run.spec.name, ErrorCode.TOOL_UNAVAILABLE, str(exc),
-                                   "the broker is down; retry when it is back"),
-            )
-            return
-        with self._lock:
-            self._submitted[call_id] = tid
+        self._sender.submit(call_id, raise_errors=raise_errors)
 
     def _drive(self) -> None:
         last = "0-0"
         failures = 0
-        while not self._done.is_set():
-            try:
-                for event in self._ledger.events(self.turn_id, after=last, block_ms=BLOCK_MS):
-                    last = event.stream_id
-                    self._on_event(event)
-                self._watchdog()
-                failures = 0
-            except Exception as exc:  # Redis trouble: retry for a while, then give up loudly
-                failures += 1
-                log.warning("turn %s: reading events failed (%s)", self.turn_id, exc)
-                if failures > 50:
-                    self._error = BrokerUnavailable(self._settings.redis_url, str(exc))
-                    self._done.set()
-                    self._completed.put(_WAKE)
-                    with self._changed:
-                        self._changed.notify_all()
-                    return
-                time.sleep(min(0.05 * failures, 1.0))
+        try:
+            while not self._done.is_set():
+                try:
+                    for event in self._ledger.events(self.turn_id, after=last, block_ms=BLOCK_MS):
+                        last = event.stream_id
+                        self._on_event(event)
+                    if failures or self._sender.redis_lost_the_turn():
+                        self._sender.reconcile()
+                        failures = 0
+                    self._sender.pump()
+                    self._watch.tick()
+                except Exception as exc:  # Redis trouble: retry for a while, then give up loudly
+                    failures += 1
+                    log.warning("turn %s: Redis trouble (%s)", self.turn_id, exc)
+                    if failures > REDIS_GIVE_UP_FAILURES:
+                        self._error = BrokerUnavailable(self._settings.redis_url, str(exc))
+                        self._done.set()
+                        self._completed.put(_WAKE)
+                        with self._changed:
+                            self._changed.notify_all()
+                        return
+                    time.sleep(min(0.05 * failures, 1.0))
+        finally:
+            self._sender.release_locks()
 
     def _on_event(self, event: Any) -> None:
         if event.type == "started":
+            worker = _worker(event.data)
             with self._lock:
-                self._started.setdefault(event.call_id, time.monotonic())
+                self._started[event.call_id] = time.monotonic()
+                if worker:
+                    self._worker_of[event.call_id] = worker
         elif event.type == "cancel":
             with self._lock:
                 if self._cancelled_at is None:
@@ -374,49 +391,18 @@ class Turn(TurnApprovals):
             for call_id in ready:
                 self._submit(call_id)
         if all_in:
+            self._sender.release_locks()
             self._done.set()
             with self._changed:
                 self._changed.notify_all()
 
-    def _watchdog(self) -> None:
-        now = time.monotonic()
-        with self._lock:
-            cancelled_at = self._cancelled_at
-            pending = [c for c in self._names if c not in self._results]
-            started = dict(self._started)
-        if cancelled_at is not None and now >= cancelled_at + self._settings.cancel_grace_s + CANCEL_SLACK_S:
-            stuck = []
-            for call_id in pending:
-                run = self._runnable.get(call_id)
-                if call_id in started and run is not None and not run.spec.cancellable:
-                    continue  # declared not cancellable: it runs to its end
-                if call_id in started:
-                    stuck.append(self._submitted.get(call_id, ""))
-                    result = ToolResult.failure(
-                        call_id, self._names[call_id], ErrorCode.CANCELLED,
-                        "the turn was cancelled while the call ran; it did not stop in time and was killed",
-                        "the call may have done part of its work; check before repeating it",
-                    )
-                else:
-                    result = not_executed(call_id, self._names[call_id])
-                self._ledger.record_result(self.turn_id, result)
-            self._submitter.revoke([t for t in stuck if t], kill=True)
-            return
-        for call_id in pending:
-            run = self._runnable.get(call_id)
-            if call_id not in started or run is None:
-                continue
-            hard_s = run.spec.time_limit_s(run.arguments) + SOFT_LIMIT_MARGIN_S + self._settings.kill_grace_s
-            if now >= started[call_id] + hard_s + WATCHDOG_SLACK_S:
-                self._ledger.record_result(
-                    self.turn_id,
-                    ToolResult.failure(
-                        call_id, run.spec.name, ErrorCode.WORKER_LOST,
-                        f"no result {hard_s + WATCHDOG_SLACK_S:g} s after the call started; "
-                        "its worker is presumed lost",
-                        "the call may or may not have taken effect; check before repeating it",
-                    ),
-                )
+
+def _worker(data: str) -> str:
+    """The worker named in a ``started`` event's data."""
+    try:
+        return str(json.loads(data).get("worker") or "")
+    except (ValueError, AttributeError):
+        return ""
 
 
 def check_ids(calls: Iterable[ToolCall], taken: Iterable[str] = ()) -> None:

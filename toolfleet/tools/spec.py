@@ -54,6 +54,22 @@ class ToolSpec:
     - ``command_arg``: the parameter that holds a shell command; the policy's command rules check it.
     - ``pollable``: a status check meant to be repeated: identical calls at least
       ``poll_interval_s`` apart are not a loop.
+      A call of an idempotent tool whose worker died is simply run again.
+    - ``journal``: whether executions go through the idempotency journal
+      (:mod:`toolfleet.worker.journal`); default: the tool is a write and not idempotent (DESIGN.md,
+      "Side effects"). A write with neither journal nor idempotency gets ``WORKER_LOST`` when its
+      worker dies under it.
+    - ``idempotency_key``: function of the arguments returning the journal key (for example the
+      order id of a refund), so the same effect asked for again, in any turn, is recognised;
+      default: turn id + call id.
+    - ``probe``: called with the handler's arguments (and context) when an execution started
+      before and never recorded an outcome; it looks at the real state and returns ``None`` when
+      the effect did not happen (the handler then runs), or what the handler would have returned
+      when it did (replayed as the result). A ``ToolFailure`` it raises is the outcome; any other
+      exception makes the call ``OUTCOME_UNKNOWN``.
+    - ``health_check``: side-effect-free function without arguments that raises when the tool
+      cannot work; a worker runs it before the tool's open circuit closes (default: the tool is
+      served by a live worker).
     """
 
     name: str
@@ -74,6 +90,10 @@ class ToolSpec:
     command_arg: str | None = None
     pollable: bool = False
     poll_interval_s: float = 1.0
+    journal: bool = False
+    idempotency_key: Callable[[Mapping[str, Any]], str] | None = field(default=None, repr=False, compare=False)
+    probe: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
+    health_check: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
     context_param: str | None = None
     validator: Draft202012Validator = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
 
@@ -91,6 +111,18 @@ class ToolSpec:
             return float(min(float(arguments[self.timeout_arg]), self.max_timeout_s))
         return self.timeout_s
 
+    def idempotency_key_for(self, turn_id: str, call_id: str, arguments: Mapping[str, Any]) -> str:
+        """The journal key of a call: ``idempotency_key(arguments)`` when the tool derives one
+        (and it works), else ``turn_id:call_id``."""
+        if self.idempotency_key is not None:
+            try:
+                derived = str(self.idempotency_key(arguments))
+            except Exception:  # a broken key function must not break the call: fall back per call
+                derived = ""
+            if derived:
+                return f"arg:{derived}"
+        return f"{turn_id}:{call_id}"
+
     def describe(self) -> dict[str, Any]:
         """Provider-neutral description, as published in the worker catalog."""
         return {
@@ -106,6 +138,7 @@ class ToolSpec:
             "sensitive": list(self.sensitive),
             "command_arg": self.command_arg,
             "pollable": self.pollable,
+            "journal": self.journal,
         }
 
 
@@ -128,18 +161,24 @@ def tool(
     command_arg: str | None = None,
     pollable: bool = False,
     poll_interval_s: float = 1.0,
+    journal: bool | None = None,
+    idempotency_key: Callable[[Mapping[str, Any]], str] | None = None,
+    probe: Callable[..., Any] | None = None,
+    health_check: Callable[[], Any] | None = None,
 ) -> Any:
     """Decorator: ``@tool`` or ``@tool(access="read", resources=paths("path"))``.
 
     Returns a :class:`ToolSpec` (still callable like the function). Options are explained on
-    :class:`ToolSpec`; ``idempotent`` defaults to ``access == "read"``, ``risk`` to ``low`` for reads
-    and ``medium`` for writes. Raises :class:`~toolfleet.errors.ConfigurationError` for a name
-    providers refuse, an access other than read/write, an unknown risk level, a parameter without a
-    JSON-representable type, a ``sensitive`` or ``command_arg`` name that is not a parameter, or a
-    non-positive limit.
+    :class:`ToolSpec`; ``idempotent`` defaults to ``access == "read"``, ``journal`` to a
+    non-idempotent write, ``risk`` to ``low`` for reads and ``medium`` for writes. Raises
+    :class:`~toolfleet.errors.ConfigurationError` for a name providers refuse, an access other than
+    read/write, an unknown risk level, a parameter without a JSON-representable type, a
+    ``sensitive`` or ``command_arg`` name that is not a parameter, a non-positive limit, or an
+    ``idempotency_key``/``probe`` on a tool that is not journaled.
     """
 
     def build(func: Callable[..., Any]) -> ToolSpec:
+        is_idempotent = access == "read" if idempotent is None else idempotent
         return make_spec(
             func,
             name=name,
@@ -152,12 +191,16 @@ def tool(
             max_output_chars=max_output_chars,
             queue=queue,
             cancellable=cancellable,
-            idempotent=access == "read" if idempotent is None else idempotent,
+            idempotent=is_idempotent,
             risk=("low" if access == "read" else "medium") if risk is None else risk,
             sensitive=tuple(sensitive),
             command_arg=command_arg,
             pollable=pollable,
             poll_interval_s=poll_interval_s,
+            journal=(access == "write" and not is_idempotent) if journal is None else journal,
+            idempotency_key=idempotency_key,
+            probe=probe,
+            health_check=health_check,
         )
 
     return build(fn) if fn is not None else build
@@ -197,6 +240,7 @@ def tool_from_schema(
     defaults: dict[str, Any] = {"timeout_s": 60.0, "max_output_chars": 20_000}
     defaults.update(options)
     defaults.setdefault("idempotent", access == "read")
+    defaults.setdefault("journal", access == "write" and not defaults["idempotent"])
     defaults.setdefault("risk", "low" if access == "read" else "medium")
     return ToolSpec(
         name=name,
@@ -221,6 +265,12 @@ def make_spec(func: Callable[..., Any], *, name: str | None, description: str | 
     for key in ("timeout_s", "max_timeout_s", "max_output_chars", "poll_interval_s"):
         if options[key] <= 0:
             raise ConfigurationError(f"tool {tool_name}: {key} must be positive")
+    for key in ("idempotency_key", "probe"):
+        if options.get(key) is not None and not options.get("journal"):
+            raise ConfigurationError(
+                f"tool {tool_name}: {key} needs the idempotency journal; declare journal=True "
+                "(or leave the tool a non-idempotent write)"
+            )
     doc = docstring_parser.parse(inspect.getdoc(func) or "")
     parameters, context_param = _schema(func, tool_name, {p.arg_name: p.description for p in doc.params})
     if options["timeout_arg"] and options["timeout_arg"] not in parameters["properties"]:

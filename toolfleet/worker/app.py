@@ -4,29 +4,83 @@ One task, ``toolfleet.run_call``, runs one call; each message carries ``shadow="
 Flower and the logs show the tool, and ``kwargsrepr`` shows turn id, call id and arguments.
 JSON only (never pickle), task events on, one message reserved per process at a time so a
 cancelled turn's queued calls are not held by a busy worker.
+
+Worker loss: the task is acknowledged late and its message rejected back to the queue when the
+pool process running it dies (``acks_late`` + ``reject_on_worker_lost``), so the call is delivered
+again; :mod:`.side_effects` then decides whether it may run again (reads and journaled writes) or gets
+``WORKER_LOST``. With a Redis broker an unacknowledged message comes back after the visibility
+timeout, so that must be longer than any call can take (:func:`visibility_timeout_s`). Results
+live in the turn ledger, not in Celery's result backend (``ignore_result``): a REVOKED state there
+proves nothing about whether a call ran.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 
+from ..errors import ConfigurationError
 from ..models import CallEnvelope, ErrorCode, ToolResult
 from ..policy.config import Policy
 from ..settings import Settings
 from ..tools.registry import Registry, default_registry
 from .catalog import connect_catalog
 from .execute import execute
+from .pool import POOL_CLASS
 from .runtime import Runtime
+from .transport import TRANSPORT_CLASS
 
 TASK_NAME = "toolfleet.run_call"
+HEALTH_TASK_NAME = "toolfleet.health_check"
+HEALTH_TIME_LIMIT_S = 10.0
+VISIBILITY_MARGIN_S = 60.0
+log = logging.getLogger(__name__)
 
 
-def celery_config(settings: Settings) -> dict[str, Any]:
+def longest_hard_limit_s(settings: Settings, registry: Registry) -> float:
+    """The longest a call of ``registry`` may run before it is killed (s): the largest time limit a
+    call can ask for, plus the kill grace."""
+    limits = [spec.max_timeout_s if spec.timeout_arg else spec.timeout_s for spec in registry]
+    return max(limits, default=0.0) + settings.kill_grace_s
+
+
+def visibility_timeout_s(settings: Settings, registry: Registry) -> float:
+    """The Redis broker's visibility timeout (s): a message not acknowledged that long after a
+    worker took it is handed out again. It must exceed the longest hard time limit plus the queue
+    wait, or a call still running would be delivered a second time. Default: that sum plus a
+    margin. Raises :class:`ConfigurationError` if ``settings.visibility_timeout_s`` is shorter."""
+    needed = longest_hard_limit_s(settings, registry) + settings.max_queue_wait_s
+    if settings.visibility_timeout_s is None:
+        return needed + VISIBILITY_MARGIN_S
+    if settings.visibility_timeout_s <= needed:
+        raise ConfigurationError(
+            f"visibility_timeout_s={settings.visibility_timeout_s:g} is too short: it must exceed the longest "
+            f"hard time limit plus max_queue_wait_s ({needed:g} s), or a running call is delivered twice"
+        )
+    return settings.visibility_timeout_s
+
+
+def broker_transport_options(settings: Settings, registry: Registry) -> dict[str, Any]:
+    """Redis broker: the visibility timeout, and the unacknowledged-message bookkeeping kept under
+    the namespace (kombu's default keys ``unacked*`` are shared by every app on the database)."""
+    if not settings.broker_is_redis:
+        return {}
+    ns = settings.namespace
+    return {
+        "visibility_timeout": visibility_timeout_s(settings, registry),
+        "unacked_key": f"{ns}.unacked",
+        "unacked_index_key": f"{ns}.unacked_index",
+        "unacked_mutex_key": f"{ns}.unacked_mutex",
+    }
+
+
+def celery_config(settings: Settings, registry: Registry | None = None) -> dict[str, Any]:
     """Celery settings shared by workers and dispatchers."""
+    registry = registry if registry is not None else default_registry()
     return {
         "task_serializer": "json",
         "result_serializer": "json",
@@ -39,9 +93,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # when they reach Flower after the worker's events Flower shows "toolfleet.run_call"
         "task_send_sent_event": False,
         "worker_prefetch_multiplier": 1,
+        "worker_pool": POOL_CLASS,
         "result_expires": settings.result_ttl_s,
         "broker_connection_retry_on_startup": True,
-        "broker_transport_options": {"visibility_timeout": 2 * 3600},
+        "broker_transport_options": broker_transport_options(settings, registry),
+        "broker_transport": TRANSPORT_CLASS if settings.broker_is_redis else None,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
         "worker_hijack_root_logger": False,
         "task_publish_retry": False,
     }
@@ -54,7 +112,7 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
     registry = registry if registry is not None else default_registry()
     runtime = Runtime(settings, registry, policy)
     app = Celery(f"toolfleet-{settings.namespace}", broker=settings.broker, backend=settings.redis_url)
-    app.conf.update(celery_config(settings))
+    app.conf.update(celery_config(settings, registry))
     app.toolfleet = runtime  # type: ignore[attr-defined]
 
     class CallRequest(Request):
@@ -63,40 +121,83 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
         def on_timeout(self, soft: bool, timeout: float) -> None:
             super().on_timeout(soft, timeout)
             if not soft:
+                _abandoned(runtime, self.kwargs, broken=True)
                 _finalize(runtime, self.kwargs, ErrorCode.TIMEOUT,
                           f"the call ran past its hard time limit ({timeout:g} s) and its process was killed",
                           "ask for less work per call, or a longer time limit where the tool allows it")
 
         def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
-            super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
             exc = getattr(exc_info, "exception", None)
             exc = getattr(exc, "exc", exc)
-            if isinstance(exc, WorkerLostError):
-                _finalize(runtime, self.kwargs, ErrorCode.WORKER_LOST,
-                          f"the worker process running the call died ({exc})",
-                          "the call may or may not have taken effect; check before repeating it")
-            elif isinstance(exc, TimeLimitExceeded):
+            stopped_by_us = self._already_cancelled or self._already_revoked
+            if isinstance(exc, WorkerLostError) or (isinstance(exc, SystemExit) and not stopped_by_us):
+                # The message goes back to the queue (reject_on_worker_lost); the next delivery
+                # decides what the call may do (worker/side_effects.py). Free its journal key now.
+                _abandoned(runtime, self.kwargs, broken=True)
+            super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+            if isinstance(exc, TimeLimitExceeded):
                 pass  # reported by on_timeout
             elif type(exc).__name__ == "Terminated":
+                _abandoned(runtime, self.kwargs, broken=False)
                 _finalize(runtime, self.kwargs, ErrorCode.CANCELLED,
                           "the call was stopped when its turn was cancelled",
                           "the call may have done part of its work; check before repeating it")
 
-    @app.task(name=TASK_NAME, bind=True, Request=CallRequest, acks_late=False)
+    # shared=False: Celery registers a shared task on every app created later in the process, which
+    # would run this app's closure (its runtime, its namespace) for another app's calls.
+    @app.task(name=TASK_NAME, bind=True, Request=CallRequest, acks_late=True, reject_on_worker_lost=True,
+              ignore_result=True, shared=False)
     def run_call(self: Any, envelope: dict[str, Any]) -> dict[str, Any]:
         try:
             result = execute(runtime, envelope, worker=self.request.hostname or "worker")
         except SoftTimeLimitExceeded:
             # The soft limit landed outside the handler (while a result was being built or
             # recorded): the call still gets its one result; a recorded one is kept (first wins).
+            _abandoned(runtime, {"envelope": envelope}, broken=False)
             _finalize(runtime, {"envelope": envelope}, ErrorCode.TIMEOUT,
                       "the call ran past its time limit and was stopped",
                       "ask for less work per call, or a longer time limit where the tool allows it")
             return {}
         return result.model_dump(mode="json", exclude_none=True)
 
+    @app.task(name=HEALTH_TASK_NAME, ignore_result=True, acks_late=False, shared=False,
+              soft_time_limit=HEALTH_TIME_LIMIT_S, time_limit=HEALTH_TIME_LIMIT_S + 2)
+    def health_check(tool: str) -> None:
+        run_health_check(runtime, tool)
+
     connect_catalog(app, runtime)
     return app
+
+
+def run_health_check(runtime: Runtime, tool: str) -> None:
+    """Run ``tool``'s side-effect-free health check here and close or reopen its breaker. A tool
+    without one passes when this worker serves it. A worker that does not serve it says nothing
+    (the breaker retries after its cooldown)."""
+    spec = runtime.registry.get(tool)
+    if spec is None:
+        return
+    ok = True
+    if spec.health_check is not None:
+        try:
+            spec.health_check()
+        except Exception as exc:  # the check failing is the answer
+            log.warning("health check of %s failed: %s", tool, exc)
+            ok = False
+    runtime.breakers.health(tool, ok)
+
+
+def _abandoned(runtime: Runtime, kwargs: dict[str, Any], *, broken: bool) -> None:
+    """The pool process running a call died or was killed: release the call's journal key (so the
+    next execution probes at once instead of waiting out the lease) and, when the death says the
+    tool is in trouble, count a failure on its breaker."""
+    try:
+        env = CallEnvelope.model_validate(kwargs.get("envelope", {}))
+        runtime.journal.release_owner(runtime.journal.key(env.name, env.idempotency_key),
+                                      f"{env.turn_id}:{env.call_id}")
+        if broken:
+            runtime.breakers.observe(env.name, ok=False)
+    except Exception as exc:  # best effort: leases lapse by themselves
+        log.warning("could not release the journal key of a lost call (%s)", exc)
 
 
 def _finalize(runtime: Runtime, kwargs: dict[str, Any], code: ErrorCode, message: str, hint: str) -> None:

@@ -2,8 +2,10 @@
 
 Key ``<ns>:catalog:<worker>`` holds JSON ``{"worker", "queues", "tools": [describe()...],
 "heartbeat_at"}`` and expires after three missed heartbeats, so a dead worker's tools vanish.
-Once a worker consumes, it also pushes its name on ``<ns>:workers:ready`` (tests and
-``toolfleet up`` wait on that list instead of sleeping).
+Its name is also kept in the set ``<ns>:workers`` so readers find the catalogs without scanning
+the key space (names whose catalog expired are dropped by the readers). Once a worker consumes, it
+also pushes its name on ``<ns>:workers:ready`` (tests and ``toolfleet up`` wait on that list
+instead of sleeping).
 """
 
 from __future__ import annotations
@@ -44,15 +46,21 @@ def connect_catalog(app: Celery, runtime: Any) -> None:
         key = runtime.keys.catalog(worker)
         ttl_ms = int(runtime.settings.heartbeat_s * 3 * 1000)
 
+        def publish() -> None:
+            pipe = client.pipeline()
+            pipe.set(key, json.dumps(catalog_entry(runtime, worker)), px=ttl_ms)
+            pipe.sadd(runtime.keys.workers, worker)
+            pipe.execute()
+
         def beat() -> None:
             while not stop.is_set():
                 try:
-                    client.set(key, json.dumps(catalog_entry(runtime, worker)), px=ttl_ms)
+                    publish()
                 except redis.RedisError:
                     pass  # Redis away: the key expires, the tools read as unavailable
                 stop.wait(runtime.settings.heartbeat_s)
 
-        client.set(key, json.dumps(catalog_entry(runtime, worker)), px=ttl_ms)
+        publish()
         published.update(client=client, key=key)
         client.rpush(runtime.keys.workers_ready, worker)
         client.expire(runtime.keys.workers_ready, runtime.settings.result_ttl_s)
@@ -69,12 +77,23 @@ def connect_catalog(app: Celery, runtime: Any) -> None:
 
 
 def live_catalog(settings: Settings, client: redis.Redis | None = None) -> list[dict[str, Any]]:
-    """The catalogs of the live workers of ``settings.namespace``."""
+    """The catalogs of the live workers of ``settings.namespace``, by worker name (two round trips;
+    names of workers whose catalog expired are removed from the set on the way)."""
     client = client or redis.Redis.from_url(settings.redis_url)
     keys = Keys(settings.namespace)
-    entries = []
-    for key in sorted(client.scan_iter(match=keys.catalog_pattern, count=200)):
-        raw = client.get(key)
+    names = sorted(_s(n) for n in client.smembers(keys.workers))
+    if not names:
+        return []
+    entries, dead = [], []
+    for name, raw in zip(names, client.mget([keys.catalog(n) for n in names]), strict=True):
         if raw:
             entries.append(json.loads(raw))
+        else:
+            dead.append(name)
+    if dead:
+        client.srem(keys.workers, *dead)
     return entries
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

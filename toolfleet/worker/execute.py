@@ -24,6 +24,7 @@ from ..tools.spec import ToolSpec
 from ..tools.validation import check_arguments
 from .guard import screen_call
 from .runtime import Runtime
+from .side_effects import arm_wait_s, run_guarded
 
 
 def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResult:
@@ -55,7 +56,7 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResu
     )
     ledger = runtime.ledger
     with runtime.watcher.track(ctx):
-        claim = ledger.claim_start(env.turn_id, env.call_id, worker)
+        claim = ledger.claim_start(env.turn_id, env.call_id, worker, arm_wait_s=arm_wait_s(env))
         if claim in ("cancelled", "done"):
             recorded = ledger.results(env.turn_id).get(env.call_id)
             if recorded is not None:
@@ -71,7 +72,7 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResu
             return _record(runtime, env, result, worker, picked_at, picked_at)
         ctx.attempt = 2 if claim == "restarted" else 1
         started_at = time.time()
-        result = _run_handler(runtime, spec, ctx, env.arguments)
+        result = run_guarded(runtime, spec, ctx, env, claim, _run_handler)
     result = result.model_copy(update={"attempts": ctx.attempt})
     return _record(runtime, env, result, worker, picked_at, started_at)
 

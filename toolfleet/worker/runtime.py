@@ -8,6 +8,7 @@ import threading
 
 import redis
 
+from ..breaker import Breakers
 from ..keys import Keys
 from ..ledger import Ledger
 from ..policy.config import Policy
@@ -16,6 +17,9 @@ from ..settings import Settings
 from ..tools.registry import Registry
 from ..tools.stored_output import OutputStore
 from .cancel_watch import CancelWatcher
+from .journal import Journal
+
+REDIS_RETRY_S = 30.0  # how long a worker keeps trying to record a result while Redis is away
 
 
 class Runtime:
@@ -30,6 +34,8 @@ class Runtime:
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._ledger: Ledger | None = None
+        self._journal: Journal
+        self._breakers: Breakers
         self.watcher = CancelWatcher(self.keys, self._new_client, settings.cancel_grace_s)
 
     def _new_client(self) -> redis.Redis:
@@ -39,7 +45,10 @@ class Runtime:
     def ledger(self) -> Ledger:
         with self._lock:
             if self._ledger is None or self._pid != os.getpid():
-                self._ledger = Ledger(self.settings, client=self._new_client())
+                client = self._new_client()
+                self._ledger = Ledger(self.settings, client=client, retry_s=REDIS_RETRY_S)
+                self._journal = Journal(self.settings, client, self._ledger.retrying)
+                self._breakers = Breakers(self.settings, client)
                 self._pid = os.getpid()
             return self._ledger
 
@@ -57,3 +66,15 @@ class Runtime:
         """``approved``, ``denied`` or ``None``: a person's decision on a held call."""
         raw = self.ledger.redis.hget(self.keys.turn_decisions(turn_id), call_id)
         return None if raw is None else json.loads(raw).get("decision")
+
+    @property
+    def journal(self) -> Journal:
+        """The idempotency journal of this process (same connection as the ledger)."""
+        self.ledger  # noqa: B018 - makes the per-process connection
+        return self._journal
+
+    @property
+    def breakers(self) -> Breakers:
+        """The circuit breakers, for reporting how calls went."""
+        self.ledger  # noqa: B018 - makes the per-process connection
+        return self._breakers

@@ -1,0 +1,52 @@
+"""Helpers of the fault-injection tests: waiting on ledger events, killing the right process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import Any
+
+from toolfleet import Dispatcher, ToolCall
+from toolfleet.keys import Keys
+
+
+def call(call_id: str, name: str, **arguments: Any) -> ToolCall:
+    return ToolCall(id=call_id, name=name, arguments=arguments)
+
+
+def wait_started(dispatcher: Dispatcher, turn_id: str, call_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Block on the turn's event stream until ``call_id`` has started; returns its started record
+    (worker, pid, started_at)."""
+    deadline = time.monotonic() + timeout_s
+    last = "0-0"
+    while time.monotonic() < deadline:
+        for event in dispatcher.ledger.events(turn_id, after=last, block_ms=200):
+            last = event.stream_id
+            if event.type == "started" and event.call_id == call_id:
+                return json.loads(event.data)
+    raise TimeoutError(f"call {call_id} of turn {turn_id} did not start within {timeout_s} s")
+
+
+def started_record(dispatcher: Dispatcher, turn_id: str, call_id: str) -> dict[str, Any] | None:
+    raw = dispatcher.ledger.redis.hget(Keys(dispatcher.settings.namespace).turn_started(turn_id), call_id)
+    return None if raw is None else json.loads(raw)
+
+
+def kill_pid(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def wait_until(check, timeout_s: float, what: str, every_s: float = 0.02) -> None:
+    """Wait for a condition of another process's state (a file, a database row) that has no event
+    to join on."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(every_s)
+    raise TimeoutError(f"{what} did not happen within {timeout_s} s")

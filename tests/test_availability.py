@@ -1,0 +1,108 @@
+"""Availability: a tool no live worker serves is refused at once; a tool's circuit opens after
+consecutive failures and closes only after a side-effect-free health check passes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from toolfleet import Dispatcher, ErrorCode, tool
+from toolfleet.keys import Keys
+
+from .conftest import make_registry
+from .faults import call, wait_until
+
+AT_ONCE_S = 2.0  # product promise: TOOL_UNAVAILABLE at once, not after a queue wait
+
+
+@tool(access="read", resources=lambda a: [], queue="ghosts")
+def ghost(x: int) -> str:
+    """A tool no worker serves.
+
+    Args:
+        x: Anything.
+    """
+    return "boo"
+
+
+def test_tool_no_live_worker_serves_is_unavailable_at_once(settings, worker, workspace):
+    registry = make_registry()
+    registry.add(ghost)
+    with Dispatcher(settings, registry) as dispatcher:
+        began = time.monotonic()
+        results = dispatcher.run([call("g1", "ghost", x=1), call("r1", "wait_read", label="a")],
+                                 workspace=str(workspace), timeout_s=30)
+        assert time.monotonic() - began < AT_ONCE_S
+    assert results[0].code is ErrorCode.TOOL_UNAVAILABLE, results[0].content
+    assert "no live worker serves the tool 'ghost'" in results[0].content
+    assert results[1].ok
+
+
+def test_no_worker_at_all(dispatcher, workspace):
+    began = time.monotonic()
+    result = dispatcher.run([call("r1", "wait_read", label="a")], workspace=str(workspace), timeout_s=30)[0]
+    assert time.monotonic() - began < AT_ONCE_S
+    assert result.code is ErrorCode.TOOL_UNAVAILABLE
+
+
+def test_fleet_scaling_from_zero_can_queue_instead(settings, start_worker, workspace):
+    relaxed = settings.model_copy(update={"require_live_worker": False})
+    with Dispatcher(relaxed, make_registry()) as dispatcher:
+        turn = dispatcher.submit([call("r1", "wait_read", label="a")], workspace=str(workspace))
+        start_worker()
+        assert turn.results(timeout_s=60)[0].ok
+
+
+@pytest.fixture
+def settings(settings):
+    return settings.model_copy(update={"breaker_cooldown_s": 1.0})
+
+
+def _breaker_state(dispatcher, tool_name: str) -> str:
+    raw = dispatcher.ledger.redis.hget(Keys(dispatcher.settings.namespace).breaker(tool_name), "state")
+    return (raw or b"closed").decode()
+
+
+def test_circuit_opens_after_consecutive_failures_and_closes_after_a_health_check(
+        dispatcher, start_worker, workspace, tmp_path, monkeypatch):
+    health_down = tmp_path / "backend-down"
+    health_down.write_text("down")
+    monkeypatch.setenv("FLAKY_HEALTH_FILE", str(health_down))
+    start_worker()
+    ws = str(workspace)
+    failures = dispatcher.settings.breaker_failures
+    for i in range(failures):  # one at a time: consecutive failures
+        result = dispatcher.run([call(f"f{i}", "flaky", fail=True)], workspace=ws, timeout_s=30)[0]
+        assert result.code is ErrorCode.EXECUTION_ERROR, result.content
+    refused = dispatcher.run([call("x1", "flaky", fail=False)], workspace=ws, timeout_s=30)[0]
+    assert refused.code is ErrorCode.TOOL_UNAVAILABLE and "circuit" in refused.content, refused.content
+
+    # Cooldown over: the next call is still refused, and triggers a health check, which fails.
+    wait_until(lambda: _cooled_down(dispatcher), 10, "the cooldown")
+    assert dispatcher.run([call("x2", "flaky", fail=False)], workspace=ws, timeout_s=30)[0].code \
+        is ErrorCode.TOOL_UNAVAILABLE
+    wait_until(lambda: _breaker_state(dispatcher, "flaky") == "open", 15, "the failed health check")
+
+    # The backend recovers: after the next cooldown a health check passes and the circuit closes.
+    health_down.unlink()
+    wait_until(lambda: _cooled_down(dispatcher), 10, "the cooldown")
+    dispatcher.run([call("x3", "flaky", fail=False)], workspace=ws, timeout_s=30)
+    wait_until(lambda: _breaker_state(dispatcher, "flaky") == "closed", 15, "the passing health check")
+    assert dispatcher.run([call("x4", "flaky", fail=False)], workspace=ws, timeout_s=30)[0].ok
+
+
+def _cooled_down(dispatcher) -> bool:
+    key = Keys(dispatcher.settings.namespace).breaker("flaky")
+    opened_at = int(dispatcher.ledger.redis.hget(key, "opened_at") or 0)
+    now_s, now_us = dispatcher.ledger.redis.time()
+    return now_s * 1000 + now_us // 1000 >= opened_at + dispatcher.settings.breaker_cooldown_s * 1000
+
+
+def test_failures_the_tool_reports_on_purpose_do_not_open_the_circuit(dispatcher, worker, workspace):
+    ws = str(workspace)
+    for i in range(dispatcher.settings.breaker_failures + 2):
+        result = dispatcher.run([call(f"m{i}", "read_file", path="missing.txt")], workspace=ws, timeout_s=30)[0]
+        assert result.code is ErrorCode.EXECUTION_ERROR and "file not found" in result.content
+    assert dispatcher.run([call("ok", "read_file", path="README.md")], workspace=ws, timeout_s=30)[0].ok
+    assert _breaker_state(dispatcher, "read_file") == "closed"

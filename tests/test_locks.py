@@ -1,0 +1,107 @@
+"""Resource locks across turns: two turns that write the same path, from different processes, run
+one after the other on it; a dead holder's lock lapses after its lease."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from toolfleet import ErrorCode
+from toolfleet.dispatcher.locks import ResourceLocks, lock_names
+
+from .conftest import ROOT
+from .faults import call
+
+WRITES_PER_TURN = 50
+
+
+def spawn_turn(settings, workspace, calls, go_key=None) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "tests.turn_script", settings.model_dump_json(), str(workspace),
+            json.dumps([c.model_dump(mode="json") for c in calls])]
+    if go_key:
+        argv.append(go_key)
+    return subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen[str]) -> dict:
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_two_processes_writing_the_same_file_do_not_interleave(settings, start_worker, workspace):
+    start_worker(concurrency=4)
+    go = f"{settings.namespace}:test:go"
+    procs = {tag: spawn_turn(settings, workspace, [call(f"{tag}{i}", "append_line", path="history.txt",
+                                                        line=f"{tag} {i}") for i in range(WRITES_PER_TURN)], go)
+             for tag in ("A", "B")}
+    from redis import Redis
+
+    Redis.from_url(settings.redis_url).rpush(go, "go", "go")
+    runs = {tag: finish(proc) for tag, proc in procs.items()}
+    for run in runs.values():
+        assert all(r["status"] == "ok" for r in run["results"]), run["results"]
+    lines = (workspace / "history.txt").read_text().splitlines()
+    first = lines[0].split()[0]
+    second = "B" if first == "A" else "A"
+    assert lines == [f"{first} {i}" for i in range(WRITES_PER_TURN)] + [f"{second} {i}" for i in range(WRITES_PER_TURN)]
+    # The turns were submitted together, and the second wrote only after the first was done.
+    assert abs(runs["A"]["submitted_at"] - runs["B"]["submitted_at"]) < 1.0
+    assert runs[second]["first_result_at"] >= runs[first]["last_result_at"]
+    print(f"\nhistory: {WRITES_PER_TURN} lines of turn {first}, then {WRITES_PER_TURN} of turn {second}")
+
+
+@pytest.fixture
+def settings(settings):
+    return settings.model_copy(update={"lock_lease_s": 2.0})
+
+
+def test_dead_holder_does_not_block_forever(settings, start_worker, dispatcher, workspace):
+    start_worker(concurrency=2)
+    holder = spawn_turn(settings, workspace, [call("h1", "wait_write", label="x", seconds=30)])
+    line = holder.stdout.readline()
+    assert line.startswith("started")
+    os.killpg(holder.pid, signal.SIGKILL)  # the holding dispatcher dies; its lease is not renewed
+    holder.wait()
+    began = time.monotonic()
+    result = dispatcher.run([call("w1", "wait_write", label="x")], workspace=str(workspace), timeout_s=60)[0]
+    assert result.ok, result.content
+    assert time.monotonic() - began < settings.lock_lease_s + 5
+    dispatcher.cancel(line.split()[1])  # stop the orphaned call, so the worker shuts down at once
+
+
+def test_waiting_too_long_for_a_lock_gives_tool_unavailable(settings, start_worker, dispatcher, workspace):
+    start_worker(concurrency=2)
+    holding = dispatcher.submit([call("h1", "wait_write", label="x", seconds=5)], workspace=str(workspace))
+    impatient = settings.model_copy(update={"lock_wait_s": 0.5})
+    from toolfleet import Dispatcher
+
+    from .conftest import make_registry
+
+    with Dispatcher(impatient, make_registry()) as other:
+        results = other.run([call("w1", "wait_write", label="x"), call("r1", "wait_read", label="y")],
+                            workspace=str(workspace), timeout_s=60)
+    assert results[0].code is ErrorCode.TOOL_UNAVAILABLE and holding.turn_id in results[0].content
+    assert results[1].ok
+    holding.cancel()
+
+
+def test_lock_conflicts_follow_the_planner_rule(settings):
+    from toolfleet.ledger import connect
+
+    locks = ResourceLocks(settings, connect(settings.redis_url))
+    assert locks.acquire("A", lock_names("/ws", ["fs:notes"])) is None
+    assert locks.acquire("B", lock_names("/ws", ["fs:notes/a.md"])) == "A"  # prefix by whole components
+    assert locks.acquire("B", lock_names("/ws", ["fs:notes2"])) is None
+    assert locks.acquire("C", lock_names("/ws", ["*"])) == "A"  # everything
+    assert locks.acquire("C", lock_names("/other", ["fs:notes"])) is None  # another workspace
+    assert locks.acquire("A", lock_names("/ws", ["fs:notes"])) is None  # re-entrant: renews
+    assert locks.release("A") == 1
+    assert locks.acquire("C", lock_names("/ws", ["*"])) == "B"

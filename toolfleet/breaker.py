@@ -1,0 +1,98 @@
+"""A circuit breaker per tool, shared by the whole fleet through Redis.
+
+States (hash ``<ns>:breaker:<tool>``, every transition one Lua script)::
+
+    closed ──N consecutive failures──▶ open ──cooldown over, a dispatcher asks──▶ probing
+      ▲                                  ▲                                          │
+      └──────── health check passed ─────┼──────────── health check failed ─────────┘
+
+- Failures are what says the *tool* is broken, not the request: an unexpected exception in the
+  handler, a time limit hit without the handler noticing, a lost worker. A ``ToolFailure`` the
+  handler raises on purpose (file not found, command exited 1) is the tool working; it resets the
+  count like a success. Workers report after every call; the dispatcher reports the workers it
+  declares lost.
+- While open or probing, the dispatcher gives new calls ``TOOL_UNAVAILABLE`` without sending them.
+- After ``breaker_cooldown_s``, the first dispatcher that asks moves the breaker to ``probing`` and
+  sends one health check (side-effect free: the tool's ``health_check``, or only "a worker serving
+  it answers") to the tool's queue; its outcome closes or reopens the breaker. A health check
+  that never answers is retried after another cooldown.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from .keys import Keys
+from .settings import Settings
+
+CLOSED, OPEN, PROBE = "closed", "open", "probe"
+
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+_OBSERVE = _NOW + """
+-- KEYS: breaker ; ARGV: ok (1/0), threshold
+local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
+if state ~= 'closed' then return state end
+if ARGV[1] == '1' then
+  if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'failures', 0) end
+  return 'closed'
+end
+local n = redis.call('HINCRBY', KEYS[1], 'failures', 1)
+if n >= tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', now)
+  return 'open'
+end
+return 'closed'
+"""
+
+_CHECK = _NOW + """
+-- KEYS: breaker ; ARGV: cooldown_ms
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state or state == 'closed' then return 'closed' end
+local since = tonumber(redis.call('HGET', KEYS[1], 'opened_at') or '0')
+if now < since + tonumber(ARGV[1]) then return 'open' end
+redis.call('HSET', KEYS[1], 'state', 'probing', 'opened_at', now)
+return 'probe'
+"""
+
+_HEALTH = _NOW + """
+-- KEYS: breaker ; ARGV: ok (1/0)
+if ARGV[1] == '1' then
+  redis.call('HSET', KEYS[1], 'state', 'closed', 'failures', 0)
+  return 'closed'
+end
+redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', now)
+return 'open'
+"""
+
+
+class Breakers:
+    """The breakers of one namespace (one Redis client; per process)."""
+
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self.settings = settings
+        self.keys = Keys(settings.namespace)
+        self._observe = client.register_script(_OBSERVE)
+        self._check = client.register_script(_CHECK)
+        self._health = client.register_script(_HEALTH)
+
+    def observe(self, tool: str, ok: bool) -> str:
+        """Count one finished call of ``tool``; returns the state after it."""
+        return _s(self._observe(keys=[self.keys.breaker(tool)], args=[int(ok), self.settings.breaker_failures]))
+
+    def check(self, tool: str) -> str:
+        """``closed`` (send the call), ``open`` (refuse it) or ``probe`` (refuse it, and send one
+        health check now: this caller won the right to)."""
+        cooldown_ms = int(self.settings.breaker_cooldown_s * 1000)
+        return _s(self._check(keys=[self.keys.breaker(tool)], args=[cooldown_ms]))
+
+    def health(self, tool: str, ok: bool) -> str:
+        """Record a health check's outcome: closes the breaker, or opens it for another cooldown."""
+        return _s(self._health(keys=[self.keys.breaker(tool)], args=[int(ok)]))
+
+
+def _s(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,116 @@
+"""Whether a call can run at all before it is sent (issue "Faults", availability).
+
+- **Catalog**: workers publish the tools they serve with a heartbeat
+  (:mod:`toolfleet.worker.catalog`). A tool that no live worker serves gets ``TOOL_UNAVAILABLE``
+  at once instead of a task that waits in a queue nobody reads. The catalog is read at most once a
+  second (two Redis round trips) and re-read before refusing, so a worker that just came up is seen.
+- **Circuit breaker** (:mod:`toolfleet.breaker`): a tool whose circuit is open gets
+  ``TOOL_UNAVAILABLE``; the dispatcher that finds its cooldown over sends the health check.
+- **Worker liveness**: a worker whose catalog expired (three missed heartbeats) is dead; the turn's
+  watchdog uses this to act on calls it was running long before their time limit ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import redis
+from celery import Celery
+
+from ..breaker import CLOSED, PROBE, Breakers
+from ..keys import Keys
+from ..ledger import translated
+from ..models import ErrorCode, ToolResult
+from ..settings import Settings
+from ..tools.spec import ToolSpec
+from ..worker.app import HEALTH_TASK_NAME
+from ..worker.catalog import live_catalog
+
+log = logging.getLogger(__name__)
+CATALOG_CACHE_S = 1.0
+LIVENESS_CACHE_S = 0.5
+DEAD_CONFIRM_S = 1.0  # a worker's catalog must stay missing this long before it is declared dead
+
+
+class Availability:
+    """Shared by the turns of one dispatcher (thread-safe)."""
+
+    def __init__(self, settings: Settings, client: redis.Redis, app: Celery) -> None:
+        self.settings = settings
+        self.keys = Keys(settings.namespace)
+        self.redis = client
+        self.app = app
+        self.breakers = Breakers(settings, client)
+        self._lock = threading.Lock()
+        self._served: set[str] = set()
+        self._served_at = -1e9
+        self._alive: dict[str, tuple[float, bool]] = {}  # worker -> (checked at, catalog present)
+        self._missing_since: dict[str, float] = {}
+
+    def refusal(self, spec: ToolSpec, call_id: str) -> ToolResult | None:
+        """``None`` if the call may be sent, else its ``TOOL_UNAVAILABLE`` result. Raises
+        :class:`~toolfleet.errors.BrokerUnavailable` if Redis does not answer."""
+        with translated(self.settings.redis_url):
+            return self._refusal(spec, call_id)
+
+    def _refusal(self, spec: ToolSpec, call_id: str) -> ToolResult | None:
+        if self.settings.require_live_worker and not self._is_served(spec.name):
+            return ToolResult.failure(
+                call_id, spec.name, ErrorCode.TOOL_UNAVAILABLE,
+                f"no live worker serves the tool {spec.name!r} (queue {self.keys.queue(spec.queue)}); it did not run",
+                "start a worker that serves it (`toolfleet worker --tools <module>`), or use another tool",
+            )
+        state = self.breakers.check(spec.name)
+        if state == CLOSED:
+            return None
+        if state == PROBE:
+            self._send_health_check(spec)
+        return ToolResult.failure(
+            call_id, spec.name, ErrorCode.TOOL_UNAVAILABLE,
+            f"the circuit of {spec.name!r} is open after {self.settings.breaker_failures} failures in a row; "
+            "it did not run",
+            f"retry in about {self.settings.breaker_cooldown_s:g} s, once a health check has passed; "
+            "or use another tool",
+        )
+
+    def served_tools(self, *, fresh: bool = False) -> set[str]:
+        """Names of the tools some live worker serves."""
+        with self._lock:
+            if fresh or time.monotonic() - self._served_at > CATALOG_CACHE_S:
+                entries = live_catalog(self.settings, self.redis)
+                self._served = {tool["name"] for entry in entries for tool in entry.get("tools", ())}
+                self._served_at = time.monotonic()
+            return set(self._served)
+
+    def worker_dead(self, worker: str) -> bool:
+        """True once ``worker``'s catalog has been missing for ``DEAD_CONFIRM_S``."""
+        now = time.monotonic()
+        with self._lock:
+            checked = self._alive.get(worker)
+            if checked is None or now - checked[0] > LIVENESS_CACHE_S:
+                present = bool(self.redis.exists(self.keys.catalog(worker)))
+                self._alive[worker] = checked = (now, present)
+            if checked[1]:
+                self._missing_since.pop(worker, None)
+                return False
+            since = self._missing_since.setdefault(worker, now)
+            return now - since >= DEAD_CONFIRM_S
+
+    def report_lost(self, tool: str) -> None:
+        """The dispatcher declared a call of ``tool`` lost: that counts against its breaker."""
+        try:
+            self.breakers.observe(tool, ok=False)
+        except redis.RedisError as exc:
+            log.warning("could not update the circuit breaker of %s (%s)", tool, exc)
+
+    def _is_served(self, name: str) -> bool:
+        return name in self.served_tools() or name in self.served_tools(fresh=True)
+
+    def _send_health_check(self, spec: ToolSpec) -> None:
+        try:
+            self.app.send_task(HEALTH_TASK_NAME, kwargs={"tool": spec.name}, queue=self.keys.queue(spec.queue),
+                               shadow=f"health.{spec.name}", retry=False)
+        except Exception as exc:  # the breaker re-probes after its cooldown
+            log.warning("could not send the health check of %s (%s)", spec.name, exc)

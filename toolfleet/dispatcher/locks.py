@@ -1,0 +1,116 @@
+"""Resource locks across turns (issue "Faults", locks).
+
+Within a turn the plan orders conflicting calls. Across turns (other processes, other machines)
+the turns that write overlapping resources of the same workspace must not interleave: a turn takes
+an exclusive lock on every resource its writes touch before it sends any of them, all at once
+(so two turns cannot deadlock), and holds them until its last result is in. Turns run one after
+the other on those resources, like the calls within a turn. Reads take no lock.
+
+Locks live in one Redis hash per namespace (:attr:`toolfleet.keys.Keys.locks`); conflicts use the
+planner's rule (:func:`toolfleet.tools.overlaps`: by path prefix, ``*`` is everything) within one
+workspace. Each lock has a lease on the Redis clock, renewed by the holding dispatcher while its
+turn runs; a dead holder's locks lapse after one lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import redis
+
+from ..keys import Keys
+from ..ledger import translated
+from ..settings import Settings
+
+_ACQUIRE = """
+-- KEYS: locks ; ARGV: owner, lease_ms, name...   (name = workspace .. '\\n' .. resource)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function split(s)
+  local i = string.find(s, '\\n', 1, true)
+  return string.sub(s, 1, i - 1), string.sub(s, i + 1)
+end
+local function parts(r)
+  local i = string.find(r, ':', 1, true)
+  if not i then return r, '' end
+  return string.sub(r, 1, i - 1), string.sub(r, i + 1)
+end
+local function overlap(a, b)
+  local wa, ra = split(a)
+  local wb, rb = split(b)
+  if wa ~= wb then return false end
+  if ra == '*' or rb == '*' then return true end
+  local ka, pa = parts(ra)
+  local kb, pb = parts(rb)
+  if ka ~= kb then return false end
+  if pa == '' or pb == '' or pa == pb then return true end
+  return string.sub(pb, 1, #pa + 1) == pa .. '/' or string.sub(pa, 1, #pb + 1) == pb .. '/'
+end
+local held = redis.call('HGETALL', KEYS[1])
+for i = 1, #held, 2 do
+  local name, val = held[i], held[i + 1]
+  local sp = string.find(val, ' ', 1, true)
+  local owner, until_ms = string.sub(val, 1, sp - 1), tonumber(string.sub(val, sp + 1))
+  if until_ms <= now then
+    redis.call('HDEL', KEYS[1], name)
+  elseif owner ~= ARGV[1] then
+    for j = 3, #ARGV do
+      if overlap(name, ARGV[j]) then return owner end
+    end
+  end
+end
+for j = 3, #ARGV do
+  redis.call('HSET', KEYS[1], ARGV[j], ARGV[1] .. ' ' .. (now + tonumber(ARGV[2])))
+end
+redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+return ''
+"""
+
+_RELEASE = """
+-- KEYS: locks ; ARGV: owner
+local held = redis.call('HGETALL', KEYS[1])
+local n = 0
+for i = 1, #held, 2 do
+  if string.sub(held[i + 1], 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
+    redis.call('HDEL', KEYS[1], held[i])
+    n = n + 1
+  end
+end
+return n
+"""
+
+
+def lock_names(workspace: str | None, resources: Iterable[str]) -> frozenset[str]:
+    """The lock names of ``resources`` written in ``workspace`` (``None``: no workspace)."""
+    return frozenset(f"{workspace or ''}\n{r}" for r in resources)
+
+
+class ResourceLocks:
+    """Lock table of one namespace (thread-safe: redis-py pools its connections)."""
+
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self.settings = settings
+        self.key = Keys(settings.namespace).locks
+        self._acquire = client.register_script(_ACQUIRE)
+        self._release = client.register_script(_RELEASE)
+
+    @property
+    def lease_ms(self) -> int:
+        return int(self.settings.lock_lease_s * 1000)
+
+    def acquire(self, owner: str, names: Iterable[str]) -> str | None:
+        """Take every lock in ``names`` for ``owner``, or none. Returns ``None`` on success, else
+        the owner holding a conflicting lock. Taking them again renews the lease (and restores
+        locks Redis lost). Raises :class:`~toolfleet.errors.BrokerUnavailable` if Redis is away."""
+        names = sorted(names)
+        if not names:
+            return None
+        with translated(self.settings.redis_url):
+            holder = self._acquire(keys=[self.key], args=[owner, self.lease_ms, *names])
+        holder = holder.decode() if isinstance(holder, bytes) else str(holder or "")
+        return holder or None
+
+    def release(self, owner: str) -> int:
+        """Drop every lock ``owner`` holds; returns how many."""
+        with translated(self.settings.redis_url):
+            return int(self._release(keys=[self.key], args=[owner]))

@@ -1,0 +1,191 @@
+"""Sending a turn's calls: what must hold before a call goes to a worker, and after broker trouble.
+
+- **Locks across turns** (:mod:`.locks`): a turn that writes takes the locks of all its write
+  resources at once before sending any write; while another turn holds one, its writes wait (reads
+  go ahead). After ``lock_wait_s`` the waiting writes get ``TOOL_UNAVAILABLE``. A turn that takes
+  calls as they come (a stream) adds the resources of each new write to its set and takes them
+  then, keeping those it holds; two such turns that reach for each other's resources in opposite
+  orders wait until ``lock_wait_s``.
+- **Availability** (:mod:`.availability`): a call no live worker serves, or whose tool's circuit
+  is open, gets ``TOOL_UNAVAILABLE`` instead of being sent.
+- **Broker trouble**: a call that cannot be sent is retried every tick for ``SEND_RETRY_S``, then
+  gets ``TOOL_UNAVAILABLE`` naming the broker URL. A batch submitted at once is not retried: it
+  goes all or none (:meth:`toolfleet.Dispatcher.submit`, with the ledger's arming).
+- **Redis came back** (:meth:`Sender.reconcile`): the turn is restored in the ledger; if Redis lost
+  its data, calls that were queued and never started will never be delivered and get
+  ``TOOL_UNAVAILABLE`` (atomically "unless started", so a call a worker just took keeps running).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BrokerUnavailable
+from ..models import ErrorCode, ToolResult
+from .locks import lock_names
+
+if TYPE_CHECKING:
+    from .turn import Turn
+
+log = logging.getLogger(__name__)
+SEND_RETRY_S = 30.0
+ALIVE_CHECK_S = 1.0
+
+
+class Sender:
+    """The sending half of one :class:`Turn` (runs in the caller's thread at start, then in the
+    turn's driver thread)."""
+
+    def __init__(self, turn: Turn, availability: Any, locks: Any) -> None:
+        self.turn = turn
+        self.availability = availability
+        self.locks = locks
+        self.sent_at: dict[str, float] = {}  # call id -> monotonic time of its latest send
+        self.resends: dict[str, int] = {}  # call id -> times sent again after its worker died
+        self._to_send: list[str] = []  # ready, not sent yet (waiting for locks or the broker)
+        self._send_failed_at: dict[str, float] = {}
+        self._lock_names: frozenset[str] = frozenset()
+        self._locks_held = True  # nothing to hold yet
+        self._lock_gave_up = False
+        self._lock_asked_at = time.monotonic()
+        self._lock_renewed_at = 0.0
+        self._lock_holder = ""
+        self._released = False
+        self._checked_at = time.monotonic()
+
+    # ---- locks ----
+    def note_writes(self, resources: frozenset[str]) -> None:
+        """A write on ``resources`` was taken: its locks join the turn's set."""
+        if self.locks is None:
+            return
+        names = lock_names(self.turn._workspace, resources)
+        if not names <= self._lock_names:
+            self._lock_names |= names
+            self._locks_held = False
+            self._lock_asked_at = time.monotonic()
+
+    def take_locks(self) -> bool:
+        """Try to take the turn's write locks (all or none). True when held."""
+        if self._locks_held or self._lock_gave_up:
+            return self._locks_held
+        holder = self.locks.acquire(self.turn.turn_id, self._lock_names)
+        if holder is None:
+            self._locks_held = True
+            self._lock_renewed_at = time.monotonic()
+            if self._lock_holder:
+                log.info("turn %s: got the locks turn %s held", self.turn.turn_id, self._lock_holder)
+        elif holder != self._lock_holder:
+            self._lock_holder = holder
+            log.info("turn %s: waiting for turn %s, which writes the same resources", self.turn.turn_id, holder)
+        return self._locks_held
+
+    def release_locks(self) -> None:
+        if self._lock_names and not self._released:
+            self._released = True
+            self._locks_held = False
+            with suppress(Exception):  # the lease lapses by itself
+                self.locks.release(self.turn.turn_id)
+
+    # ---- sending ----
+    def submit(self, call_id: str, raise_errors: bool = False, resend: bool = False) -> None:
+        """Send one call now, or queue it (locks, broker trouble), or record why it cannot run."""
+        turn = self.turn
+        run = turn._runnable[call_id]
+        if run.spec.access == "write" and not self._locks_held and not resend:
+            if self._lock_gave_up:
+                self._record(call_id, ToolResult.failure(
+                    call_id, run.spec.name, ErrorCode.TOOL_UNAVAILABLE,
+                    f"another turn ({self._lock_holder}) kept writing the same resources for longer than "
+                    f"{turn._settings.lock_wait_s:g} s; this call did not run",
+                    "ask again once the other turn is done"))
+            else:
+                self._queue(call_id)
+            return
+        if self.availability is not None and not resend:
+            refusal = self.availability.refusal(run.spec, call_id)
+            if refusal is not None:
+                self._record(call_id, refusal)
+                return
+        try:
+            tid = turn._submitter.send(
+                turn_id=turn.turn_id, call_id=call_id, spec=run.spec, arguments=run.arguments,
+                workspace=turn._workspace, session_id=turn._session_id,
+            )
+        except BrokerUnavailable as exc:
+            if raise_errors:
+                raise
+            first = self._send_failed_at.setdefault(call_id, time.monotonic())
+            if time.monotonic() - first < SEND_RETRY_S:
+                self._queue(call_id)
+                return
+            self._record(call_id, ToolResult.failure(
+                call_id, run.spec.name, ErrorCode.TOOL_UNAVAILABLE, f"{exc} The call was not sent; it did not run.",
+                "retry when the broker is back"))
+            return
+        self._send_failed_at.pop(call_id, None)
+        with turn._lock:
+            turn._submitted[call_id] = tid
+            self.sent_at[call_id] = time.monotonic()
+
+    def pump(self) -> None:
+        """Each tick: retry the locks and the queued calls, renew the held locks."""
+        turn = self.turn
+        if turn._cancelled_at is not None:
+            return
+        now = time.monotonic()
+        if self._lock_names and self._locks_held and now - self._lock_renewed_at > turn._settings.lock_lease_s / 3:
+            holder = self.locks.acquire(turn.turn_id, self._lock_names)
+            self._lock_renewed_at = now
+            if holder is not None:
+                log.warning("turn %s: lost its resource locks to turn %s (lease lapsed)", turn.turn_id, holder)
+        with turn._lock:
+            pending = [c for c in self._to_send if c not in turn._finished]
+            self._to_send.clear()
+        if not pending:
+            return
+        if not self._locks_held and not self.take_locks():
+            if now - self._lock_asked_at > turn._settings.lock_wait_s:
+                self._lock_gave_up = True
+        order = {c.id: i for i, c in enumerate(turn._calls)}
+        for call_id in sorted(pending, key=order.__getitem__):
+            self.submit(call_id)
+
+    def redis_lost_the_turn(self) -> bool:
+        """Once a second: is the turn still in Redis? (redis-py reconnects by itself, so a restart
+        of Redis without its data may raise no error here at all.)"""
+        now = time.monotonic()
+        if now - self._checked_at < ALIVE_CHECK_S or not self.turn.armed:
+            return False
+        self._checked_at = now
+        return not self.turn._ledger.redis.exists(self.turn._ledger.keys.turn_armed(self.turn.turn_id))
+
+    def reconcile(self) -> None:
+        """Redis answers again after trouble: restore the turn, and settle what Redis lost."""
+        turn = self.turn
+        with turn._lock:
+            results = list(turn._results.values())
+            queued = [c for c in self.sent_at if c not in turn._started and c not in turn._finished]
+        if turn._abandoned:
+            return
+        lost = turn._ledger.reopen(turn.turn_id, turn._names, results, armed=turn.armed)
+        if self._lock_names and self._locks_held:
+            self.locks.acquire(turn.turn_id, self._lock_names)
+        if not lost:
+            return
+        log.warning("turn %s: Redis lost its data (restarted without persistence)", turn.turn_id)
+        for call_id in queued:
+            turn._ledger.record_result(turn.turn_id, ToolResult.failure(
+                call_id, turn._names[call_id], ErrorCode.TOOL_UNAVAILABLE,
+                "Redis restarted without its data while the call waited in the queue; it never started",
+                "ask again: nothing happened", attempts=0), unless_started=True)
+
+    def _queue(self, call_id: str) -> None:
+        with self.turn._lock:
+            if call_id not in self._to_send:
+                self._to_send.append(call_id)
+
+    def _record(self, call_id: str, result: ToolResult) -> None:
+        self.turn._ledger.record_result(self.turn.turn_id, result)

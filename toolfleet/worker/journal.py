@@ -1,0 +1,197 @@
+"""The idempotency journal (DESIGN.md, "Side effects").
+
+A side-effecting tool that is not idempotent has every execution journaled in Redis under its
+idempotency key (default: turn id + call id; or the key the tool derives from its arguments, so a
+retry in a later turn is recognised too). One hash per key, ``<ns>:journal:<tool>:<key>``::
+
+    state        started | done
+    token        the execution that holds it (one per attempt)
+    owner        turn_id:call_id of that execution
+    lease_until  ms (Redis clock) until which the holder is presumed alive; renewed every
+                 heartbeat while the handler runs, cleared when it stops without an outcome
+    result       ToolResult JSON once done
+    executions   how many times a handler was entered for this key
+
+``begin`` decides atomically (one Lua script) what an execution may do:
+
+- ``new``: never started: run the handler.
+- ``done``: finished before: replay the recorded result, do not run.
+- ``busy``: another live execution holds the key: wait for its outcome (then replay).
+- ``takeover``: started before, and its holder is gone (lease lapsed or released by the worker
+  that saw it die) without an outcome: ask the tool's probe, else ``OUTCOME_UNKNOWN``.
+
+So a handler never runs twice for one key, as long as a live holder renews its lease (a holder
+cut off from Redis for longer than the lease can be overtaken; the lease is three heartbeats).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from ..keys import Keys
+from ..models import ToolResult
+from ..settings import Settings
+
+_BEGIN = """
+-- KEYS: entry ; ARGV: token, owner, lease_ms, ttl_s
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == 'done' then return {'done', redis.call('HGET', KEYS[1], 'result') or ''} end
+if state == 'started' then
+  local lease = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0')
+  if lease > now then return {'busy', redis.call('HGET', KEYS[1], 'owner') or ''} end
+end
+local before = redis.call('HGET', KEYS[1], 'owner') or ''
+redis.call('HSET', KEYS[1], 'state', 'started', 'token', ARGV[1], 'owner', ARGV[2],
+  'lease_until', now + tonumber(ARGV[3]))
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
+if state == 'started' then return {'takeover', before} end
+return {'new', ''}
+"""
+
+_ENTER = """
+-- KEYS: entry ; ARGV: token
+if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
+return redis.call('HINCRBY', KEYS[1], 'executions', 1)
+"""
+
+_RENEW = """
+-- KEYS: entry ; ARGV: token, lease_ms
+if redis.call('HGET', KEYS[1], 'state') ~= 'started' then return 0 end
+if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], 'lease_until', now + tonumber(ARGV[2]))
+return 1
+"""
+
+_FINISH = """
+-- KEYS: entry ; ARGV: result_json, ttl_s
+if redis.call('HGET', KEYS[1], 'state') == 'done' then return {0, redis.call('HGET', KEYS[1], 'result')} end
+redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[1], 'lease_until', 0)
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
+return {1, ARGV[1]}
+"""
+
+_RELEASE = """
+-- KEYS: entry ; ARGV: field (token|owner), value
+if redis.call('HGET', KEYS[1], 'state') ~= 'started' then return 0 end
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'lease_until', 0)
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class Begun:
+    """What ``begin`` decided: ``verdict`` (new/done/busy/takeover), the recorded result when
+    done, the previous holder (turn_id:call_id) when busy or taken over."""
+
+    verdict: str
+    result: ToolResult | None = None
+    holder: str = ""
+
+
+class Journal:
+    """The journal of one namespace, for one process (not shared across ``fork``)."""
+
+    def __init__(self, settings: Settings, client: redis.Redis,
+                 retrying: Callable[[Callable[[], Any]], Any] | None = None) -> None:
+        self.settings = settings
+        self._retrying = retrying or (lambda op: op())
+        self.keys = Keys(settings.namespace)
+        self.redis = client
+        self.lease_ms = int(settings.heartbeat_s * 3 * 1000)
+        self._begin = client.register_script(_BEGIN)
+        self._enter = client.register_script(_ENTER)
+        self._renew = client.register_script(_RENEW)
+        self._finish = client.register_script(_FINISH)
+        self._release = client.register_script(_RELEASE)
+
+    def key(self, tool: str, idempotency_key: str) -> str:
+        return self.keys.journal(tool, idempotency_key)
+
+    def begin(self, key: str, token: str, owner: str) -> Begun:
+        args = [token, owner, self.lease_ms, self.settings.journal_ttl_s]
+        verdict, payload = self._retrying(lambda: self._begin(keys=[key], args=args))
+        verdict = _s(verdict)
+        if verdict == "done":
+            return Begun("done", ToolResult.model_validate_json(payload))
+        return Begun(verdict, holder=_s(payload))
+
+    def enter(self, key: str, token: str) -> int:
+        """Count one entry into the handler; returns the count (0 if ``token`` lost the key)."""
+        return int(self._retrying(lambda: self._enter(keys=[key], args=[token])))
+
+    def renew(self, key: str, token: str) -> bool:
+        return bool(self._renew(keys=[key], args=[token, self.lease_ms]))
+
+    def finish(self, key: str, result: ToolResult) -> ToolResult:
+        """Record the outcome; the first outcome recorded wins and is returned."""
+        payload_in = result.model_dump_json(exclude_none=True)
+        args = [payload_in, self.settings.journal_ttl_s]
+        _, payload = self._retrying(lambda: self._finish(keys=[key], args=args))
+        return ToolResult.model_validate_json(payload)
+
+    def release(self, key: str, token: str) -> bool:
+        """The holder stopped without an outcome (cancelled, timed out, crashed): let the next
+        execution take over at once (and probe) instead of waiting for the lease to lapse."""
+        return bool(self._retrying(lambda: self._release(keys=[key], args=["token", token])))
+
+    def release_owner(self, key: str, owner: str) -> bool:
+        """Same, by owner (turn_id:call_id): for the worker's main process, which saw the pool
+        process running ``owner`` die and does not know its token."""
+        return bool(self._release(keys=[key], args=["owner", owner]))
+
+    def entry(self, key: str) -> dict[str, str]:
+        """The raw entry (for diagnostics and tests)."""
+        return {_s(k): _s(v) for k, v in self.redis.hgetall(key).items()}
+
+    def holding(self, key: str, token: str) -> Lease:
+        """A context manager that renews ``token``'s lease every heartbeat while the block runs."""
+        return Lease(self, key, token)
+
+
+class Lease:
+    """Renews a journal lease from a daemon thread while the handler runs."""
+
+    def __init__(self, journal: Journal, key: str, token: str) -> None:
+        self._journal = journal
+        self._key = key
+        self._token = token
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="toolfleet-journal-lease", daemon=True)
+
+    def __enter__(self) -> Lease:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+
+    def _run(self) -> None:
+        every_s = self._journal.settings.heartbeat_s
+        while not self._stop.wait(every_s):
+            try:
+                if not self._journal.renew(self._key, self._token):
+                    return
+            except redis.RedisError:
+                continue  # Redis away for a moment: try again next beat
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex
+
+
+def _s(value: object) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,195 @@
+"""The side-effect rules around one handler run (DESIGN.md, "Side effects"; issue "Faults").
+
+:func:`run_guarded` is what the task body calls instead of running the handler directly:
+
+- A call that was started before (a redelivery after its worker died, or the dispatcher resending
+  it after the worker vanished): an idempotent tool (every read) runs again; a journaled tool goes
+  through the journal; any other write gets ``WORKER_LOST`` without running. A call started more
+  than ``max_attempts`` times gets ``WORKER_LOST`` whatever it is (a call that kills its worker
+  must not do so forever).
+- A journaled tool (:mod:`.journal`): finished before under the same key → the recorded result is
+  replayed and the handler does not run; another live execution holds the key → wait for its
+  outcome; started before and abandoned → the tool's probe decides, else ``OUTCOME_UNKNOWN``.
+  Only a definite outcome is recorded (a result, or a ``ToolFailure`` the handler raised); a
+  handler stopped by cancel or time limit, or crashed, leaves the key "started without outcome".
+- The tool's circuit breaker (:mod:`toolfleet.breaker`) is told whether the tool worked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from celery.exceptions import SoftTimeLimitExceeded
+
+from ..errors import CallCancelled, ToolFailure
+from ..ledger import ARM_WAIT_S
+from ..models import CallEnvelope, ErrorCode, ToolResult
+from ..tools.context import ToolContext
+from ..tools.spec import ToolSpec
+from .journal import new_token
+from .runtime import Runtime
+
+log = logging.getLogger(__name__)
+Runner = Callable[[Runtime, ToolSpec, ToolContext, dict[str, Any]], ToolResult]
+BUSY_POLL_S = 0.1
+UNSETTLED = (ErrorCode.CANCELLED, ErrorCode.TIMEOUT)  # stopped part-way: no definite outcome
+
+
+class _NotDone(Exception):
+    """The probe found no trace of the effect."""
+
+
+@dataclasses.dataclass
+class _Watch:
+    """What happened inside a handler, as the wrapper saw it."""
+
+    fault: str = ""  # "crash" | "timeout": the tool itself is in trouble
+    not_done: bool = False
+
+
+def arm_wait_s(env: CallEnvelope) -> float:
+    """How long a call may wait for its turn to be armed: at most half its time limit, which the
+    wait counts against (so an abandoned turn's call ends cleanly before the limit)."""
+    return min(ARM_WAIT_S, env.time_limit_s / 2)
+
+
+def run_guarded(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnvelope, claim: str,
+                run: Runner) -> ToolResult:
+    """Run ``spec``'s handler for the call under the rules above; ``claim`` is what the ledger's
+    ``claim_start`` answered (``ok`` or ``restarted``); ``run`` turns a handler run into a result."""
+    if claim == "restarted":
+        ctx.attempt = runtime.ledger.attempts(env.turn_id, env.call_id)
+        if ctx.attempt > runtime.settings.max_attempts:
+            return _lost(spec, ctx, f"it was started {ctx.attempt} times and its worker died each time")
+        if not spec.idempotent and not spec.journal:
+            return _lost(spec, ctx, "it is a write that is neither idempotent nor journaled, so it is not run again")
+    if not spec.journal:
+        return _observed(runtime, spec, ctx, env.arguments, run)
+    return _journaled(runtime, spec, ctx, env, run)
+
+
+def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnvelope, run: Runner) -> ToolResult:
+    journal = runtime.journal
+    key = journal.key(spec.name, env.idempotency_key)
+    token, owner = new_token(), f"{env.turn_id}:{env.call_id}"
+    while True:
+        begun = journal.begin(key, token, owner)
+        if begun.verdict == "done" and begun.result is not None:
+            log.info("call %s: replaying the journaled outcome of %s", owner, key)
+            return begun.result.model_copy(update={"call_id": ctx.call_id, "name": spec.name})
+        if begun.verdict == "busy":
+            if ctx.cancelled.is_set():
+                return ToolResult.failure(
+                    ctx.call_id, spec.name, ErrorCode.NOT_EXECUTED,
+                    f"the turn was cancelled while this call waited for {begun.holder}, which holds the same "
+                    "idempotency key; it did not run",
+                    "nothing happened here; the other call's outcome is replayed when you ask again",
+                )
+            if ctx.remaining_s <= 0:
+                return _unknown(spec, ctx, f"another call ({begun.holder}) with the same idempotency key was still "
+                                "running when this call's time limit ended",
+                                "ask again later: once that call finishes, its outcome is replayed")
+            ctx.cancelled.wait(min(BUSY_POLL_S, max(ctx.remaining_s, 0.001)))
+            continue
+        break
+    if begun.verdict == "takeover":
+        settled = _probe(runtime, spec, ctx, env, run, begun.holder)
+        if settled is not None:
+            if settled.code is ErrorCode.OUTCOME_UNKNOWN:
+                journal.release(key, token)
+                return settled
+            return journal.finish(key, settled).model_copy(update={"call_id": ctx.call_id, "name": spec.name})
+    journal.enter(key, token)
+    with journal.holding(key, token):
+        result, watch = _run_watched(runtime, spec, ctx, env.arguments, run)
+    _tell_breaker(runtime, spec, watch)
+    if watch.fault or result.code in UNSETTLED:
+        journal.release(key, token)
+        return result
+    kept = journal.finish(key, result)
+    if kept.content != result.content or kept.status != result.status:
+        log.error("call %s: journal %s already held another outcome; this execution's is dropped", owner, key)
+    return result
+
+
+def _probe(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnvelope, run: Runner,
+           holder: str) -> ToolResult | None:
+    """The outcome of an abandoned execution: its result (probe found the effect), ``None`` (no
+    effect: run the handler), or ``OUTCOME_UNKNOWN``."""
+    why = f"an earlier execution of this call ({holder}) started and never recorded an outcome"
+    if spec.probe is None:
+        return _unknown(spec, ctx, f"{why}; the tool has no probe to tell whether it took effect",
+                        "check the real state before asking again; the call is not retried automatically")
+    probe = spec.probe
+    watch = _Watch()
+
+    def probed(**kwargs: Any) -> Any:
+        try:
+            value = probe(**kwargs)
+        except (ToolFailure, CallCancelled, SoftTimeLimitExceeded):
+            raise
+        except Exception:
+            watch.fault = "crash"
+            raise
+        if value is None:
+            watch.not_done = True
+            raise _NotDone()
+        return value
+
+    result = run(runtime, dataclasses.replace(spec, handler=probed), ctx, env.arguments)
+    if watch.not_done:
+        log.info("call %s:%s: probe found no effect of %s; running the handler", ctx.turn_id, ctx.call_id, holder)
+        return None
+    if watch.fault or result.code in UNSETTLED:
+        return _unknown(spec, ctx, f"{why}; its probe could not tell whether it took effect ({result.content})",
+                        "check the real state before asking again; the call is not retried automatically")
+    return result
+
+
+def _observed(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: dict[str, Any],
+              run: Runner) -> ToolResult:
+    result, watch = _run_watched(runtime, spec, ctx, arguments, run)
+    _tell_breaker(runtime, spec, watch)
+    return result
+
+
+def _run_watched(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: dict[str, Any],
+                 run: Runner) -> tuple[ToolResult, _Watch]:
+    handler = spec.handler
+    watch = _Watch()
+
+    def watched(**kwargs: Any) -> Any:
+        try:
+            return handler(**kwargs)
+        except ToolFailure:
+            raise
+        except SoftTimeLimitExceeded:
+            watch.fault = "timeout"
+            raise
+        except Exception:
+            watch.fault = "crash"
+            raise
+
+    return run(runtime, dataclasses.replace(spec, handler=watched), ctx, arguments), watch
+
+
+def _tell_breaker(runtime: Runtime, spec: ToolSpec, watch: _Watch) -> None:
+    try:
+        runtime.breakers.observe(spec.name, ok=not watch.fault)
+    except Exception as exc:  # the breaker is advisory: never fail a call over it
+        log.warning("could not update the circuit breaker of %s (%s)", spec.name, exc)
+
+
+def _lost(spec: ToolSpec, ctx: ToolContext, why: str) -> ToolResult:
+    return ToolResult.failure(
+        ctx.call_id, spec.name, ErrorCode.WORKER_LOST,
+        f"the worker running this call died; {why}",
+        "the call may or may not have taken effect; check before repeating it",
+    )
+
+
+def _unknown(spec: ToolSpec, ctx: ToolContext, message: str, hint: str) -> ToolResult:
+    return ToolResult.failure(ctx.call_id, spec.name, ErrorCode.OUTCOME_UNKNOWN, message, hint)

@@ -1,0 +1,59 @@
+"""kombu's Redis transport, safe to lose its connection while late-acknowledged calls run.
+
+With ``acks_late``, a call that is running holds an unacknowledged message. When the worker loses
+its Redis connection (Redis restarted), Celery tears the connection down and then closes its
+channel, and kombu 5.7's channel close tries to put those messages back in the queue through the
+torn-down connection: ``AttributeError: 'NoneType' object has no attribute 'hostname'`` in
+``Channel._connparams``, which Celery treats as unrecoverable, so the worker exits instead of
+reconnecting (seen here with Celery 5.7 / kombu 5.7; the same failure as celery/kombu#970). Even
+when it works, putting a message back while its call still runs would deliver the call twice.
+
+This transport changes two things, and nothing else:
+
+- A channel remembers its connection parameters, so the calls still running can acknowledge their
+  messages after the reconnect (the acknowledgement removes them from Redis's unacked index).
+- When the connection is already gone, closing the channel does not put the messages of running
+  calls back in the queue; they stay in the unacked index, and only a message that is never
+  acknowledged (its worker died too) comes back, after the visibility timeout, as kombu intends.
+
+Selected by the ``broker_transport`` setting of :func:`toolfleet.worker.app.celery_config` when
+the broker is Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kombu.transport import redis as kombu_redis
+
+log = logging.getLogger(__name__)
+TRANSPORT_CLASS = "toolfleet.worker.transport:Transport"
+
+
+class QoS(kombu_redis.QoS):
+    def restore_unacked(self, client: Any = None) -> None:
+        if client is None and getattr(self.channel.connection, "client", None) is None:
+            if self._delivered:
+                log.warning("broker connection lost with %d message(s) of running calls unacknowledged; "
+                            "they stay in Redis's unacked index until acknowledged", len(self._delivered))
+            self._delivered.clear()
+            return
+        super().restore_unacked(client)
+
+
+class Channel(kombu_redis.Channel):
+    QoS = QoS
+    _saved_connparams: dict[str, Any] | None = None
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        if getattr(self.connection, "client", None) is None and self._saved_connparams is not None:
+            return dict(self._saved_connparams)
+        params = super()._connparams(asynchronous=asynchronous)
+        if not asynchronous:
+            self._saved_connparams = dict(params)
+        return params
+
+
+class Transport(kombu_redis.Transport):
+    Channel = Channel
