@@ -83,7 +83,7 @@ class Flower:
         from toolfleet.stack import _free_port
 
         self.url = f"http://127.0.0.1:{_free_port()}"
-        argv = [sys.executable, "-m", "celery", "--broker", settings.redis_url, "--result-backend",
+        argv = [sys.executable, "-m", "celery", "--broker", settings.broker, "--result-backend",
                 settings.redis_url, "flower", f"--port={self.url.rsplit(':', 1)[1]}", "--address=127.0.0.1"]
         self.log = open(tmp_path / "flower.log", "wb")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
