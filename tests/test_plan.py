@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from toolfleet.dispatcher.plan import PlanItem, conflicts, make_plan
+from toolfleet.dispatcher.plan import PlanItem, Planner, conflicts, make_plan
 from toolfleet.tools.resources import EVERYTHING, overlaps, path_resource
 
 
@@ -75,3 +75,24 @@ def test_every_conflicting_pair_is_ordered_in_model_order():
             else:
                 assert a.call_id not in plan.deps[b.call_id]
         assert all(int(d[1:]) < int(c[1:]) for c in plan.order for d in plan.deps[c])  # only earlier calls
+
+
+def test_rank_counts_the_longest_chain_a_call_heads_and_orders_priorities():
+    from toolfleet.dispatcher.submit import priority_of
+
+    items = [
+        item("r", "read", "key:a"),
+        item("w1", "write", "key:x"),
+        item("w2", "write", "key:x"),
+        item("rx", "read", "key:x"),
+        item("w3", "write", "key:x"),
+    ]
+    plan = make_plan(items)
+    assert plan.rank == {"r": 1, "w1": 4, "w2": 3, "rx": 2, "w3": 1}
+    planner = Planner()  # streamed: a call's rank counts the calls taken so far
+    for it in items[:3]:
+        planner.add(it)
+    assert planner.ranks(["w1", "r"]) == {"w1": 2, "r": 1}
+    # Redis serves priority 0 first: the head of the longest chain goes first
+    assert [priority_of(plan.rank[c], "redis://h/0") for c in ("w1", "w2", "rx", "r")] == [0, 3, 6, 9]
+    assert priority_of(7, "redis://h/0") == 0 and priority_of(4, "amqp://h//") == 9

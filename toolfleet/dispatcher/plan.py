@@ -5,11 +5,17 @@ and at least one of them writes. Each call waits only for the *earlier* calls in
 it conflicts with. So every result equals the result of running the batch one call at a time in
 model order, and everything else runs at once: reads with no earlier conflicting write form the
 parallel group; writes form serial chains per resource.
+
+When more calls are ready than there are free worker processes, the order they start in decides
+the makespan: each call's ``rank`` (the calls on the longest chain from it to the end of the plan,
+itself included) lets the submitter start the calls that head long chains first, the classic
+highest-level-first list schedule (critical path first). In a streamed turn the rank counts the
+calls taken so far, so it is computed when a call is submitted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..tools.resources import overlaps
@@ -33,11 +39,13 @@ def conflicts(a: PlanItem, b: PlanItem) -> bool:
 
 @dataclass(frozen=True)
 class Plan:
-    """``order``: runnable calls in model order; ``deps[c]``: the earlier calls ``c`` waits for."""
+    """``order``: runnable calls in model order; ``deps[c]``: the earlier calls ``c`` waits for;
+    ``rank[c]``: the number of calls on the longest chain from ``c`` on (1 for a call nothing waits for)."""
 
     order: tuple[str, ...]
     deps: Mapping[str, frozenset[str]]
     dependents: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    rank: Mapping[str, int] = field(default_factory=dict)
 
     def ready(self, finished: set[str] | frozenset[str]) -> list[str]:
         """Calls not in ``finished`` whose every dependency is in ``finished``, in model order."""
@@ -69,12 +77,14 @@ class Planner:
 
     def __init__(self) -> None:
         self._items: list[PlanItem] = []
+        self._position: dict[str, int] = {}
         self.deps: dict[str, frozenset[str]] = {}
         self.dependents: dict[str, list[str]] = {}
 
     def add(self, item: PlanItem) -> frozenset[str]:
         """Plan ``item`` after every call added so far; returns the calls it waits for."""
         waits = frozenset(earlier.call_id for earlier in self._items if conflicts(earlier, item))
+        self._position[item.call_id] = len(self._items)
         self._items.append(item)
         self.deps[item.call_id] = waits
         self.dependents[item.call_id] = []
@@ -82,12 +92,28 @@ class Planner:
             self.dependents[d].append(item.call_id)
         return waits
 
+    def ranks(self, call_ids: Iterable[str]) -> dict[str, int]:
+        """For each of ``call_ids``: the calls on the longest chain from it through the calls added
+        so far, itself included (1 when nothing waits for it). One pass over the plan's tail."""
+        call_ids = list(call_ids)
+        if not call_ids:
+            return {}
+        rank = self._ranks(min(self._position[c] for c in call_ids))
+        return {c: rank[c] for c in call_ids}
+
+    def _ranks(self, start: int = 0) -> dict[str, int]:
+        rank: dict[str, int] = {}
+        for item in reversed(self._items[start:]):  # dependents are always later in model order
+            rank[item.call_id] = 1 + max((rank[d] for d in self.dependents[item.call_id]), default=0)
+        return rank
+
     def plan(self) -> Plan:
         """The plan so far, as an immutable :class:`Plan`."""
         return Plan(
             order=tuple(item.call_id for item in self._items),
             deps=dict(self.deps),
             dependents={k: tuple(v) for k, v in self.dependents.items()},
+            rank=self._ranks(),
         )
 
 

@@ -90,8 +90,9 @@ class Sender:
                 self.locks.release(self.turn.turn_id)
 
     # ---- sending ----
-    def submit(self, call_id: str, raise_errors: bool = False, resend: bool = False) -> None:
-        """Send one call now, or queue it (locks, broker trouble), or record why it cannot run."""
+    def submit(self, call_id: str, raise_errors: bool = False, resend: bool = False, rank: int | None = None) -> None:
+        """Send one call now, or queue it (locks, broker trouble), or record why it cannot run.
+        ``rank``: the call's rank in the plan (computed when not given), its message priority."""
         turn = self.turn
         run = turn._runnable[call_id]
         if run.spec.access == "write" and not self._locks_held and not resend:
@@ -110,9 +111,11 @@ class Sender:
                 self._record(call_id, refusal)
                 return
         try:
+            if rank is None:
+                rank = turn.ranks([call_id])[call_id]
             tid = turn._submitter.send(
                 turn_id=turn.turn_id, call_id=call_id, spec=run.spec, arguments=run.arguments,
-                workspace=turn._workspace, session_id=turn._session_id,
+                workspace=turn._workspace, session_id=turn._session_id, rank=rank,
             )
         except BrokerUnavailable as exc:
             if raise_errors:
@@ -150,8 +153,9 @@ class Sender:
             if now - self._lock_asked_at > turn._settings.lock_wait_s:
                 self._lock_gave_up = True
         order = {c.id: i for i, c in enumerate(turn._calls)}
-        for call_id in sorted(pending, key=order.__getitem__):
-            self.submit(call_id)
+        ranks = turn.ranks(pending)
+        for call_id in sorted(pending, key=lambda c: (-ranks[c], order[c])):  # longest chain first
+            self.submit(call_id, rank=ranks[call_id])
 
     def redis_lost_the_turn(self) -> bool:
         """Once a second: is the turn still in Redis? (redis-py reconnects by itself, so a restart

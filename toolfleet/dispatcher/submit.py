@@ -30,6 +30,16 @@ KWARGSREPR_MAX_CHARS = 1000
 SOFT_LIMIT_MARGIN_S = 0.5
 
 
+def priority_of(rank: int, broker_url: str) -> int:
+    """The Celery message priority of a call that heads a chain of ``rank`` calls: longer chains
+    are served first (:mod:`toolfleet.dispatcher.plan`). Four levels, kombu's default Redis
+    priority steps (0, 3, 6, 9); Redis serves 0 first, AMQP serves 9 first."""
+    urgency = min(max(rank, 1), 4) - 1  # 0 (nothing waits for it) .. 3 (heads 4 or more calls)
+    if broker_url.startswith(("redis", "rediss", "sentinel")):
+        return 9 - 3 * urgency
+    return 3 * urgency
+
+
 def task_id(turn_id: str, call_id: str) -> str:
     """The Celery task id of a call: derived, so any process can revoke a turn's tasks."""
     return f"{turn_id}:{call_id}"
@@ -68,8 +78,11 @@ class Submitter:
         arguments: dict[str, Any],
         workspace: str | None,
         session_id: str | None,
+        rank: int = 1,
     ) -> str:
-        """Publish the call; returns its task id. Raises BrokerUnavailable if the broker refuses."""
+        """Publish the call; returns its task id. ``rank`` is the plan's rank of the call (the
+        longer the chain it heads, the sooner a worker takes it). Raises BrokerUnavailable if the
+        broker refuses."""
         limit_s = spec.time_limit_s(arguments)
         envelope = CallEnvelope(
             turn_id=turn_id,
@@ -105,6 +118,7 @@ class Submitter:
                 soft_time_limit=limit_s + SOFT_LIMIT_MARGIN_S,
                 time_limit=limit_s + SOFT_LIMIT_MARGIN_S + self.settings.kill_grace_s,
                 shadow=f"tool.{spec.name}",
+                priority=priority_of(rank, self.settings.broker),
                 argsrepr="()",
                 kwargsrepr=shown,
                 retry=False,

@@ -218,9 +218,7 @@ class Turn(TurnApprovals):
                 self._sender.take_locks()
             except redis.RedisError as exc:
                 raise BrokerUnavailable(self._settings.redis_url, str(exc)) from exc
-            self._submitter.announce(self.turn_id, [(c, self._runnable[c].spec) for c in to_send])
-            for call_id in to_send:
-                self._submit(call_id, raise_errors=raise_errors)
+            self._submit_ranked(to_send, raise_errors=raise_errors)
 
     def close(self) -> Turn:
         """No more calls: the turn is done once every call taken has its result. Idempotent."""
@@ -321,6 +319,22 @@ class Turn(TurnApprovals):
         self._thread.start()
         return self
 
+    def ranks(self, call_ids: Iterable[str]) -> dict[str, int]:
+        """The plan's rank of each of ``call_ids`` (:meth:`Planner.ranks`)."""
+        with self._lock:
+            return self._planner.ranks(call_ids)
+
+    def _submit_ranked(self, call_ids: list[str], raise_errors: bool = False) -> None:
+        """Submit ``call_ids``, the heads of the longest chains first: their message priority
+        orders a queue, and the sending order decides who goes first when idle workers take
+        each message the moment it arrives."""
+        if not call_ids:
+            return
+        ranks = self.ranks(call_ids)
+        self._submitter.announce(self.turn_id, [(c, self._runnable[c].spec) for c in call_ids])
+        for call_id in sorted(call_ids, key=lambda c: -ranks[c]):  # stable: model order among equals
+            self._sender.submit(call_id, raise_errors=raise_errors, rank=ranks[call_id])
+
     def _submit(self, call_id: str, raise_errors: bool = False) -> None:
         self._sender.submit(call_id, raise_errors=raise_errors)
 
@@ -388,8 +402,7 @@ class Turn(TurnApprovals):
             all_in = self._closed and len(self._results) == len(self._calls)
         self._completed.put(result)
         if not cancelled:
-            for call_id in ready:
-                self._submit(call_id)
+            self._submit_ranked(ready)
         if all_in:
             self._sender.release_locks()
             self._done.set()

@@ -2,8 +2,9 @@
 
 One task, ``toolfleet.run_call``, runs one call; each message carries ``shadow="tool.<name>"`` so
 Flower and the logs show the tool, and ``kwargsrepr`` shows turn id, call id and arguments.
-JSON only (never pickle), task events on, one message reserved per process at a time so a
-cancelled turn's queued calls are not held by a busy worker.
+JSON only (never pickle), task events on. A worker takes a message only when one of its processes
+is free (no prefetch): so a cancelled turn's queued calls are not held by a busy worker, and the
+calls that head the longest chains of a plan (their message priority) start first.
 
 Worker loss: the task is acknowledged late and its message rejected back to the queue when the
 pool process running it dies (``acks_late`` + ``reject_on_worker_lost``), so the call is delivered
@@ -95,6 +96,10 @@ def celery_config(settings: Settings, registry: Registry | None = None) -> dict[
         # when they reach Flower after the worker's events Flower shows "toolfleet.run_call"
         "task_send_sent_event": False,
         "worker_prefetch_multiplier": 1,
+        # take a message only when a process is free (Redis brokers; Celery >= 5.6): otherwise the
+        # worker reserves queued calls ahead, in queue order, and a later call heading a longer
+        # chain (higher priority) waits behind them
+        "worker_disable_prefetch": True,
         "worker_pool": POOL_CLASS,
         "result_expires": settings.result_ttl_s,
         "broker_connection_retry_on_startup": True,
