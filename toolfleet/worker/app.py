@@ -2,9 +2,10 @@
 
 One task, ``toolfleet.run_call``, runs one call; each message carries ``shadow="tool.<name>"`` so
 Flower and the logs show the tool, and ``kwargsrepr`` shows turn id, call id and arguments.
-JSON only (never pickle), task events on. A worker takes a message only when one of its processes
-is free (no prefetch): so a cancelled turn's queued calls are not held by a busy worker, and the
-calls that head the longest chains of a plan (their message priority) start first.
+JSON only (never pickle), task events on (published in batches, :mod:`.events`). A worker takes a
+message only when one of its processes is free (no prefetch): so a cancelled turn's queued calls
+are not held by a busy worker, and the calls that head the longest chains of a plan (their
+message priority) start first.
 
 Worker loss: the task is acknowledged late and its message rejected back to the queue when the
 pool process running it dies (``acks_late`` + ``reject_on_worker_lost``), so the call is delivered
@@ -30,6 +31,7 @@ from ..policy.config import Policy
 from ..settings import Settings
 from ..tools.registry import Registry, default_registry
 from .catalog import connect_catalog
+from .events import BatchedTaskEvents
 from .execute import execute
 from .pool import POOL_CLASS
 from .runtime import Runtime
@@ -120,6 +122,7 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
     runtime = Runtime(settings, registry, policy)
     app = Celery(f"toolfleet-{settings.namespace}", broker=settings.broker, backend=settings.redis_url)
     app.conf.update(celery_config(settings, registry))
+    app.steps["consumer"].add(BatchedTaskEvents)
     app.toolfleet = runtime  # type: ignore[attr-defined]
 
     class CallRequest(Request):
