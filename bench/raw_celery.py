@@ -1,0 +1,69 @@
+"""The raw Celery baseline: a plain Celery app on the same Redis, its own queue, the same no-op body.
+
+Celery's defaults (JSON, default prefetch, no task events), only the broker, result backend and
+queue set. With ``like_toolfleet``, the same app takes the Celery settings toolfleet's workers run
+with (task events, published in batches; no prefetch; messages sent with the priority of a call no
+other call waits for), so the benchmark can tell what those settings cost from what toolfleet's own
+path costs. Start a worker with
+``python -m bench.raw_celery <redis_url> <namespace> <concurrency> [like-toolfleet]``; once it
+consumes it pushes its name on ``<namespace>:workers:ready`` (like toolfleet workers).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.signals import worker_ready
+
+from toolfleet import Settings
+from toolfleet.dispatcher.submit import priority_of
+from toolfleet.worker.app import celery_config
+from toolfleet.worker.events import BatchedTaskEvents
+
+from .tools import noop_body
+
+NOOP = "bench.raw.noop"
+
+
+def make_app(redis_url: str, namespace: str, like_toolfleet: bool = False) -> Celery:
+    app = Celery(f"raw-{namespace}", broker=redis_url, backend=redis_url)
+    app.conf.update(
+        task_default_queue=f"{namespace}.raw",
+        broker_connection_retry_on_startup=True,
+        result_expires=600,  # the benchmark's results need not outlive it
+        worker_hijack_root_logger=False,
+    )
+    if like_toolfleet:
+        config = celery_config(Settings(redis_url=redis_url, namespace=namespace))
+        app.conf.update({k: v for k, v in config.items() if k.startswith(("worker_", "task_send"))})
+        app.conf.task_default_priority = priority_of(1, redis_url)
+        app.steps["consumer"].add(BatchedTaskEvents)
+
+    @app.task(name=NOOP)
+    def noop() -> str:
+        return noop_body()
+
+    @worker_ready.connect(weak=False)
+    def _ready(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            redis.Redis.from_url(redis_url).rpush(ready_key(namespace), sender.hostname)
+
+    return app
+
+
+def ready_key(namespace: str) -> str:
+    return f"{namespace}:workers:ready"
+
+
+def main(argv: list[str]) -> None:
+    redis_url, namespace, concurrency = argv[0], argv[1], int(argv[2])
+    app = make_app(redis_url, namespace, like_toolfleet=argv[3:] == ["like-toolfleet"])
+    app.worker_main(["worker", "--pool=prefork", f"--concurrency={concurrency}", f"--queues={namespace}.raw",
+                     "--loglevel=WARNING", "--without-mingle", "--without-gossip", f"--hostname=raw@{namespace}"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

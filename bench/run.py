@@ -1,0 +1,206 @@
+"""The benchmark run: every measurement, side by side, on one stack; then the report and the plot.
+
+``python -m bench [--quick] [--only NAMES] [--out DIR] [--redis-url URL] [--note TEXT]``.
+Fleets are started per stage and stopped after it, so only the fleet being measured works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from . import cancel_latency, overhead, plan_efficiency, scale, streaming, throughput
+from .plot import plot
+from .report import render
+from .stack import ROOT, PrivateRedis, RawFleet, ToolfleetFleet
+
+MEASUREMENTS = ("plan", "overhead", "throughput", "cancel", "streaming", "scale")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each measurement does; ``full`` meets the issue's minimums."""
+
+    plan_trials: int
+    plan_slots: tuple[int, ...]
+    overhead_rounds: int
+    overhead_default_get_rounds: int
+    throughput_calls: int
+    throughput_in_flight: int
+    cancel_trials: int
+    stream_trials: int
+    redis_bench_requests: int
+
+
+FULL = Sizes(plan_trials=7, plan_slots=(2, 4, 8), overhead_rounds=40, overhead_default_get_rounds=10,
+             throughput_calls=10_000, throughput_in_flight=4, cancel_trials=50, stream_trials=5,
+             redis_bench_requests=100_000)
+QUICK = Sizes(plan_trials=2, plan_slots=(2, 4), overhead_rounds=8, overhead_default_get_rounds=2,
+              throughput_calls=800, throughput_in_flight=4, cancel_trials=5, stream_trials=1,
+              redis_bench_requests=20_000)
+
+
+def _log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def busy_cpu_s() -> float:
+    """CPU seconds processes have used on the whole machine (all cores: user, nice and system time
+    from /proc/stat; interrupts and steal are left out, as no process is charged for them)."""
+    try:
+        user, nice, system = (int(x) for x in Path("/proc/stat").read_text().split()[1:4])
+    except (OSError, ValueError):
+        return float("nan")
+    return (user + nice + system) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process and of the children it has waited for (fleets, Redis, tools)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def meta(redis_url: str, command: str, note: str | None) -> dict[str, Any]:
+    info = redis.Redis.from_url(redis_url).info("server")
+    return {
+        "command": command,
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "platform": f"{platform.system()} {platform.release()}, Python {platform.python_version()}",
+        "load_before": list(os.getloadavg()),
+        "redis": f"redis-server {info.get('redis_version')} (private to the run)",
+        "versions": {pkg: version(pkg) for pkg in ("toolfleet", "celery", "kombu", "redis", "pydantic")},
+        "note": note,
+    }
+
+
+def run(sizes: Sizes, only: tuple[str, ...], redis_url: str | None, out: Path, command: str,
+        note: str | None = None) -> dict[str, Any]:
+    started = time.perf_counter()
+    busy_before, own_before = busy_cpu_s(), own_cpu_s()
+    private = None if redis_url else PrivateRedis()
+    url = redis_url or private.url  # type: ignore[union-attr]
+    results: dict[str, Any] = {"meta": meta(url, command, note)}
+    try:
+        if {"overhead", "throughput", "cancel", "streaming", "plan"} & set(only):
+            _stage_two_processes(url, sizes, only, results)
+        if "throughput" in only:
+            _log(f"throughput, {sizes.throughput_calls} calls a side, 1 worker process")
+            with ToolfleetFleet(url, 1) as tf, RawFleet(url, 1) as raw, RawFleet(url, 1, like_toolfleet=True) as rtf:
+                results["throughput"][:0] = throughput.measure(
+                    tf, raw, rtf, total_calls=sizes.throughput_calls, in_flight=sizes.throughput_in_flight)
+        if "plan" in only:
+            for slots in sizes.plan_slots:
+                if slots == 2:
+                    continue  # measured with the two-process fleet
+                _log(f"plan efficiency with {slots} worker slots")
+                with ToolfleetFleet(url, slots) as tf:
+                    results["plan_efficiency"].append(plan_efficiency.measure(tf.dispatcher, slots,
+                                                                              trials=sizes.plan_trials))
+        if "scale" in only:
+            _log("redis-benchmark")
+            bench = scale.redis_ops_per_s(sizes.redis_bench_requests)
+            source = next((r for r in reversed(results.get("throughput", [])) if r["system"] == "toolfleet"), None)
+            if source is not None:
+                results["scale"] = {"redis_benchmark": bench, "source": source,
+                                    "projection": scale.project(source, bench, cores_per_host=os.cpu_count() or 1)}
+    finally:
+        if private is not None:
+            private.stop()
+    results["meta"]["load_after"] = list(os.getloadavg())
+    results["meta"]["wall_s"] = wall_s = time.perf_counter() - started
+    if redis_url is None:  # every process of the run has been waited for: the rest is someone else's
+        others_s = (busy_cpu_s() - busy_before) - (own_cpu_s() - own_before)
+        results["meta"]["others_cpu_cores"] = max(others_s, 0.0) / wall_s
+    write(results, out)
+    return results
+
+
+def _stage_two_processes(url: str, sizes: Sizes, only: tuple[str, ...], results: dict[str, Any]) -> None:
+    with ToolfleetFleet(url, 2) as tf, RawFleet(url, 2) as raw:
+        if "overhead" in only:
+            _log("overhead, 16 no-op calls: toolfleet, raw Celery (5 ms poll, default get), in-process")
+            results["overhead"] = overhead.measure(tf, raw, rounds=sizes.overhead_rounds,
+                                                   default_get_rounds=sizes.overhead_default_get_rounds)
+        if "plan" in only:
+            _log("plan efficiency with 2 worker slots")
+            results["plan_efficiency"] = [plan_efficiency.measure(tf.dispatcher, 2, trials=sizes.plan_trials)]
+        if "cancel" in only:
+            _log(f"cancel latency, {sizes.cancel_trials} trials per case")
+            results["cancel_latency"] = cancel_latency.measure(tf, trials=sizes.cancel_trials)
+        if "streaming" in only:
+            _log("streaming: early dispatch against waiting for the stream")
+            with tempfile.TemporaryDirectory(prefix="bench-ws-") as tmp:
+                ws = shutil.copytree(ROOT / "examples" / "cases" / "workspace", Path(tmp) / "workspace")
+                results["streaming"] = streaming.measure(tf.dispatcher, str(ws), trials=sizes.stream_trials)
+        if "throughput" in only:
+            _log(f"throughput, {sizes.throughput_calls} calls a side, 2 worker processes")
+            with RawFleet(url, 2, like_toolfleet=True) as rtf:
+                results["throughput"] = throughput.measure(
+                    tf, raw, rtf, total_calls=sizes.throughput_calls, in_flight=sizes.throughput_in_flight)
+
+
+def write(results: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "report.md").write_text(render(results))
+    plot(results, out / "bench.png")
+    _log(f"wrote {out / 'report.md'} and {out / 'bench.png'}")
+
+
+def render_again(out: Path) -> None:
+    """Re-render the report and the plot from ``out/results.json`` (after editing ``bench/fixes.md``
+    or the report's wording), recomputing the figures derived from the measurements."""
+    results = json.loads((out / "results.json").read_text())
+    sc = results.get("scale")
+    if sc:
+        sc["projection"] = scale.project(sc["source"], sc["redis_benchmark"],
+                                         cores_per_host=results["meta"].get("cpu_count") or 1)
+    results["meta"]["rendered"] = time.strftime("%Y-%m-%d %H:%M %Z")
+    write(results, out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, for trying the suite out")
+    parser.add_argument("--only", default=",".join(MEASUREMENTS),
+                        help=f"comma-separated subset of {','.join(MEASUREMENTS)}")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--redis-url", default=None, help="use this Redis instead of a private one")
+    parser.add_argument("--note", default=None, help="a line to put at the top of the report")
+    parser.add_argument("--render", action="store_true",
+                        help="measure nothing: re-render report and plot from OUT/results.json")
+    args = parser.parse_args(argv)
+    if args.render:
+        render_again(args.out)
+        return
+    only = tuple(x.strip() for x in args.only.split(",") if x.strip())
+    unknown = set(only) - set(MEASUREMENTS)
+    if unknown:
+        parser.error(f"unknown measurement(s): {', '.join(sorted(unknown))}")
+    command = "make bench" if os.environ.get("BENCH_VIA_MAKE") else shlex.join(["python", "-m", "bench", *sys.argv[1:]])
+    run(QUICK if args.quick else FULL, only, args.redis_url, args.out, command, args.note)

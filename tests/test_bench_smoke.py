@@ -1,0 +1,49 @@
+"""A smoke run of the benchmark suite (bench/): not a benchmark, no speed is asserted.
+
+The plan-efficiency measurement runs with 4 short calls on a real worker, and the report writer
+renders every section from it; the lower-bound arithmetic is checked on the issue's 16-call batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import plan_efficiency
+from bench.report import SECTIONS, render
+from bench.stack import ToolfleetFleet, bench_registry
+from toolfleet.dispatcher import PlanItem, make_plan
+from toolfleet.tools.resources import resolve
+from toolfleet.tools.validation import parse_arguments
+
+
+def _plan_of_mixed_batch():
+    registry = bench_registry()
+    items = []
+    for call in plan_efficiency.mixed_batch():
+        spec = registry.get(call.name)
+        items.append(PlanItem(call.id, spec.access, resolve(spec.resources, parse_arguments(call))))
+    return make_plan(items)
+
+
+def test_the_mixed_batch_has_the_lower_bound_the_report_claims():
+    plan = _plan_of_mixed_batch()
+    durations = {c: 0.1 for c in plan.order}
+    assert plan_efficiency.critical_path_s(plan, durations) == pytest.approx(0.5)  # w x, w x, r x, w x, r x
+    assert plan_efficiency.lower_bound_s(plan, durations, 2) == pytest.approx(0.8)  # work / slots dominates
+    assert plan_efficiency.lower_bound_s(plan, durations, 8) == pytest.approx(0.5)  # the critical path does
+    assert plan_efficiency.simulate_s(plan, durations, 8, by_rank=False) == pytest.approx(0.5)
+    # 4 slots: one FIFO queue starts the chains late; critical path first reaches the bound
+    assert plan_efficiency.simulate_s(plan, durations, 4, by_rank=False) == pytest.approx(0.6)
+    assert plan_efficiency.simulate_s(plan, durations, 4, by_rank=True) == pytest.approx(0.5)
+
+
+def test_plan_efficiency_smoke_run_and_every_report_section(redis_url, namespace):
+    with ToolfleetFleet(redis_url, 2, namespace=namespace) as fleet:
+        result = plan_efficiency.measure(fleet.dispatcher, 2, n_calls=4, duration_s=0.01, trials=1, warmup=0)
+    assert result["n_calls"] == 4 and len(result["makespans_ms"]) == 1
+    assert result["lower_bound_ms"] > 0 and result["efficiency"] > 0
+    report = render({"meta": {"cpu_count": 2}, "plan_efficiency": [result]})
+    for title in SECTIONS:
+        assert f"## {title}" in report
+    assert "plan efficiency, 2 worker slots" in report
+    assert "_Not measured in this run._" in report  # the sections this smoke run skipped
