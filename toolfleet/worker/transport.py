@@ -8,13 +8,18 @@ torn-down connection: ``AttributeError: 'NoneType' object has no attribute 'host
 reconnecting (seen here with Celery 5.7 / kombu 5.7; the same failure as celery/kombu#970). Even
 when it works, putting a message back while its call still runs would deliver the call twice.
 
-This transport changes two things, and nothing else:
+This transport changes three things, and nothing else:
 
 - A channel remembers its connection parameters, so the calls still running can acknowledge their
   messages after the reconnect (the acknowledgement removes them from Redis's unacked index).
 - When the connection is already gone, closing the channel does not put the messages of running
   calls back in the queue; they stay in the unacked index, and only a message that is never
   acknowledged (its worker died too) comes back, after the visibility timeout, as kombu intends.
+- A channel keeps one synchronous ``redis.Redis`` client on its connection pool instead of building
+  a new one for every publish, acknowledgement and unacked-index update (kombu 5.7's
+  ``Channel.conn_or_acquire``): with redis-py 8 building a client costs more CPU than the command
+  it sends (``bench/fixes.md``). The client holds no connection of its own (each command borrows one
+  from the pool), so sharing it is safe; a new pool after a reconnect gets a new client.
 
 Selected by the ``broker_transport`` setting of :func:`toolfleet.worker.app.celery_config` when
 the broker is Redis.
@@ -45,6 +50,17 @@ class QoS(kombu_redis.QoS):
 class Channel(kombu_redis.Channel):
     QoS = QoS
     _saved_connparams: dict[str, Any] | None = None
+    _sync_client: Any = None
+    _sync_client_pool: Any = None
+
+    def _create_client(self, asynchronous: bool = False) -> Any:
+        if asynchronous:
+            return super()._create_client(asynchronous=True)
+        pool = self.pool
+        if self._sync_client is None or self._sync_client_pool is not pool:
+            self._sync_client = super()._create_client()
+            self._sync_client_pool = pool
+        return self._sync_client
 
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         if getattr(self.connection, "client", None) is None and self._saved_connparams is not None:
