@@ -111,6 +111,6 @@ class Availability:
     def _send_health_check(self, spec: ToolSpec) -> None:
         try:
             self.app.send_task(HEALTH_TASK_NAME, kwargs={"tool": spec.name}, queue=self.keys.queue(spec.queue),
-                               shadow=f"health.{spec.name}", retry=False)
+                               shadow=f"health.{spec.name}", retry=False, ignore_result=True)
         except Exception as exc:  # the breaker re-probes after its cooldown
             log.warning("could not send the health check of %s (%s)", spec.name, exc)

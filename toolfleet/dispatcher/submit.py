@@ -122,6 +122,9 @@ class Submitter:
                 argsrepr="()",
                 kwargsrepr=shown,
                 retry=False,
+                # the result is the ledger's, not Celery's (the task has ignore_result): without
+                # this, Celery's Redis backend subscribes to each task's result channel at send
+                ignore_result=True,
             )
         except (OperationalError, OSError) as exc:
             raise BrokerUnavailable(self.settings.broker, str(exc)) from exc
