@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import redis
 from celery import Celery
@@ -48,6 +50,17 @@ class Availability:
         self._served_at = -1e9
         self._alive: dict[str, tuple[float, bool]] = {}  # worker -> (checked at, catalog present)
         self._missing_since: dict[str, float] = {}
+        self._group = threading.local()  # .closed: tools found closed in the group being sent
+
+    @contextmanager
+    def group(self) -> Iterator[None]:
+        """Calls sent together (a turn's ready calls): inside the block each tool's breaker is
+        read once, not once per call; an open or probing breaker is read again for every call."""
+        self._group.closed = set()
+        try:
+            yield
+        finally:
+            self._group.closed = None
 
     def refusal(self, spec: ToolSpec, call_id: str) -> ToolResult | None:
         """``None`` if the call may be sent, else its ``TOOL_UNAVAILABLE`` result. Raises
@@ -62,8 +75,13 @@ class Availability:
                 f"no live worker serves the tool {spec.name!r} (queue {self.keys.queue(spec.queue)}); it did not run",
                 "start a worker that serves it (`toolfleet worker --tools <module>`), or use another tool",
             )
+        closed = getattr(self._group, "closed", None)
+        if closed is not None and spec.name in closed:
+            return None
         state = self.breakers.check(spec.name)
         if state == CLOSED:
+            if closed is not None:
+                closed.add(spec.name)
             return None
         if state == PROBE:
             self._send_health_check(spec)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import suppress
+from contextlib import AbstractContextManager, nullcontext, suppress
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BrokerUnavailable
@@ -154,8 +154,13 @@ class Sender:
                 self._lock_gave_up = True
         order = {c.id: i for i, c in enumerate(turn._calls)}
         ranks = turn.ranks(pending)
-        for call_id in sorted(pending, key=lambda c: (-ranks[c], order[c])):  # longest chain first
-            self.submit(call_id, rank=ranks[call_id])
+        with self.group():
+            for call_id in sorted(pending, key=lambda c: (-ranks[c], order[c])):  # longest chain first
+                self.submit(call_id, rank=ranks[call_id])
+
+    def group(self) -> AbstractContextManager[None]:
+        """Calls sent together: each tool's availability is read once for all of them."""
+        return self.availability.group() if self.availability is not None else nullcontext()
 
     def redis_lost_the_turn(self) -> bool:
         """Once a second: is the turn still in Redis? (redis-py reconnects by itself, so a restart
