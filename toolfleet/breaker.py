@@ -32,12 +32,25 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
+
+
+def success_lua(key: str) -> str:
+    """Lua that counts one call that worked against the breaker hash ``key`` (a Lua expression):
+    a closed breaker's run of failures ends. Also run by the ledger's record script, so a worker
+    reports a call that worked in the same round trip as its result."""
+    return f"""
+if (redis.call('HGET', {key}, 'state') or 'closed') == 'closed' and redis.call('EXISTS', {key}) == 1 then
+  redis.call('HSET', {key}, 'failures', 0)
+end
+"""
+
+
 _OBSERVE = _NOW + """
 -- KEYS: breaker ; ARGV: ok (1/0), threshold
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 if state ~= 'closed' then return state end
 if ARGV[1] == '1' then
-  if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'failures', 0) end
+""" + success_lua("KEYS[1]") + """
   return 'closed'
 end
 local n = redis.call('HINCRBY', KEYS[1], 'failures', 1)

@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import redis
 
 from .audit import AuditLog
+from .breaker import success_lua
 from .errors import BrokerUnavailable, TurnNotFound
 from .keys import Keys
 from .models import ErrorCode, ToolResult
@@ -45,7 +46,8 @@ from .settings import Settings
 from .tools.redact import redact_text
 
 _RECORD = """
--- KEYS: results, events, calls, started, cancelled, audit ; ARGV: call_id, result_json, ttl, audit_json
+-- KEYS: results, events, calls, started, cancelled, audit[, breaker] ; ARGV: call_id, result_json, ttl, audit_json
+if #KEYS >= 7 then""" + success_lua("KEYS[7]") + """end
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('XADD', KEYS[2], '*', 'type', 'result', 'call_id', ARGV[1], 'data', ARGV[2])
 redis.call('XADD', KEYS[6], '*', 'type', 'finished', 'call_id', ARGV[1], 'data', ARGV[4])
@@ -312,9 +314,13 @@ class Ledger:
         return {_s(k): _s(v) for k, v in self.redis.hgetall(self.keys.turn_calls(turn_id)).items()}
 
     # --- both sides ---
-    def record_result(self, turn_id: str, result: ToolResult, *, unless_started: bool = False) -> bool:
+    def record_result(self, turn_id: str, result: ToolResult, *, unless_started: bool = False,
+                      tool_worked: str | None = None) -> bool:
         """Store ``result`` unless its call already has one (or, with ``unless_started``, a worker
-        already began it: for placeholders that say "it did not run"). True if this one was kept."""
+        already began it: for placeholders that say "it did not run"). True if this one was kept.
+        ``tool_worked``: a tool whose circuit breaker (:mod:`toolfleet.breaker`) counts this call
+        as one that worked, in the same script (a worker's report, whether or not the result is
+        kept)."""
         k = self.keys
         keys = [
             k.turn_results(turn_id),
@@ -327,6 +333,8 @@ class Ledger:
         payload = result.model_dump_json(exclude_none=True)
         audit = self.audit.finished_data(result)
         args = [result.call_id, payload, self.settings.result_ttl_s, audit]
+        if tool_worked is not None and not unless_started:
+            keys.append(k.breaker(tool_worked))
         script = self._record_unstarted if unless_started else self._record
         return bool(self.retrying(lambda: script(keys=keys, args=args)))
 

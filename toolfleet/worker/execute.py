@@ -72,9 +72,9 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResu
             return _record(runtime, env, result, worker, picked_at, picked_at)
         ctx.attempt = 2 if claim == "restarted" else 1
         started_at = time.time()
-        result = run_guarded(runtime, spec, ctx, env, claim, _run_handler)
+        result, worked = run_guarded(runtime, spec, ctx, env, claim, _run_handler)
     result = result.model_copy(update={"attempts": ctx.attempt})
-    return _record(runtime, env, result, worker, picked_at, started_at)
+    return _record(runtime, env, result, worker, picked_at, started_at, tool_worked=spec.name if worked else None)
 
 
 def _run_handler(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
@@ -132,7 +132,8 @@ def _run_handler(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: 
 
 
 def _record(
-    runtime: Runtime, env: CallEnvelope, result: ToolResult, worker: str, picked_at: float, started_at: float
+    runtime: Runtime, env: CallEnvelope, result: ToolResult, worker: str, picked_at: float, started_at: float,
+    tool_worked: str | None = None,
 ) -> ToolResult:
     now = time.time()
     result = result.model_copy(
@@ -143,6 +144,6 @@ def _record(
         }
     )
     ledger = runtime.ledger
-    if ledger.record_result(env.turn_id, result):
+    if ledger.record_result(env.turn_id, result, tool_worked=tool_worked):
         return result
     return ledger.results(env.turn_id).get(env.call_id, result)

@@ -57,18 +57,24 @@ def arm_wait_s(env: CallEnvelope) -> float:
 
 
 def run_guarded(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnvelope, claim: str,
-                run: Runner) -> ToolResult:
+                run: Runner) -> tuple[ToolResult, bool]:
     """Run ``spec``'s handler for the call under the rules above; ``claim`` is what the ledger's
-    ``claim_start`` answered (``ok`` or ``restarted``); ``run`` turns a handler run into a result."""
+    ``claim_start`` answered (``ok`` or ``restarted``); ``run`` turns a handler run into a result.
+    Returns the result and whether the caller still owes the breaker a "the tool worked" (told
+    with the result, in the same round trip: ``Ledger.record_result(tool_worked=...)``)."""
     if claim == "restarted":
         ctx.attempt = runtime.ledger.attempts(env.turn_id, env.call_id)
         if ctx.attempt > runtime.settings.max_attempts:
-            return _lost(spec, ctx, f"it was started {ctx.attempt} times and its worker died each time")
+            return _lost(spec, ctx, f"it was started {ctx.attempt} times and its worker died each time"), False
         if not spec.idempotent and not spec.journal:
-            return _lost(spec, ctx, "it is a write that is neither idempotent nor journaled, so it is not run again")
+            why = "it is a write that is neither idempotent nor journaled, so it is not run again"
+            return _lost(spec, ctx, why), False
     if not spec.journal:
-        return _observed(runtime, spec, ctx, env.arguments, run)
-    return _journaled(runtime, spec, ctx, env, run)
+        result, watch = _run_watched(runtime, spec, ctx, env.arguments, run)
+        if watch.fault:
+            _tell_breaker(runtime, spec, watch)
+        return result, not watch.fault
+    return _journaled(runtime, spec, ctx, env, run), False
 
 
 def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnvelope, run: Runner) -> ToolResult:
@@ -146,13 +152,6 @@ def _probe(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnvelope
     if watch.fault or result.code in UNSETTLED:
         return _unknown(spec, ctx, f"{why}; its probe could not tell whether it took effect ({result.content})",
                         "check the real state before asking again; the call is not retried automatically")
-    return result
-
-
-def _observed(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: dict[str, Any],
-              run: Runner) -> ToolResult:
-    result, watch = _run_watched(runtime, spec, ctx, arguments, run)
-    _tell_breaker(runtime, spec, watch)
     return result
 
 
