@@ -3,10 +3,12 @@ Redis unreachable at submit, Redis dying in the middle of a submit, Redis restar
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
 import pytest
+import redis
 
 from toolfleet import BrokerUnavailable, Dispatcher, ErrorCode, Settings
 from toolfleet.dispatcher.submit import Submitter
@@ -55,11 +57,15 @@ def test_redis_down_at_submit_raises_naming_the_url(private_settings, start_work
 
 class DyingBroker(Submitter):
     """Sends normally, then kills the (private) Redis right after the ``after``-th message: a real
-    broker failure in the middle of sending a batch's first group."""
+    broker failure in the middle of sending a batch's first group. With ``one_by_one``, each
+    message is published at once, as on a broker without transactional batches (RabbitMQ)."""
 
-    def __init__(self, app, settings, server, after: int) -> None:
+    def __init__(self, app, settings, server, after: int, one_by_one: bool = False) -> None:
         super().__init__(app, settings)
-        self.server, self.after, self.sent = server, after, 0
+        self.server, self.after, self.sent, self.one_by_one = server, after, 0, one_by_one
+
+    def batch(self, size: int):
+        return contextlib.nullcontext() if self.one_by_one else super().batch(size)
 
     def send(self, **kwargs):
         tid = super().send(**kwargs)
@@ -69,14 +75,35 @@ class DyingBroker(Submitter):
         return tid
 
 
-def test_redis_dying_mid_submit_leaves_nothing_half_submitted(private_settings, start_worker, workspace):
-    """Two of four calls reached the queue before Redis died. The caller gets BrokerUnavailable;
-    when Redis comes back (with its data) the worker gets those two messages, but the turn was never
-    armed, so they do not run: each gets NOT_EXECUTED."""
+def test_redis_dying_mid_submit_sends_none_of_the_group(private_settings, start_worker, workspace):
+    """Redis dies after two of four calls were handed to the broker: the group goes in one MULTI/EXEC,
+    so the caller gets BrokerUnavailable and, when Redis comes back with its data, no message of the
+    turn is in any queue and nothing ran."""
     settings, server = private_settings(persistent=True)
     start_worker(settings=settings, concurrency=2)
     dispatcher = Dispatcher(settings, make_registry())
     dispatcher.submitter = DyingBroker(dispatcher.app, settings, server, after=2)
+    calls = [call(f"n{i}", "add_note", text=f"note {i}") for i in range(4)]
+    with pytest.raises(BrokerUnavailable) as caught:
+        dispatcher.submit(calls, workspace=str(workspace), turn_id="half-turn")
+    assert settings.redis_url in str(caught.value)
+    server.start()  # same port, same append-only file
+    client = redis.Redis.from_url(settings.redis_url)
+    queued = [k for k in client.scan_iter(match=f"{settings.namespace}.add_note*") if client.type(k) == b"list"]
+    assert sum(client.llen(k) for k in queued) == 0, queued
+    assert client.hlen(f"{settings.namespace}.unacked") == 0  # nor taken by the worker
+    assert Dispatcher(settings, make_registry()).ledger.results("half-turn") == {}
+    assert refund_store.notes(workspace) == [], "a call of a half-submitted turn ran"
+
+
+def test_redis_dying_mid_submit_leaves_nothing_half_submitted(private_settings, start_worker, workspace):
+    """On a broker that takes messages one by one, two of four calls reached the queue before Redis
+    died. The caller gets BrokerUnavailable; when Redis comes back (with its data) the worker gets
+    those two messages, but the turn was never armed, so they do not run: each gets NOT_EXECUTED."""
+    settings, server = private_settings(persistent=True)
+    start_worker(settings=settings, concurrency=2)
+    dispatcher = Dispatcher(settings, make_registry())
+    dispatcher.submitter = DyingBroker(dispatcher.app, settings, server, after=2, one_by_one=True)
     calls = [call(f"n{i}", "add_note", text=f"note {i}") for i in range(4)]
     with pytest.raises(BrokerUnavailable) as caught:
         dispatcher.submit(calls, workspace=str(workspace), turn_id="half-turn")

@@ -93,6 +93,48 @@ class Sender:
     def submit(self, call_id: str, raise_errors: bool = False, resend: bool = False, rank: int | None = None) -> None:
         """Send one call now, or queue it (locks, broker trouble), or record why it cannot run.
         ``rank``: the call's rank in the plan (computed when not given), its message priority."""
+        self.send_group([call_id], raise_errors=raise_errors, resend=resend,
+                        ranks=None if rank is None else {call_id: rank})
+
+    def send_group(self, call_ids: list[str], *, raise_errors: bool = False, resend: bool = False,
+                   ranks: dict[str, int] | None = None) -> None:
+        """Send ``call_ids``, in this order, together (one broker round trip; on a Redis broker all
+        of them reach their queues or none does), after the checks of :meth:`submit`. If the broker
+        refuses, every one of them is queued for a retry (or, with ``raise_errors``, the
+        :class:`BrokerUnavailable` is raised and none was sent)."""
+        turn = self.turn
+        with self.group():
+            sendable = [c for c in call_ids if self._may_send(c, resend)]
+            if not sendable:
+                return
+            if ranks is None:
+                ranks = turn.ranks(sendable)
+            sent: list[tuple[str, str]] = []
+            together = turn._submitter.batch(len(sendable)) if len(sendable) > 1 else nullcontext()
+            try:
+                with together:
+                    for call_id in sendable:
+                        run = turn._runnable[call_id]
+                        sent.append((call_id, turn._submitter.send(
+                            turn_id=turn.turn_id, call_id=call_id, spec=run.spec, arguments=run.arguments,
+                            workspace=turn._workspace, session_id=turn._session_id, rank=ranks[call_id],
+                        )))
+            except BrokerUnavailable as exc:
+                if raise_errors:
+                    raise
+                for call_id in sendable:
+                    self._send_failed(call_id, exc)
+                return
+        now = time.monotonic()
+        with turn._lock:
+            for call_id, tid in sent:
+                self._send_failed_at.pop(call_id, None)
+                turn._submitted[call_id] = tid
+                self.sent_at[call_id] = now
+
+    def _may_send(self, call_id: str, resend: bool) -> bool:
+        """Whether ``call_id`` goes to the broker now; if not, it is queued (waiting for the turn's
+        write locks) or its ``TOOL_UNAVAILABLE`` result is recorded."""
         turn = self.turn
         run = turn._runnable[call_id]
         if run.spec.access == "write" and not self._locks_held and not resend:
@@ -104,34 +146,23 @@ class Sender:
                     "ask again once the other turn is done"))
             else:
                 self._queue(call_id)
-            return
+            return False
         if self.availability is not None and not resend:
             refusal = self.availability.refusal(run.spec, call_id)
             if refusal is not None:
                 self._record(call_id, refusal)
-                return
-        try:
-            if rank is None:
-                rank = turn.ranks([call_id])[call_id]
-            tid = turn._submitter.send(
-                turn_id=turn.turn_id, call_id=call_id, spec=run.spec, arguments=run.arguments,
-                workspace=turn._workspace, session_id=turn._session_id, rank=rank,
-            )
-        except BrokerUnavailable as exc:
-            if raise_errors:
-                raise
-            first = self._send_failed_at.setdefault(call_id, time.monotonic())
-            if time.monotonic() - first < SEND_RETRY_S:
-                self._queue(call_id)
-                return
-            self._record(call_id, ToolResult.failure(
-                call_id, run.spec.name, ErrorCode.TOOL_UNAVAILABLE, f"{exc} The call was not sent; it did not run.",
-                "retry when the broker is back"))
+                return False
+        return True
+
+    def _send_failed(self, call_id: str, exc: BrokerUnavailable) -> None:
+        """The broker refused ``call_id``: retry it every tick for ``SEND_RETRY_S``, then give up."""
+        first = self._send_failed_at.setdefault(call_id, time.monotonic())
+        if time.monotonic() - first < SEND_RETRY_S:
+            self._queue(call_id)
             return
-        self._send_failed_at.pop(call_id, None)
-        with turn._lock:
-            turn._submitted[call_id] = tid
-            self.sent_at[call_id] = time.monotonic()
+        self._record(call_id, ToolResult.failure(
+            call_id, self.turn._runnable[call_id].spec.name, ErrorCode.TOOL_UNAVAILABLE,
+            f"{exc} The call was not sent; it did not run.", "retry when the broker is back"))
 
     def pump(self) -> None:
         """Each tick: retry the locks and the queued calls, renew the held locks."""
@@ -154,9 +185,7 @@ class Sender:
                 self._lock_gave_up = True
         order = {c.id: i for i, c in enumerate(turn._calls)}
         ranks = turn.ranks(pending)
-        with self.group():
-            for call_id in sorted(pending, key=lambda c: (-ranks[c], order[c])):  # longest chain first
-                self.submit(call_id, rank=ranks[call_id])
+        self.send_group(sorted(pending, key=lambda c: (-ranks[c], order[c])), ranks=ranks)  # longest chain first
 
     def group(self) -> AbstractContextManager[None]:
         """Calls sent together: each tool's availability is read once for all of them."""

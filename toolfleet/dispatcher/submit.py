@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from celery import Celery
-from kombu.exceptions import OperationalError
+from kombu.exceptions import BatchPublishError, OperationalError
 
 from ..audit import AuditLog
 from ..errors import BrokerUnavailable
@@ -55,6 +56,24 @@ class Submitter:
         self.audit = audit
         self._announced: set[tuple[str, str]] = set()  # (turn, call) whose `submitted` is written
         self._lock = threading.Lock()
+        self._batch = threading.local()  # .producer: the producer of this thread's open batch
+
+    @contextmanager
+    def batch(self, size: int) -> Iterator[None]:
+        """Calls :meth:`send` inside the block (at most ``size``, in this thread) reach the broker
+        together when it ends: one round trip, and on a Redis broker one MULTI/EXEC transaction,
+        so they all reach their queues or none does (kombu's ``Producer.batch``; other brokers
+        publish each at once). Raises :class:`BrokerUnavailable` at the end if that send fails;
+        an exception inside the block discards the calls not yet sent."""
+        with self.app.producer_or_acquire() as producer:
+            self._batch.producer = producer
+            try:
+                with producer.batch(max_size=4 * size + 16):  # never flushes part-way
+                    yield
+            except (OperationalError, OSError, BatchPublishError) as exc:
+                raise BrokerUnavailable(self.settings.broker, str(exc)) from exc
+            finally:
+                self._batch.producer = None
 
     def announce(self, turn_id: str, calls: Sequence[tuple[str, ToolSpec]]) -> None:
         """Write the ``submitted`` audit events of ``(call_id, spec)`` about to be sent, in one
@@ -82,7 +101,7 @@ class Submitter:
     ) -> str:
         """Publish the call; returns its task id. ``rank`` is the plan's rank of the call (the
         longer the chain it heads, the sooner a worker takes it). Raises BrokerUnavailable if the
-        broker refuses."""
+        broker refuses. Inside :meth:`batch`, the call is only buffered until the batch ends."""
         limit_s = spec.time_limit_s(arguments)
         envelope = CallEnvelope(
             turn_id=turn_id,
@@ -122,6 +141,7 @@ class Submitter:
                 argsrepr="()",
                 kwargsrepr=shown,
                 retry=False,
+                producer=getattr(self._batch, "producer", None),
                 # the result is the ledger's, not Celery's (the task has ignore_result): without
                 # this, Celery's Redis backend subscribes to each task's result channel at send
                 ignore_result=True,

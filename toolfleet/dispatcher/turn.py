@@ -332,9 +332,8 @@ class Turn(TurnApprovals):
             return
         ranks = self.ranks(call_ids)
         self._submitter.announce(self.turn_id, [(c, self._runnable[c].spec) for c in call_ids])
-        with self._sender.group():
-            for call_id in sorted(call_ids, key=lambda c: -ranks[c]):  # stable: model order among equals
-                self._sender.submit(call_id, raise_errors=raise_errors, rank=ranks[call_id])
+        ordered = sorted(call_ids, key=lambda c: -ranks[c])  # stable: model order among equals
+        self._sender.send_group(ordered, raise_errors=raise_errors, ranks=ranks)
 
     def _submit(self, call_id: str, raise_errors: bool = False) -> None:
         self._sender.submit(call_id, raise_errors=raise_errors)

@@ -8,7 +8,7 @@ torn-down connection: ``AttributeError: 'NoneType' object has no attribute 'host
 reconnecting (seen here with Celery 5.7 / kombu 5.7; the same failure as celery/kombu#970). Even
 when it works, putting a message back while its call still runs would deliver the call twice.
 
-This transport changes three things, and nothing else:
+This transport changes four things, and nothing else:
 
 - A channel remembers its connection parameters, so the calls still running can acknowledge their
   messages after the reconnect (the acknowledgement removes them from Redis's unacked index).
@@ -20,6 +20,9 @@ This transport changes three things, and nothing else:
   ``Channel.conn_or_acquire``): with redis-py 8 building a client costs more CPU than the command
   it sends (``bench/fixes.md``). The client holds no connection of its own (each command borrows one
   from the pool), so sharing it is safe; a new pool after a reconnect gets a new client.
+- A publish batch (kombu's ``Producer.batch``, which toolfleet uses to send a group of calls in one
+  round trip) runs as one MULTI/EXEC transaction instead of a plain pipeline: the group's messages
+  reach their queues all together or not at all, never a part of them.
 
 Selected by the ``broker_transport`` setting of :func:`toolfleet.worker.app.celery_config` when
 the broker is Redis.
@@ -47,6 +50,12 @@ class QoS(kombu_redis.QoS):
         super().restore_unacked(client)
 
 
+class PublishBatch(kombu_redis.PublishBatch):
+    def __init__(self, channel: Any, max_size: int) -> None:
+        super().__init__(channel, max_size)
+        self.pipeline = self._stack.enter_context(channel._create_client().pipeline(transaction=True))
+
+
 class Channel(kombu_redis.Channel):
     QoS = QoS
     _saved_connparams: dict[str, Any] | None = None
@@ -61,6 +70,9 @@ class Channel(kombu_redis.Channel):
             self._sync_client = super()._create_client()
             self._sync_client_pool = pool
         return self._sync_client
+
+    def create_publish_batch(self, max_size: int) -> PublishBatch:
+        return PublishBatch(self, max_size)
 
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         if getattr(self.connection, "client", None) is None and self._saved_connparams is not None:
