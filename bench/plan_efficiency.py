@@ -97,14 +97,63 @@ def simulate_s(plan: Plan, duration_s: Mapping[str, float], slots: int, *, by_ra
     return now
 
 
+BREAKDOWN_PARTS = ("submit_ms", "first_start_ms", "runs_ms", "handler_ms", "waits_ms", "collect_ms")
+
+
+def breakdown(dispatcher: Dispatcher, turn_id: str, plan: Plan, t0_wall_s: float, makespan_s: float,
+              duration_s: float) -> dict[str, Any]:
+    """Where one run's makespan went, from the turn's ledger events (Redis stream ids carry the
+    Redis server's clock in ms; same machine as the client): the call that ended last, then the last
+    call to end before it started (the dependency it waited for, or the call whose worker slot it
+    took), and so on back to a call that started before any ended. The parts add up to the makespan.
+
+    ``submit_ms``: ``submit()`` until the turn was armed (validation, plan, ledger, sending the first
+    group); ``first_start_ms``: armed until the chain's first call started; ``runs_ms``: the chain's
+    calls from ``started`` to ``result`` (``handler_ms`` of it is the tools' own sleeping: the rest
+    is the worker's claim, journal and record); ``waits_ms``: between a call's ``result`` and the
+    next chain call's ``started`` (the result event, the driver's send, a worker's fetch, or a slot
+    to free up); ``collect_ms``: last result until ``results()`` returned."""
+    started: dict[str, float] = {}
+    finished: dict[str, float] = {}
+    armed = None
+    for event in dispatcher.ledger.events(turn_id, block_ms=None):
+        at_s = int(event.stream_id.split("-")[0]) / 1000 - t0_wall_s
+        if event.type == "armed":
+            armed = at_s
+        elif event.type == "started":
+            started.setdefault(event.call_id, at_s)
+        elif event.type == "result":
+            finished[event.call_id] = at_s
+    if armed is None or set(finished) != set(plan.order) or set(started) != set(plan.order):
+        return {}
+    chain = [max(finished, key=lambda c: finished[c])]
+    while True:
+        before = [c for c in finished if finished[c] <= started[chain[0]] and c not in chain]
+        if not before:
+            break
+        chain.insert(0, max(before, key=lambda c: finished[c]))
+    runs = sum(finished[c] - started[c] for c in chain)
+    waits = sum(started[b] - finished[a] for a, b in zip(chain, chain[1:], strict=False))
+    return {
+        "chain": chain,
+        "submit_ms": armed * 1000,
+        "first_start_ms": (started[chain[0]] - armed) * 1000,
+        "runs_ms": runs * 1000,
+        "handler_ms": len(chain) * duration_s * 1000,
+        "waits_ms": waits * 1000,
+        "collect_ms": (makespan_s - finished[chain[-1]]) * 1000,
+    }
+
+
 def measure(dispatcher: Dispatcher, slots: int, *, n_calls: int = 16, duration_s: float = 0.1,
             trials: int = 5, warmup: int = 1) -> dict[str, Any]:
     """Run the mixed batch ``trials`` times on a fleet of ``slots`` worker processes."""
     makespans: list[float] = []
+    parts: list[dict[str, Any]] = []
     plan = None
     for i in range(warmup + trials):
         calls = mixed_batch(n_calls, duration_s)
-        t0 = time.perf_counter()
+        t0_wall, t0 = time.time(), time.perf_counter()
         turn = dispatcher.submit(calls)
         results = turn.results(timeout_s=60)
         elapsed = time.perf_counter() - t0
@@ -114,6 +163,7 @@ def measure(dispatcher: Dispatcher, slots: int, *, n_calls: int = 16, duration_s
         plan = turn.plan
         if i >= warmup:
             makespans.append(elapsed)
+            parts.append(breakdown(dispatcher, turn.turn_id, plan, t0_wall, elapsed, duration_s))
     assert plan is not None
     durations = {c: duration_s for c in plan.order}
     lb = lower_bound_s(plan, durations, slots)
@@ -130,6 +180,8 @@ def measure(dispatcher: Dispatcher, slots: int, *, n_calls: int = 16, duration_s
         "rank_first_simulated_ms": simulate_s(plan, durations, slots, by_rank=True) * 1000,
         "makespans_ms": [m * 1000 for m in makespans],
         "median_makespan_ms": made * 1000,
+        "breakdown_ms": {k: median([p[k] for p in parts if p]) for k in BREAKDOWN_PARTS} if any(parts) else {},
+        "chain_lengths": [len(p["chain"]) for p in parts if p],
         "efficiency": lb / made,
         "target": 0.90,
     }

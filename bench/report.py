@@ -131,6 +131,32 @@ def _plan(results: dict[str, Any]) -> str | None:
         f"what the order of starts costs. Median of {len(p0['makespans_ms'])} runs.\n\n"
         + _table(["worker slots", "critical path ms", "work / slots ms", "lower bound ms", "FIFO simulated ms",
                   "rank-first simulated ms", "makespan ms: best / median / worst", "efficiency (median)"], rows)
+        + _plan_breakdown(runs)
+    )
+
+
+def _plan_breakdown(runs: list[dict[str, Any]]) -> str:
+    measured = [p for p in runs if p.get("breakdown_ms")]
+    if not measured:
+        return ""
+    rows = []
+    for p in measured:
+        b = p["breakdown_ms"]
+        lengths = sorted(set(p["chain_lengths"]))
+        rows.append([p["slots"], "/".join(str(n) for n in lengths), _ms(b["submit_ms"]), _ms(b["first_start_ms"]),
+                     f"{_ms(b['runs_ms'])} ({_ms(b['runs_ms'] - b['handler_ms'])} over the tools' own time)",
+                     _ms(b["waits_ms"]), _ms(b["collect_ms"])])
+    return (
+        "\n\nWhere the makespan goes, from the turns' ledger events (`plan_efficiency.breakdown`): the call "
+        "that ended last, then the last call to end before it started (the dependency it waited for, or the "
+        "call whose worker slot it took), and so on back to the start; in each run the parts add up to the "
+        "makespan. *Submit*: `submit()` until the turn is armed (validation, plan, "
+        "ledger, sending the first group); *first start*: armed until the chain's first call started; "
+        "*runs*: the chain's calls from `started` to `result`; *waits*: from each chain call's result to "
+        "the next one's start (result event, the driver's send, a worker's fetch, or a free slot); "
+        "*collect*: last result to `results()` returning. Medians over the runs.\n\n"
+        + _table(["worker slots", "calls in chain", "submit ms", "first start ms", "runs ms", "waits ms",
+                  "collect ms"], rows)
     )
 
 
@@ -172,7 +198,8 @@ def _throughput(results: dict[str, Any]) -> str | None:
     if split:
         scaling += (
             "\n\nWhere the difference goes, through a third side, raw Celery with toolfleet's Celery settings "
-            "(task events published in batches, no prefetch, message priorities; `bench/raw_celery.py`): "
+            "(task events published in batches, no prefetch, late acknowledgement, toolfleet's kombu transport, "
+            "message priorities; `bench/raw_celery.py`): "
             + "; ".join(f"{t['worker_processes']} process(es): with the settings raw Celery "
                         f"{_change(t['settings_ratio'])}, and toolfleet's own path (ledger claim and record, "
                         f"validation, plan, push collection) {_change(t['own_path_ratio'])} on top"
@@ -308,6 +335,9 @@ def _header(results: dict[str, Any]) -> str:
         + (f" Processes outside the benchmark used **{m['others_cpu_cores']:.2f} cores** on average during the "
            "run (machine busy time minus the run's own CPU)." if m.get("others_cpu_cores") is not None else ""),
         f"- Redis: {m.get('redis', '?')}. {versions}.",
+        *([f"- Machine speed: a Redis PING round trip from Python takes **{m['speed']['redis_ping_us']:.0f} µs** "
+           f"(median), a fixed pure-Python loop of 1,000,000 additions **{m['speed']['python_loop_ms']:.0f} ms** "
+           "(`bench.run.machine_speed`): per-call costs below scale with these."] if m.get("speed") else []),
         "- Figures are medians and ratios from this one run, never single absolute times; the plot is "
         "[bench.png](bench.png), the raw numbers [results.json](results.json).",
     ]
