@@ -1,10 +1,11 @@
 """The raw Celery baseline: a plain Celery app on the same Redis, its own queue, the same no-op body.
 
 Celery's defaults (JSON, default prefetch, no task events), only the broker, result backend and
-queue set. With ``like_toolfleet``, the same app takes the Celery settings toolfleet's workers run
-with (task events, published in batches; no prefetch; messages sent with the priority of a call no
-other call waits for), so the benchmark can tell what those settings cost from what toolfleet's own
-path costs. Start a worker with
+queue set. With ``like_toolfleet``, the same app takes every Celery setting toolfleet's workers and
+dispatchers run with (``toolfleet.worker.app.celery_config``: task events, published in batches;
+no prefetch; late acknowledgement; toolfleet's kombu transport; messages sent with the priority of
+a call no other call waits for), all but the default queue, so the benchmark can tell what those
+settings cost from what toolfleet's own path costs. Start a worker with
 ``python -m bench.raw_celery <redis_url> <namespace> <concurrency> [like-toolfleet]``; once it
 consumes it pushes its name on ``<namespace>:workers:ready`` (like toolfleet workers).
 """
@@ -38,7 +39,7 @@ def make_app(redis_url: str, namespace: str, like_toolfleet: bool = False) -> Ce
     )
     if like_toolfleet:
         config = celery_config(Settings(redis_url=redis_url, namespace=namespace))
-        app.conf.update({k: v for k, v in config.items() if k.startswith(("worker_", "task_send"))})
+        app.conf.update({k: v for k, v in config.items() if k != "task_default_queue"})
         app.conf.task_default_priority = priority_of(1, redis_url)
         app.steps["consumer"].add(BatchedTaskEvents)
 
