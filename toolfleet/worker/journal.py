@@ -14,7 +14,7 @@ retry in a later turn is recognised too). One hash per key, ``<ns>:journal:<tool
 
 ``begin`` decides atomically (one Lua script) what an execution may do:
 
-- ``new``: never started: run the handler.
+- ``new``: never started: run the handler (its entry is counted in the same step).
 - ``done``: finished before: replay the recorded result, do not run.
 - ``busy``: another live execution holds the key: wait for its outcome (then replay).
 - ``takeover``: started before, and its holder is gone (lease lapsed or released by the worker
@@ -53,6 +53,7 @@ redis.call('HSET', KEYS[1], 'state', 'started', 'token', ARGV[1], 'owner', ARGV[
   'lease_until', now + tonumber(ARGV[3]))
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
 if state == 'started' then return {'takeover', before} end
+redis.call('HINCRBY', KEYS[1], 'executions', 1)  -- the caller enters the handler at once
 return {'new', ''}
 """
 
@@ -127,7 +128,8 @@ class Journal:
         return Begun(verdict, holder=_s(payload))
 
     def enter(self, key: str, token: str) -> int:
-        """Count one entry into the handler; returns the count (0 if ``token`` lost the key)."""
+        """Count one entry into the handler after a ``takeover`` (``new`` counts its own); returns
+        the count (0 if ``token`` lost the key)."""
         return int(self._retrying(lambda: self._enter(keys=[key], args=[token])))
 
     def renew(self, key: str, token: str) -> bool:

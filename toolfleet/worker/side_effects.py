@@ -12,7 +12,8 @@
   outcome; started before and abandoned → the tool's probe decides, else ``OUTCOME_UNKNOWN``.
   Only a definite outcome is recorded (a result, or a ``ToolFailure`` the handler raised); a
   handler stopped by cancel or time limit, or crashed, leaves the key "started without outcome".
-- The tool's circuit breaker (:mod:`toolfleet.breaker`) is told whether the tool worked.
+- The tool's circuit breaker (:mod:`toolfleet.breaker`) is told whether the tool worked: a failure
+  at once, a call that worked together with its result (one round trip).
 """
 
 from __future__ import annotations
@@ -72,12 +73,15 @@ def run_guarded(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnv
     if not spec.journal:
         result, watch = _run_watched(runtime, spec, ctx, env.arguments, run)
         if watch.fault:
-            _tell_breaker(runtime, spec, watch)
+            _breaker_failure(runtime, spec)
         return result, not watch.fault
-    return _journaled(runtime, spec, ctx, env, run), False
+    return _journaled(runtime, spec, ctx, env, run)
 
 
-def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnvelope, run: Runner) -> ToolResult:
+def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnvelope,
+               run: Runner) -> tuple[ToolResult, bool]:
+    """The journal's rules around one handler run; returns the result and whether the handler ran
+    and worked (see :func:`run_guarded`)."""
     journal = runtime.journal
     key = journal.key(spec.name, env.idempotency_key)
     token, owner = new_token(), f"{env.turn_id}:{env.call_id}"
@@ -85,7 +89,7 @@ def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnve
         begun = journal.begin(key, token, owner)
         if begun.verdict == "done" and begun.result is not None:
             log.info("call %s: replaying the journaled outcome of %s", owner, key)
-            return begun.result.model_copy(update={"call_id": ctx.call_id, "name": spec.name})
+            return begun.result.model_copy(update={"call_id": ctx.call_id, "name": spec.name}), False
         if begun.verdict == "busy":
             if ctx.cancelled.is_set():
                 return ToolResult.failure(
@@ -93,11 +97,11 @@ def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnve
                     f"the turn was cancelled while this call waited for {begun.holder}, which holds the same "
                     "idempotency key; it did not run",
                     "nothing happened here; the other call's outcome is replayed when you ask again",
-                )
+                ), False
             if ctx.remaining_s <= 0:
                 return _unknown(spec, ctx, f"another call ({begun.holder}) with the same idempotency key was still "
                                 "running when this call's time limit ended",
-                                "ask again later: once that call finishes, its outcome is replayed")
+                                "ask again later: once that call finishes, its outcome is replayed"), False
             ctx.cancelled.wait(min(BUSY_POLL_S, max(ctx.remaining_s, 0.001)))
             continue
         break
@@ -106,19 +110,21 @@ def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnve
         if settled is not None:
             if settled.code is ErrorCode.OUTCOME_UNKNOWN:
                 journal.release(key, token)
-                return settled
-            return journal.finish(key, settled).model_copy(update={"call_id": ctx.call_id, "name": spec.name})
-    journal.enter(key, token)
+                return settled, False
+            kept = journal.finish(key, settled)
+            return kept.model_copy(update={"call_id": ctx.call_id, "name": spec.name}), False
+        journal.enter(key, token)  # a `new` verdict counted its entry already
     with journal.holding(key, token):
         result, watch = _run_watched(runtime, spec, ctx, env.arguments, run)
-    _tell_breaker(runtime, spec, watch)
+    if watch.fault:
+        _breaker_failure(runtime, spec)
     if watch.fault or result.code in UNSETTLED:
         journal.release(key, token)
-        return result
+        return result, False
     kept = journal.finish(key, result)
     if kept.content != result.content or kept.status != result.status:
         log.error("call %s: journal %s already held another outcome; this execution's is dropped", owner, key)
-    return result
+    return result, True
 
 
 def _probe(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnvelope, run: Runner,
@@ -175,9 +181,11 @@ def _run_watched(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: 
     return run(runtime, dataclasses.replace(spec, handler=watched), ctx, arguments), watch
 
 
-def _tell_breaker(runtime: Runtime, spec: ToolSpec, watch: _Watch) -> None:
+def _breaker_failure(runtime: Runtime, spec: ToolSpec) -> None:
+    """Count a crash or an unnoticed time limit against the tool's breaker (a call that worked is
+    counted by the ledger's record script, with its result)."""
     try:
-        runtime.breakers.observe(spec.name, ok=not watch.fault)
+        runtime.breakers.observe(spec.name, ok=False)
     except Exception as exc:  # the breaker is advisory: never fail a call over it
         log.warning("could not update the circuit breaker of %s (%s)", spec.name, exc)
 
