@@ -1,6 +1,7 @@
 """The turn ledger in Redis: the one place that decides each call's single result.
 
-Both sides write through it. Each operation is one Lua script, so it is atomic against the others:
+Both sides write through it. Each operation is one Lua script (:mod:`toolfleet.ledger_scripts`), so it
+is atomic against the others:
 
 - ``claim_start`` (worker, before a handler runs): refuses when the turn is cancelled or the call
   already has a result; waits while the turn is not *armed* (a batch submitted at once is armed
@@ -37,112 +38,13 @@ from typing import Any, TypeVar
 
 import redis
 
+from . import ledger_scripts as lua
 from .audit import AuditLog
-from .breaker import success_lua
 from .errors import BrokerUnavailable, TurnNotFound
 from .keys import Keys
 from .models import ErrorCode, ToolResult
 from .settings import Settings
 from .tools.redact import redact_text
-
-_RECORD = """
--- KEYS: results, events, calls, started, cancelled, audit[, breaker] ; ARGV: call_id, result_json, ttl, audit_json
-if #KEYS >= 7 then""" + success_lua("KEYS[7]") + """end
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
-redis.call('XADD', KEYS[2], '*', 'type', 'result', 'call_id', ARGV[1], 'data', ARGV[2])
-redis.call('XADD', KEYS[6], '*', 'type', 'finished', 'call_id', ARGV[1], 'data', ARGV[4])
-for i = 1, 6 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end
-return 1
-"""
-
-_RECORD_UNSTARTED = """
--- KEYS: results, events, calls, started, cancelled, audit ; ARGV: call_id, result_json, ttl, audit_json
-if redis.call('HEXISTS', KEYS[4], ARGV[1]) == 1 then return 0 end
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
-redis.call('XADD', KEYS[2], '*', 'type', 'result', 'call_id', ARGV[1], 'data', ARGV[2])
-redis.call('XADD', KEYS[6], '*', 'type', 'finished', 'call_id', ARGV[1], 'data', ARGV[4])
-for i = 1, 6 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end
-return 1
-"""
-
-_CLAIM = """
--- KEYS: results, events, started, cancelled, audit, armed, attempts ; ARGV: call_id, started_json, ttl, audit
-if redis.call('EXISTS', KEYS[4]) == 1 then return 'cancelled' end
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 'done' end
-if redis.call('EXISTS', KEYS[6]) == 0 then return 'unarmed' end
-local before = redis.call('HGET', KEYS[3], ARGV[1])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
-redis.call('HINCRBY', KEYS[7], ARGV[1], 1)
-redis.call('XADD', KEYS[2], '*', 'type', 'started', 'call_id', ARGV[1], 'data', ARGV[2])
-redis.call('XADD', KEYS[5], '*', 'type', 'started', 'call_id', ARGV[1], 'data', ARGV[4])
-redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
-redis.call('EXPIRE', KEYS[5], tonumber(ARGV[3]))
-redis.call('EXPIRE', KEYS[7], tonumber(ARGV[3]))
-if before then return 'restarted' end
-return 'ok'
-"""
-
-_ADD = """
--- KEYS: calls, results, events, cancelled, audit
--- ARGV: ttl, then (call_id, name, not_executed_json, not_executed_audit_json) quadruples
-local ttl = tonumber(ARGV[1])
-local cancelled = redis.call('EXISTS', KEYS[4]) == 1
-local refused = {}
-for i = 2, #ARGV, 4 do
-  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
-  if cancelled then
-    if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 2]) == 1 then
-      redis.call('XADD', KEYS[3], '*', 'type', 'result', 'call_id', ARGV[i], 'data', ARGV[i + 2])
-      redis.call('XADD', KEYS[5], '*', 'type', 'finished', 'call_id', ARGV[i], 'data', ARGV[i + 3])
-      redis.call('EXPIRE', KEYS[5], ttl)
-    end
-    refused[#refused + 1] = ARGV[i]
-  end
-end
-for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ttl) end
-return refused
-"""
-
-_REOPEN = """
--- KEYS: calls, armed, results, events ; ARGV: ttl, armed (1/0), n_calls, (call_id, name)*, (call_id, result)*
-local missing = redis.call('EXISTS', KEYS[1]) == 0
-local ttl = tonumber(ARGV[1])
-local n = tonumber(ARGV[3])
-for i = 4, 3 + 2 * n, 2 do redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) end
-for i = 4 + 2 * n, #ARGV, 2 do redis.call('HSETNX', KEYS[3], ARGV[i], ARGV[i + 1]) end
-if ARGV[2] == '1' then redis.call('SET', KEYS[2], '1', 'EX', ttl) end
-for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ttl) end
-if missing then return 1 end
-return 0
-"""
-
-_CANCEL = """
--- KEYS: calls, started, results, cancelled, events, audit ; ARGV: reason, ttl, channel
-local ttl = tonumber(ARGV[2])
-if redis.call('SET', KEYS[4], ARGV[1], 'NX', 'EX', ttl) == false then return -1 end
-local calls = redis.call('HGETALL', KEYS[1])
-local ids = {}
-for i = 1, #calls, 2 do
-  local cid, name = calls[i], calls[i + 1]
-  if redis.call('HEXISTS', KEYS[2], cid) == 0 and redis.call('HEXISTS', KEYS[3], cid) == 0 then
-    local msg = 'The turn was cancelled before this call started; it did not run.'
-    local hint = 'Nothing happened; ask again if the call is still wanted.'
-    local content = 'Error [NOT_EXECUTED]: ' .. msg .. '\\nHint: ' .. hint
-    local res = cjson.encode({call_id = cid, name = name, status = 'error', content = content,
-      error = {code = 'NOT_EXECUTED', message = msg, hint = hint}, attempts = 0})
-    redis.call('HSET', KEYS[3], cid, res)
-    redis.call('XADD', KEYS[5], '*', 'type', 'result', 'call_id', cid, 'data', res)
-    redis.call('XADD', KEYS[6], '*', 'type', 'finished', 'call_id', cid, 'data', cjson.encode({tool = name,
-      status = 'error', code = 'NOT_EXECUTED', message = msg, attempts = 0, content_chars = #content}))
-    ids[#ids + 1] = cid
-  end
-end
-redis.call('XADD', KEYS[5], '*', 'type', 'cancel', 'call_id', '', 'data', ARGV[1])
-for i = 1, 6 do redis.call('EXPIRE', KEYS[i], ttl) end
-redis.call('PUBLISH', ARGV[3], ARGV[1])
-return ids
-"""
-
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -190,13 +92,13 @@ class Ledger:
         self.keys = Keys(settings.namespace)
         self.redis = client if client is not None else connect(settings.redis_url)
         self.retry_s = retry_s
-        self._record = self.redis.register_script(_RECORD)
-        self._record_unstarted = self.redis.register_script(_RECORD_UNSTARTED)
-        self._claim = self.redis.register_script(_CLAIM)
-        self._cancel = self.redis.register_script(_CANCEL)
-        self._add = self.redis.register_script(_ADD)
+        self._record = self.redis.register_script(lua.RECORD)
+        self._record_unstarted = self.redis.register_script(lua.RECORD_UNSTARTED)
+        self._claim = self.redis.register_script(lua.CLAIM)
+        self._cancel = self.redis.register_script(lua.CANCEL)
+        self._add = self.redis.register_script(lua.ADD)
         self.audit = AuditLog(self.redis, self.keys, settings.result_ttl_s)
-        self._reopen = self.redis.register_script(_REOPEN)
+        self._reopen = self.redis.register_script(lua.REOPEN)
 
     def retrying(self, op: Callable[[], T]) -> T:
         """Run ``op``; while Redis is down, retry it for ``retry_s`` (then BrokerUnavailable)."""
