@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from .breaker import success_lua
 
-RECORD = """
--- KEYS: results, events, calls, started, cancelled, audit[, breaker] ; ARGV: call_id, result_json, ttl, audit_json
-if #KEYS >= 7 then""" + success_lua("KEYS[7]") + """end
+_STORE_RESULT = """
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('XADD', KEYS[2], '*', 'type', 'result', 'call_id', ARGV[1], 'data', ARGV[2])
 redis.call('XADD', KEYS[6], '*', 'type', 'finished', 'call_id', ARGV[1], 'data', ARGV[4])
@@ -18,15 +16,13 @@ for i = 1, 6 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end
 return 1
 """
 
+RECORD = """
+-- KEYS: results, events, calls, started, cancelled, audit[, breaker] ; ARGV: call_id, result_json, ttl, audit_json
+if #KEYS >= 7 then""" + success_lua("KEYS[7]") + "end" + _STORE_RESULT
+
 RECORD_UNSTARTED = """
 -- KEYS: results, events, calls, started, cancelled, audit ; ARGV: call_id, result_json, ttl, audit_json
-if redis.call('HEXISTS', KEYS[4], ARGV[1]) == 1 then return 0 end
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
-redis.call('XADD', KEYS[2], '*', 'type', 'result', 'call_id', ARGV[1], 'data', ARGV[2])
-redis.call('XADD', KEYS[6], '*', 'type', 'finished', 'call_id', ARGV[1], 'data', ARGV[4])
-for i = 1, 6 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end
-return 1
-"""
+if redis.call('HEXISTS', KEYS[4], ARGV[1]) == 1 then return 0 end""" + _STORE_RESULT
 
 CLAIM = """
 -- KEYS: results, events, started, cancelled, audit, armed, attempts ; ARGV: call_id, started_json, ttl, audit
