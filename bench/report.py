@@ -142,21 +142,23 @@ def _plan_breakdown(runs: list[dict[str, Any]]) -> str:
     rows = []
     for p in measured:
         b = p["breakdown_ms"]
-        lengths = sorted(set(p["chain_lengths"]))
-        rows.append([p["slots"], "/".join(str(n) for n in lengths), _ms(b["submit_ms"]), _ms(b["first_start_ms"]),
+        rows.append([p["slots"], _ms(b["makespan_ms"]), len(b["chain"]), _ms(b["submit_ms"]),
+                     _ms(b["first_start_ms"]),
                      f"{_ms(b['runs_ms'])} ({_ms(b['runs_ms'] - b['handler_ms'])} over the tools' own time)",
                      _ms(b["waits_ms"]), _ms(b["collect_ms"])])
     return (
         "\n\nWhere the makespan goes, from the turns' ledger events (`plan_efficiency.breakdown`): the call "
         "that ended last, then the last call to end before it started (the dependency it waited for, or the "
-        "call whose worker slot it took), and so on back to the start; in each run the parts add up to the "
-        "makespan. *Submit*: `submit()` until the turn is armed (validation, plan, "
+        "call whose worker slot it took), and so on back to the start, for the run with the median makespan "
+        "(every run's is in results.json); the parts add up to that run's makespan, to within a millisecond "
+        "or two (ledger events carry Redis's clock in whole milliseconds). *Submit*: `submit()` until the "
+        "turn is armed (validation, plan, "
         "ledger, sending the first group); *first start*: armed until the chain's first call started; "
         "*runs*: the chain's calls from `started` to `result`; *waits*: from each chain call's result to "
         "the next one's start (result event, the driver's send, a worker's fetch, or a free slot); "
-        "*collect*: last result to `results()` returning. Medians over the runs.\n\n"
-        + _table(["worker slots", "calls in chain", "submit ms", "first start ms", "runs ms", "waits ms",
-                  "collect ms"], rows)
+        "*collect*: last result to `results()` returning.\n\n"
+        + _table(["worker slots", "makespan ms", "calls in chain", "submit ms", "first start ms", "runs ms",
+                  "waits ms", "collect ms"], rows)
     )
 
 
@@ -301,6 +303,9 @@ def _scale(results: dict[str, Any]) -> str | None:
 
 
 def _fixes(results: dict[str, Any]) -> str:
+    if results.get("meta", {}).get("quick"):
+        return ("Not repeated for a quick run: `bench/fixes.md` explains the full run committed in "
+                "`bench/results/`, whose figures it quotes.")
     return FIXES.read_text().strip() if FIXES.exists() else "No fixes recorded."
 
 
@@ -341,6 +346,9 @@ def _header(results: dict[str, Any]) -> str:
         "- Figures are medians and ratios from this one run, never single absolute times; the plot is "
         "[bench.png](bench.png), the raw numbers [results.json](results.json).",
     ]
+    if m.get("quick"):
+        lines += ["", "> **Quick run** (`--quick`: a few trials, 800 throughput calls): the figures are indicative "
+                  "only and swing widely between runs; targets are judged on a full run (`make bench`)."]
     if m.get("note"):
         lines += ["", f"> {m['note']}"]
     return "\n".join(lines)

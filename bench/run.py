@@ -126,6 +126,7 @@ def run(sizes: Sizes, only: tuple[str, ...], redis_url: str | None, out: Path, c
     private = None if redis_url else PrivateRedis()
     url = redis_url or private.url  # type: ignore[union-attr]
     results: dict[str, Any] = {"meta": meta(url, command, note)}
+    results["meta"]["quick"] = sizes == QUICK
     try:
         if {"overhead", "throughput", "cancel", "streaming", "plan"} & set(only):
             _stage_two_processes(url, sizes, only, results)
@@ -210,12 +211,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, for trying the suite out")
     parser.add_argument("--only", default=",".join(MEASUREMENTS),
                         help=f"comma-separated subset of {','.join(MEASUREMENTS)}")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where report.md, bench.png and results.json go (default: bench/results, the "
+                             "committed report; with --quick: .toolfleet/bench-quick, git-ignored)")
     parser.add_argument("--redis-url", default=None, help="use this Redis instead of a private one")
     parser.add_argument("--note", default=None, help="a line to put at the top of the report")
     parser.add_argument("--render", action="store_true",
                         help="measure nothing: re-render report and plot from OUT/results.json")
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = ROOT / (".toolfleet/bench-quick" if args.quick else "bench/results")
     if args.render:
         render_again(args.out)
         return

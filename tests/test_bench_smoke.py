@@ -42,8 +42,11 @@ def test_plan_efficiency_smoke_run_and_every_report_section(redis_url, namespace
         result = plan_efficiency.measure(fleet.dispatcher, 2, n_calls=4, duration_s=0.01, trials=1, warmup=0)
     assert result["n_calls"] == 4 and len(result["makespans_ms"]) == 1
     assert result["lower_bound_ms"] > 0 and result["efficiency"] > 0
+    b = result["breakdown_ms"]  # from the ledger's events: its parts add up to the run's makespan
+    parts_ms = b["submit_ms"] + b["first_start_ms"] + b["runs_ms"] + b["waits_ms"] + b["collect_ms"]
+    assert parts_ms == pytest.approx(b["makespan_ms"], abs=5)
     report = render({"meta": {"cpu_count": 2}, "plan_efficiency": [result]})
     for title in SECTIONS:
         assert f"## {title}" in report
-    assert "plan efficiency, 2 worker slots" in report
+    assert "plan efficiency, 2 worker slots" in report and "Where the makespan goes" in report
     assert "_Not measured in this run._" in report  # the sections this smoke run skipped
