@@ -17,6 +17,7 @@ echo "workspace copy: $ws"
 
 for case in 01_parallel_reads 02_read_write_order 03_bad_calls 04_slow_commands; do
   echo; echo "== $case"
+  if [ "$case" = 04_slow_commands ]; then echo "(commands that sleep up to 20 s: the results come when they end)"; fi
   $TF run "$CASES/$case.json" --workspace "$ws"
 done
 
