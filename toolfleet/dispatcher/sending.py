@@ -90,25 +90,26 @@ class Sender:
                 self.locks.release(self.turn.turn_id)
 
     # ---- sending ----
-    def submit(self, call_id: str, raise_errors: bool = False, resend: bool = False, rank: int | None = None) -> None:
-        """Send one call now, or queue it (locks, broker trouble), or record why it cannot run.
-        ``rank``: the call's rank in the plan (computed when not given), its message priority."""
-        self.send_group([call_id], raise_errors=raise_errors, resend=resend,
-                        ranks=None if rank is None else {call_id: rank})
+    def submit(self, call_id: str, raise_errors: bool = False, resend: bool = False) -> None:
+        """Send one call now, or queue it (locks, broker trouble), or record why it cannot run."""
+        self.send_group([call_id], raise_errors=raise_errors, resend=resend)
 
-    def send_group(self, call_ids: list[str], *, raise_errors: bool = False, resend: bool = False,
-                   ranks: dict[str, int] | None = None) -> None:
-        """Send ``call_ids``, in this order, together (one broker round trip; on a Redis broker all
-        of them reach their queues or none does), after the checks of :meth:`submit`. If the broker
-        refuses, every one of them is queued for a retry (or, with ``raise_errors``, the
-        :class:`BrokerUnavailable` is raised and none was sent)."""
+    def send_group(self, call_ids: list[str], *, raise_errors: bool = False, resend: bool = False) -> None:
+        """Send ``call_ids`` together (one broker round trip; on a Redis broker all of them reach
+        their queues or none does), after the checks of :meth:`submit`, the heads of the longest
+        chains first (model order among equals): a call's rank in the plan is its message
+        priority, and the sending order decides who goes first when idle workers take each message
+        the moment it arrives. If the broker refuses, every one of them is queued for a retry (or,
+        with ``raise_errors``, the :class:`BrokerUnavailable` is raised and none was sent)."""
         turn = self.turn
         with self.group():
             sendable = [c for c in call_ids if self._may_send(c, resend)]
             if not sendable:
                 return
-            if ranks is None:
-                ranks = turn.ranks(sendable)
+            ranks = turn.ranks(sendable)
+            if len(sendable) > 1:
+                order = {c.id: i for i, c in enumerate(turn._calls)}
+                sendable.sort(key=lambda c: (-ranks[c], order[c]))
             sent: list[tuple[str, str]] = []
             together = turn._submitter.batch(len(sendable)) if len(sendable) > 1 else nullcontext()
             try:
@@ -183,9 +184,7 @@ class Sender:
         if not self._locks_held and not self.take_locks():
             if now - self._lock_asked_at > turn._settings.lock_wait_s:
                 self._lock_gave_up = True
-        order = {c.id: i for i, c in enumerate(turn._calls)}
-        ranks = turn.ranks(pending)
-        self.send_group(sorted(pending, key=lambda c: (-ranks[c], order[c])), ranks=ranks)  # longest chain first
+        self.send_group(pending)
 
     def group(self) -> AbstractContextManager[None]:
         """Calls sent together: each tool's availability is read once for all of them."""

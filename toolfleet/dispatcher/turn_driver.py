@@ -28,15 +28,12 @@ class TurnDriver:
     """``_drive`` (the driver thread's loop) and what it does per event."""
 
     def _submit_ranked(self, call_ids: list[str], raise_errors: bool = False) -> None:
-        """Submit ``call_ids``, the heads of the longest chains first: their message priority
-        orders a queue, and the sending order decides who goes first when idle workers take
-        each message the moment it arrives."""
+        """Submit ``call_ids`` that just became ready, together, the heads of the longest chains
+        first (:meth:`Sender.send_group`), their ``submitted`` audit events written first."""
         if not call_ids:
             return
-        ranks = self.ranks(call_ids)
         self._submitter.announce(self.turn_id, [(c, self._runnable[c].spec) for c in call_ids])
-        ordered = sorted(call_ids, key=lambda c: -ranks[c])  # stable: model order among equals
-        self._sender.send_group(ordered, raise_errors=raise_errors, ranks=ranks)
+        self._sender.send_group(call_ids, raise_errors=raise_errors)
 
     def _submit(self, call_id: str, raise_errors: bool = False) -> None:
         self._sender.submit(call_id, raise_errors=raise_errors)
