@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
+from ..tools.redact import redact_text
 from ..tools.spec import ToolSpec
 from .commands import CommandAnalysis, Segment, Write, analyse
 from .config import Action, CommandRules, Policy
@@ -34,6 +35,10 @@ _FD_PATH = re.compile(r"^/dev/fd/\d+$")
 UNPARSABLE_HINT = (
     "write it as plain commands joined by &&, ||, ; or | (no case, [[ ]], $(( )) or time), "
     "or split it into several calls"
+)
+UNACCOUNTED_HINT = (
+    "a person must approve this call; to run without asking, write plain commands the policy can follow "
+    "(no eval, bash -c with a run-time string, interpreters with -c/-e, xargs or unknown wrappers)"
 )
 
 
@@ -96,7 +101,7 @@ def _command_verdict(
         return Verdict(
             "deny",
             f"the command could not be parsed by the shell parser, so it cannot be checked and was refused: "
-            f"{analysis.problem}",
+            f"{redact_text(analysis.problem)}",
             UNPARSABLE_HINT,
             "commands.unparsable",
         )
@@ -110,33 +115,45 @@ def _command_verdict(
                     f"commands.deny: {pattern}",
                 )
     for write in analysis.writes:
-        why = outside_workspace(write, workspace)
+        why = write.unknown or outside_workspace(write, workspace)
         if why is not None:
             return Verdict(
                 "deny",
-                f"`{write.text}` writes to {write.target!r}, {why}",
+                f"`{redact_text(write.text)}` writes to {redact_text(repr(write.target))}, {why}",
                 "write only to paths inside the workspace (relative paths, no .., no ~)",
                 "commands.workspace",
             )
+    concerns = [f"`{redact_text(c.text)}` {c.why}" for c in analysis.concerns]
+    for mention in analysis.mentions:
+        why = outside_workspace(mention, workspace)
+        if why is not None:
+            concerns.append(f"`{redact_text(mention.text)}` is given {redact_text(repr(mention.target))}, {why}, "
+                            "where it may write")
     asks: list[tuple[Segment, str]] = []
     for segment in analysis.segments:
+        if segment.probe:
+            continue
         action, why = _segment_action(rules, segment, tool_action, source)
         if action == "deny":
             return Verdict("deny", f"{_shown(segment)} {why}", _denied_hint("deny"), "commands.unmatched")
         if action == "ask":
             asks.append((segment, why))
-    if not asks:
+    if not asks and not concerns:
         return Verdict("allow", "every part of the command is allowed", rule="commands.allow")
     fetched = _fetch(remembered)
-    still: list[tuple[Segment, str]] = []
-    for segment, why in asks:
+    checked = analysis.segments if concerns else [segment for segment, _ in asks]
+    for segment in checked:
         denial = next((r for r in fetched if r.action == "deny" and _remembered(r, segment, matches_denied)), None)
         if denial is not None:
             return Verdict(
                 "deny", f"{_shown(segment)}: {denial.describe()}", _denied_hint("deny"), f"remembered:{denial.id}"
             )
-        if not any(r.action == "allow" and _remembered(r, segment, matches_allowed) for r in fetched):
-            still.append((segment, why))
+    still = [(segment, why) for segment, why in asks
+             if not any(r.action == "allow" and _remembered(r, segment, matches_allowed) for r in fetched)]
+    if concerns:  # what the policy cannot account for always needs a person, call by call
+        reason = "; ".join(dict.fromkeys(concerns + [f"{_shown(segment)} {why}" for segment, why in still]))
+        return Verdict("ask", f"needs a person's approval, the policy cannot account for it: {reason}",
+                       UNACCOUNTED_HINT, "commands.unaccounted")
     if not still:
         return Verdict("allow", "every part of the command is allowed (remembered rules)", rule="remembered")
     reason = "; ".join(f"{_shown(segment)} {why}" for segment, why in still)
@@ -225,9 +242,10 @@ def _within(path: str, root: str) -> bool:
 
 
 def _shown(segment: Segment) -> str:
+    """How a segment is quoted in a reason: secrets in it masked (tools.redact)."""
     if segment.wrapped_by:
-        return f"`{' '.join(segment.words)}` (run by {segment.wrapped_by})"
-    return f"`{segment.text}`"
+        return f"`{redact_text(' '.join(segment.words))}` (run by {segment.wrapped_by})"
+    return f"`{redact_text(segment.text)}`"
 
 
 def _remembered(rule: Rule, segment: Segment, match: Callable[[str, Segment], bool]) -> bool:
