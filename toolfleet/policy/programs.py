@@ -164,7 +164,8 @@ def interpreter(w: Walker, name: str, words: list[Word], text: str) -> None:
         if not word.startswith("-") or word == "-":
             break
         if word == "-m" or (name == "python" and word.startswith("-m")):
-            return  # runs a module from disk, like a script: decided by the patterns
+            generic(w, name, words, text)  # runs a module from disk, like a script: decided by the patterns
+            return
         if word in values:
             i += 2
         elif word in flags or (name == "python" and all(f"-{c}" in flags for c in word[1:])):
@@ -301,11 +302,11 @@ def wrapper(w: Walker, name: str, words: list[Word], text: str) -> None:
         w.concern(text, f"`{name} {' '.join(sorted(given & hidden))}` runs a command the policy cannot read")
         probe_words(w, name, words, text)
         return
-    if i >= len(words):
-        return
     if name == "xargs":
         w.concern(text, "xargs runs its command with arguments read from its input")
-    elif name in ("exec", "sudo", "doas"):
+    if i >= len(words):
+        return
+    if name in ("exec", "sudo", "doas"):
         w.concern(text, f"`{name}` runs its command in a way the policy does not model")
     run(w, list(words[i:]), text, (), wrapped_by=name)
 
@@ -317,7 +318,12 @@ def probe_words(w: Walker, name: str, words: list[Word], text: str) -> None:
         return
     for k in range(1, len(words)):
         word = words[k]
-        if word.dynamic or word.text.startswith("-"):
+        if word.dynamic:
+            continue
+        if word.text.startswith("-"):
+            value = word.text.partition("=")[2] or word.text[2:]
+            if any(ch in value for ch in " ;|&$`\n"):
+                w.nested(value, strict=False, leak=False, probe=True)
             continue
         run(w, list(words[k:]), text, (), wrapped_by=name, probe=True)
         if any(ch in word.text for ch in " ;|&$`\n"):

@@ -40,7 +40,7 @@ RUNNERS = frozenset({
     "time", "watch", "parallel", "entr", "bwrap", "docker", "podman", "kubectl", "at", "batch", "crontab",
     "screen", "tmux", "expect", "sshpass", "pkexec", "capsh", "unbuffer", "rlwrap", "chrt", "vim", "vi", "nvim",
     "ex", "ed", "emacs", "less", "more", "man", "sqlite3", "psql", "mysql", "sftp", "ftp", "nc", "ncat", "socat",
-    "telnet", "script", "xdg-open", "open", "run-parts", "start-stop-daemon", "daemonize", "inotifywait",
+    "telnet", "xdg-open", "open", "run-parts", "start-stop-daemon", "daemonize", "inotifywait",
 })
 # programs that write files their input or options name (archives, patches, remote copies)
 EXTRACTORS = frozenset({"tar", "unzip", "cpio", "patch", "7z", "bsdtar", "rsync", "scp", "ar", "zip", "rclone",
@@ -249,7 +249,8 @@ WRITES_ALL = frozenset({"tee", "touch", "mkdir", "rm", "rmdir", "unlink", "trunc
                         "chgrp", "mv", "mkfifo", "mknod"})
 WRAPPER_GRAMMARS: dict[str, tuple[Grammar, int]] = {
     # name -> (options, positional words before the command)
-    "env": (Grammar("u", frozenset({"--unset"}), frozenset({"--ignore-environment", "--null", "--debug"})), 0),
+    "env": (Grammar("uSC", frozenset({"--unset", "--split-string", "--chdir"}),
+                    frozenset({"--ignore-environment", "--null", "--debug"})), 0),
     "nice": (Grammar("n", frozenset({"--adjustment"}), frozenset()), 0),
     "timeout": (Grammar("sk", frozenset({"--signal", "--kill-after"}), frozenset({"--preserve-status",
                                                                                   "--foreground", "--verbose"})), 1),

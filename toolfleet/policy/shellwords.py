@@ -59,7 +59,8 @@ def unquoted(raw: str) -> str:
 
 def has_glob(raw: str) -> bool:
     """True when the shell may expand ``raw`` as a file-name pattern (unquoted ``*``, ``?``, ``[``)."""
-    return any(ch in "*?[" for ch in unquoted(raw))
+    bare = unquoted(raw)
+    return "*" in bare or "?" in bare or ("[" in bare and "]" in bare[bare.index("[") + 2 :])
 
 
 def has_brace(raw: str) -> bool:
