@@ -40,7 +40,8 @@ from .shellwords import brace_expand, glob_target, has_brace, has_glob, is_plain
 
 WRITE_REDIRECTS = frozenset({">", ">>", ">|", "&>", "&>>", "<>", ">&"})
 MAX_DEPTH = 8
-MAX_SEGMENTS = 2000
+MAX_SEGMENTS = 10_000
+MAX_PROBES = 300  # guesses at what unmodelled programs run; past it, probing stops (the call asks anyway)
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ class Found:
     concerns: list[Concern] = field(default_factory=list)
     links: list[tuple[str, bool]] = field(default_factory=list)  # (text, made a symbolic link for sure)
     cdpath: bool = False
+    probes: int = 0
 
 
 Cwds = frozenset[str | None]
@@ -335,6 +337,8 @@ def parse(command: str) -> tuple[list[Any], str, frozenset[int]]:
     quoted here-documents. Raises :class:`Unanalysable`."""
     if not command.strip():
         raise Unanalysable("the command is empty")
+    if "\x00" in command:
+        raise Unanalysable("the command holds a NUL byte, which no shell command can")
     source, quoted = normalise_heredocs(command)
     try:
         return list(bashlex.parse(source)), source, quoted

@@ -36,6 +36,7 @@ UNPARSABLE_HINT = (
     "write it as plain commands joined by &&, ||, ; or | (no case, [[ ]], $(( )) or time), "
     "or split it into several calls"
 )
+MAX_REASONS = 6  # reasons listed in one verdict
 UNACCOUNTED_HINT = (
     "a person must approve this call; to run without asking, write plain commands the policy can follow "
     "(no eval, bash -c with a run-time string, interpreters with -c/-e, xargs or unknown wrappers)"
@@ -151,7 +152,9 @@ def _command_verdict(
     still = [(segment, why) for segment, why in asks
              if not any(r.action == "allow" and _remembered(r, segment, matches_allowed) for r in fetched)]
     if concerns:  # what the policy cannot account for always needs a person, call by call
-        reason = "; ".join(dict.fromkeys(concerns + [f"{_shown(segment)} {why}" for segment, why in still]))
+        items = list(dict.fromkeys(concerns + [f"{_shown(segment)} {why}" for segment, why in still]))
+        more = f"; and {len(items) - MAX_REASONS} more" if len(items) > MAX_REASONS else ""
+        reason = "; ".join(items[:MAX_REASONS]) + more
         return Verdict("ask", f"needs a person's approval, the policy cannot account for it: {reason}",
                        UNACCOUNTED_HINT, "commands.unaccounted")
     if not still:
@@ -230,6 +233,8 @@ def outside_workspace(write: Write, workspace: str | None) -> str | None:
         path = posixpath.normpath(posixpath.join(base, target))
     if not _within(path, root):
         return "outside the workspace"
+    if "\x00" in path:
+        return "a path holding a NUL byte, which cannot be checked"
     if workspace and os.path.isdir(workspace):
         real_root = os.path.realpath(workspace)
         if not _within(os.path.realpath(path), real_root):

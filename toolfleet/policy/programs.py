@@ -22,7 +22,7 @@ import posixpath
 import re
 
 from . import shellmodel as model
-from .commands import Segment, Walker, Word
+from .commands import MAX_PROBES, Segment, Walker, Word
 from .shellmodel import Grammar, option_span, parse_options
 
 SYSTEM_DIRS = frozenset({"/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin", "/usr/local/sbin"})
@@ -317,6 +317,9 @@ def probe_words(w: Walker, name: str, words: list[Word], text: str) -> None:
     if w.depth >= 3:
         return
     for k in range(1, len(words)):
+        if w.found.probes >= MAX_PROBES:
+            return
+        w.found.probes += 1
         word = words[k]
         if word.dynamic:
             continue
