@@ -149,6 +149,13 @@ def test_a_command_run_by_an_unmodeled_runner_is_never_allowed(places, runner, a
     assert verdict.action != "allow", (text, verdict)
 
 
+def test_a_parameter_without_its_brace_is_refused_not_a_hang(places):
+    """bashlex 0.18 looped forever on these (found by fuzzing): now a parse error, refused."""
+    for text in ["'${'m<}", "'b${'!m<}lla/n[td", "echo '${'x<}"]:
+        verdict = _verdict(POLICY, text, places[0])
+        assert verdict.action == "deny" and "parsed" in verdict.reason, text
+
+
 def test_a_nul_byte_is_refused_not_a_crash(places):
     verdict = _verdict(POLICY, "echo x >\x00", places[0])
     assert verdict.action == "deny" and "NUL" in verdict.reason

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 import bashlex
 import bashlex.errors
+import bashlex.subst
 
 from . import shellmodel as model
 from .shellwords import brace_expand, glob_target, has_brace, has_glob, is_plain, normalise_heredocs
@@ -330,6 +331,20 @@ def _resolve(cwd: str | None, target: str | None) -> str | None:
     if target.startswith("/"):
         return posixpath.normpath(target)
     return None if cwd is None else posixpath.normpath(posixpath.join(cwd, target))
+
+
+_paramexpand = bashlex.subst._paramexpand
+
+
+def _bounded_paramexpand(parserobj: Any, string: str, sindex: int) -> Any:
+    """bashlex 0.18 loops forever on a word holding ``${`` without a ``}`` (``'${'x<}``: its
+    ``str.find`` returns -1 and the scan restarts); such a word is a bad substitution to bash."""
+    if string[sindex + 1 : sindex + 2] == "{" and string.find("}", sindex + 2) < 0:
+        raise bashlex.errors.ParsingError("bad substitution: no closing `}`", string, sindex)
+    return _paramexpand(parserobj, string, sindex)
+
+
+bashlex.subst._paramexpand = _bounded_paramexpand
 
 
 def parse(command: str) -> tuple[list[Any], str, frozenset[int]]:
