@@ -1,17 +1,25 @@
 """Deciding one call: ``allow``, ``ask`` or ``deny`` (the same code on the dispatcher and the worker).
 
+The policy decides what needs a person; it is not the boundary (the sandbox and the kernel-resolved
+file tools are, docs/policy.md "Which layer stops what"), and it fails closed: what it cannot
+account for asks, never allows.
+
 Order of the decision for a call of tool ``T``:
 
 1. The tool's verdict from the policy (``tools`` entry, else ``risk`` level, else ``default``).
    ``deny`` ends it.
 2. For a tool with a command argument (``run_command``), when the policy has command rules or the
-   tool's verdict is ``ask``: the command is parsed (:mod:`.commands`). Unparsable → deny. Any
-   segment matching a ``deny`` pattern → deny. Any write outside the workspace (a redirection, or
-   the target of ``tee``/``cp``/``mv``/...) → deny. Then each segment: an ``ask`` pattern → ask,
-   else an ``allow`` pattern → allow, else ``commands.unmatched`` (default: the tool's verdict).
-3. What is still ``ask`` is answered by the remembered rules of the workspace
+   tool's verdict is ``ask``: the command is analysed (:mod:`.commands`). Unparsable → deny. Any
+   segment (wrapped commands and probes included) matching a ``deny`` pattern → deny. Any write
+   outside the workspace or whose place cannot be known → deny. Any concern (a construct the
+   analysis cannot follow) or a path outside given to an unmodelled program → ask, and neither
+   patterns nor remembered allows answer it. Then each segment: an ``ask`` pattern → ask, else an
+   ``allow`` pattern → allow, else ``commands.unmatched`` (default: the tool's verdict).
+3. What is still ``ask`` (without concerns) is answered by the remembered rules of the workspace
    (:mod:`.rules`): a matching remembered deny → deny, a matching remembered allow → allow.
    Remembered rules never override a configured deny.
+
+Command text quoted in a reason is masked with :func:`toolfleet.tools.redact.redact_text`.
 """
 
 from __future__ import annotations
