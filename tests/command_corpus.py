@@ -84,6 +84,8 @@ CORPUS: list[CommandCase] = [
         "sed -n '1,3p' README.md",
         "sed -i 's/a/b/' inside.txt",
         "git status --short | head -5",
+        "git ls-files -o --exclude-standard",
+        "git grep -o TODO",
         "seq 3 | paste -sd+",
         "nohup sleep 0.1 > nohup.out 2>&1 &",
     ),
@@ -353,7 +355,10 @@ CORPUS: list[CommandCase] = [
         "printf -v 'a[$(touch {OUT}/pwned71)]' x",
         "test -v 'a[$(touch {OUT}/pwned72)]'",
         "declare -n r=PATH",
+        "git checkout -q HEAD 2>/dev/null; echo P > lk/pwned97",
     ),
+    # bashlex reads `a[i]=v` as a command word with a pattern: a name known only at run time
+    *_cases("variables", "deny", "BASH_CMDS[ls]=/usr/bin/touch; ls {OUT}/pwned96"),
     # ---- writes outside the workspace through programs that write ----
     *_cases(
         "writes-outside", "deny",

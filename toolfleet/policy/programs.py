@@ -426,11 +426,14 @@ def git(w: Walker, name: str, words: list[Word], text: str) -> None:
     if sub in ("rebase", "bisect", "submodule", "filter-branch", "difftool", "mergetool", "daemon", "send-email") \
             and ({"-x", "--exec", "run", "foreach", "--extcmd", "-t", "--tool"} & set(args) or sub == "filter-branch"):
         w.concern(text, f"`git {sub}` runs commands given to it")
+    if sub in ("checkout", "switch", "reset", "restore", "stash", "pull", "merge", "am", "apply", "clone",
+               "cherry-pick", "rebase", "revert", "worktree", "read-tree", "checkout-index"):
+        w.found.links.append((text, False))  # the work tree it writes may hold symbolic links
     for k in range(i + 1, len(texts)):
         word = texts[k]
         if word.startswith("--output="):
             w.add_write(Word(word.split("=", 1)[1], words[k].dynamic), text)
-        elif word in ("--output", "-o") and k + 1 < len(texts):
+        elif (word == "--output" or (word == "-o" and sub in ("format-patch", "archive"))) and k + 1 < len(texts):
             w.add_write(words[k + 1], text)
         elif word.startswith("-o") and not word.startswith("--") and len(word) > 2 and sub in ("format-patch",
                                                                                                "archive"):
