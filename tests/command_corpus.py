@@ -259,6 +259,19 @@ CORPUS: list[CommandCase] = [
         'cd "$OLDPWD"; echo P > pwned41',
     ),
     *_cases(
+        "cd-tracking", "deny",
+        "cd sub; cd ..; echo P > pwned98",
+        "false || cd .. && echo P > pwned99",
+        "cd sub 2>/dev/null && cd .. && cd .. && echo P > pwned100",
+    ),
+    *_cases(
+        "cd-tracking", "allow",
+        "mkdir -p sub && cd sub && touch a && cd .. && touch b",
+        "true && cd .. || touch f",
+        "cd sub || exit 1; touch f",
+        "cd sub && (cd ..) && touch f",
+    ),
+    *_cases(
         "cd-tracking", "ask",
         "CDPATH=/ cd tmp",
         "export CDPATH={OUT}; ls",

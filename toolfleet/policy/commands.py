@@ -132,20 +132,13 @@ class Walker:
                  quoted: frozenset[int] = frozenset(), probe: bool = False) -> None:
         self.source, self.found, self.cwds, self.depth = source, found, cwds, depth
         self.quoted, self.probe = quoted, probe
+        self.moved: Cwds | None = None
 
     # ---- structure ----
     def walk(self, node: Any) -> None:
         kind = node.kind
         if kind == "list":
-            parts = node.parts
-            for i, part in enumerate(parts):
-                if part.kind in ("operator", "pipe", "reservedword"):
-                    continue
-                background = i + 1 < len(parts) and getattr(parts[i + 1], "op", "") == "&"
-                saved = self.cwds
-                self.walk(part)
-                if background:  # runs in a subshell
-                    self.cwds = saved
+            self.walk_list(node.parts)
         elif kind == "pipeline":
             for part in node.parts:
                 if part.kind != "pipe":  # each part runs in a subshell
@@ -182,6 +175,37 @@ class Walker:
             self.command(node)
         elif kind not in ("reservedword", "operator", "pipe"):
             raise Unanalysable(f"the shell construct {kind!r} is not supported")
+
+    def walk_list(self, parts: list[Any]) -> None:
+        """``a && b || c; d``: where the shell may be when each part runs. A ``cd`` that
+        succeeded moved the shell, one that failed did not; ``&&`` runs its right side only after
+        a success of its left, ``||`` only after a failure."""
+        success = failure = self.cwds
+        op = ";"
+        for i, part in enumerate(parts):
+            if part.kind == "operator":
+                op = part.op
+                continue
+            if part.kind in ("pipe", "reservedword"):
+                continue
+            if op == "&&":
+                start, skipped = success, failure
+            elif op == "||":
+                start, skipped = failure, success
+            else:
+                start, skipped = success | failure, frozenset()
+            background = i + 1 < len(parts) and getattr(parts[i + 1], "op", "") == "&"
+            self.cwds, self.moved = start, None
+            self.walk(part)
+            if background:  # runs in a subshell
+                self.cwds = start
+            moved = self.moved if part.kind == "command" else None
+            success, failure = (moved, start) if moved is not None else (self.cwds, self.cwds)
+            if op == "&&":
+                failure = failure | skipped
+            elif op == "||":
+                success = success | skipped
+        self.cwds = success | failure
 
     def body(self, node: Any) -> None:
         for part in node.parts:
@@ -292,7 +316,8 @@ class Walker:
             target = args[0].text
             if self.found.cdpath and not target.startswith(("/", "./", "../")) and target not in (".", ".."):
                 target = None
-        moved = {_resolve(cwd, target) for cwd in self.cwds}
+        moved = frozenset(_resolve(cwd, target) for cwd in self.cwds)
+        self.moved = moved  # where a successful cd leaves the shell (see walk_list)
         self.cwds = self.cwds | moved  # a cd may fail: the shell may still be where it was
 
     def nested(self, command: str, strict: bool, leak: bool, probe: bool = False) -> None:
