@@ -263,6 +263,8 @@ CORPUS: list[CommandCase] = [
         "cd sub; cd ..; echo P > pwned98",
         "false || cd .. && echo P > pwned99",
         "cd sub 2>/dev/null && cd .. && cd .. && echo P > pwned100",
+        "env cd sub && cd .. && echo P > pwned101",
+        "echo $(cd sub) && cd .. && echo P > pwned102",
     ),
     *_cases(
         "cd-tracking", "allow",

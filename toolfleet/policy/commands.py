@@ -279,9 +279,9 @@ class Walker:
         for part in getattr(node, "parts", None) or ():
             if part.kind in ("commandsubstitution", "processsubstitution"):
                 dynamic = True
-                saved = self.cwds  # a substitution runs in a subshell: its cd does not leak
+                saved, moved = self.cwds, self.moved  # a substitution runs in a subshell: its cd does not leak
                 self.walk(part.command)
-                self.cwds = saved
+                self.cwds, self.moved = saved, moved
             elif part.kind == "parameter":
                 dynamic = True
                 if "$(" in part.value or "`" in part.value:

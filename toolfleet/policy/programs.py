@@ -42,6 +42,8 @@ def run(w: Walker, words: list[Word], text: str, assignments: tuple[str, ...] = 
         w.concern(text, f"the command name `{first.text}` is known only at run time")
         return
     name = program(first.text)
+    if name in ("cd", "pushd", "popd") and (probe or wrapped_by not in (None, "builtin", "command")):
+        return  # run by another program (env cd, xargs cd): a process of its own, the shell stays
     handler = HANDLERS.get(name)
     if handler is not None:
         handler(w, name, words, text)
