@@ -177,3 +177,19 @@ def test_reasons_mask_secrets(places):
 def test_out_placeholder_is_outside_the_workspace(places):
     workspace, out = places
     assert not os.path.realpath(out).startswith(os.path.realpath(workspace) + os.sep)
+
+
+def test_a_concern_is_never_answered_by_a_remembered_allow(places):
+    """What the policy cannot account for needs a person call by call: remembered rules do not
+    answer it, but a remembered deny still refuses."""
+    from toolfleet.policy import Rule
+
+    workspace = places[0]
+    allow = [Rule(tool="run_command", action="allow", pattern="python3 *", workspace=workspace)]
+    verdict = evaluate(POLICY, run_command, {"command": "python3 -c 'print(1)'"}, workspace=workspace,
+                       remembered=lambda: allow)
+    assert verdict.action == "ask" and verdict.rule == "commands.unaccounted"
+    deny = [Rule(tool="run_command", action="deny", pattern="python3 *", workspace=workspace)]
+    verdict = evaluate(POLICY, run_command, {"command": "python3 -c 'print(1)'"}, workspace=workspace,
+                       remembered=lambda: deny)
+    assert verdict.action == "deny"
