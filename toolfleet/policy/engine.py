@@ -28,7 +28,7 @@ import os
 import posixpath
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -87,7 +87,8 @@ def evaluate(
     command = arguments.get(spec.command_arg) if spec.command_arg else None
     if isinstance(command, str) and (policy.commands is not None or action == "ask"):
         rules = policy.commands or CommandRules()
-        return _command_verdict(rules, analyse(command), action, source, workspace, remembered)
+        verdict = _command_verdict(rules, analyse(command), action, source, workspace, remembered)
+        return replace(verdict, reason=redact_text(verdict.reason))  # command text is quoted in it
     if action == "allow":
         return Verdict("allow", f"{spec.name} is allowed ({source})", rule=source)
     for rule in _fetch(remembered):
