@@ -224,10 +224,11 @@ def evaluator(w: Walker, name: str, words: list[Word], text: str) -> None:
 
 def setter(w: Walker, name: str, words: list[Word], text: str) -> None:
     for word in words[1:]:
-        if word.dynamic:
+        target = word.text.split("=", 1)[0]  # the name part: the value may be anything
+        if word.dynamic and any(ch in target for ch in "$`"):
             w.concern(text, f"`{name}` sets a variable named at run time")
             return
-        if "[" in word.text and any(ch in word.text for ch in "$`"):
+        if "[" in target and any(ch in target for ch in "$`"):
             w.concern(text, f"`{name}` evaluates an array subscript, which can run commands")
             return
         if word.text.startswith("-") and name in ("declare", "typeset", "local", "export", "readonly") \

@@ -262,7 +262,7 @@ WRAPPER_GRAMMARS: dict[str, tuple[Grammar, int]] = {
                                              "--type", "--other-user", "--close-from"}), frozenset()), 0),
     "doas": (Grammar("uC"), 0),
     "exec": (Grammar("a"), 0),
-    "xargs": (Grammar("IinPLldEesa", frozenset({"--arg-file", "--max-args", "--max-procs", "--max-lines",
+    "xargs": (Grammar("InPLdEsa", frozenset({"--arg-file", "--max-args", "--max-procs", "--max-lines",
                                                 "--delimiter", "--eof", "--replace", "--max-chars",
                                                 "--process-slot-var"}), frozenset({"--null", "--no-run-if-empty",
                                                                                    "--verbose", "--interactive",
