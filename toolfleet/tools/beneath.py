@@ -37,6 +37,7 @@ RESOLVE_BENEATH = 0x08
 SYS_OPENAT2 = 437  # the same on every architecture since 5.6 (unified numbering)
 MAX_LINKS = 40  # the kernel's MAXSYMLINKS
 EAGAIN_TRIES = 64
+RACE_RETRIES = 8  # the walk looks again at a name that changed between two system calls
 _O_TMPFILE = getattr(os, "O_TMPFILE", 0)  # includes O_DIRECTORY: test all its bits
 
 
@@ -131,7 +132,7 @@ def walk(dirfd: int, path: str, flags: int = os.O_PATH, mode: int = 0o666, *, fo
     want_dir = path.endswith("/") or path.endswith("/.") or path.endswith("/..")
     fds: list[int] = []  # owned fds of the directories on the way; dirfd itself is not owned
     names: list[str] = []
-    links = 0
+    links = races = 0
     try:
         while todo:
             name = todo.popleft()
@@ -156,9 +157,13 @@ def walk(dirfd: int, path: str, flags: int = os.O_PATH, mode: int = 0o666, *, fo
             except OSError as exc:
                 if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
                     raise
-                target = _readlink_or_none(name, here)  # a link as the last component
+                target = _readlink_or_none(name, here)  # a link as the last component?
                 if target is None:
-                    raise
+                    if races >= RACE_RETRIES or (exc.errno == errno.ENOTDIR and not _is_dir(name, here)):
+                        raise
+                    races += 1  # it was a link a moment ago and is not now: look again
+                    todo.appendleft(name)
+                    continue
                 if not follow:
                     raise OSError(errno.ELOOP, "the last component is a symbolic link", path) from None
                 links = _follow(target, todo, links, path)
@@ -208,6 +213,13 @@ def _readlink_or_none(name: str, dir_fd: int) -> str | None:
         return os.readlink(name, dir_fd=dir_fd)
     except OSError:
         return None
+
+
+def _is_dir(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def _lexical(names: list[str], rest: list[str], path: str) -> list[str]:
