@@ -21,6 +21,9 @@ import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from ..errors import ToolFailure
+from .workspace import canonical_parts, spelling_in
+
 EVERYTHING = "*"
 
 
@@ -114,9 +117,6 @@ def canonical_path_resource(path: str, root_fd: int, workspace: str, kind: str =
     the rest. A path that leads outside (``..``, an absolute path elsewhere, a link out) is
     ``fs:``, the whole workspace: the call will be refused, and this plans it safely meanwhile.
     A path that cannot be resolved for another reason (a file used as a folder) stays lexical."""
-    from ..errors import ToolFailure
-    from .workspace import canonical_parts, spelling_in
-
     try:
         rel = spelling_in(workspace, str(path))
     except ToolFailure:
