@@ -79,7 +79,8 @@ def test_static_escapes_are_refused(worker, dispatcher, workspace, outside):
 
 
 def test_grep_and_list_dir_never_follow_a_link_out(worker, dispatcher, workspace, outside):
-    (workspace / "notes.txt").symlink_to(outside / "passwd")  # the exact case
+    (workspace / "notes.txt").symlink_to(outside / "passwd")  # the case, with a passwd of our own
+    (workspace / "etc_passwd").symlink_to("/etc/passwd")  # and the real one
     (workspace / "docs" / "more").symlink_to("../../outside")
     (workspace / "docs" / "inner").symlink_to("../src")  # inside: shown as a link, not searched twice
     results = dispatcher.run([
@@ -92,7 +93,7 @@ def test_grep_and_list_dir_never_follow_a_link_out(worker, dispatcher, workspace
         assert result.ok, result
         assert "root:x" not in result.content and CANARY not in result.content
     g, g_docs, ls, ls_docs = (r.content for r in results)
-    assert "notes.txt" in g and "not followed" in g  # says what it skipped
+    assert "notes.txt" in g and "etc_passwd" in g and "not followed" in g  # says what it skipped
     assert "docs/more" in g_docs
     assert "notes.txt -> " in ls and "not followed" in ls
     assert "inner -> ../src" in ls_docs.splitlines()

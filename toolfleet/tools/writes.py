@@ -49,6 +49,8 @@ def replace_file(ctx: ToolContext, path: str, produce: Callable[[bytes | None], 
     ``ctx.check_fence()`` raise (nothing is changed then).
     """
     rel = spelling(ctx, path)
+    if rel.endswith("/"):
+        raise ToolFailure(f"{path} ends with '/': that names a folder", "give a file path")
     root_fd = open_root(ctx)
     try:
         try:
