@@ -159,9 +159,9 @@ def walk(dirfd: int, path: str, flags: int = os.O_PATH, mode: int = 0o666, *, fo
                     raise
                 target = _readlink_or_none(name, here)  # a link as the last component?
                 if target is None:
-                    if races >= RACE_RETRIES or (exc.errno == errno.ENOTDIR and not _is_dir(name, here)):
+                    if races >= RACE_RETRIES:  # (a file opened as a folder ends here too, after a few looks)
                         raise
-                    races += 1  # it was a link a moment ago and is not now: look again
+                    races += 1  # it was a link a moment ago (or is a plain file): look again
                     todo.appendleft(name)
                     continue
                 if not follow:
@@ -213,13 +213,6 @@ def _readlink_or_none(name: str, dir_fd: int) -> str | None:
         return os.readlink(name, dir_fd=dir_fd)
     except OSError:
         return None
-
-
-def _is_dir(name: str, dir_fd: int) -> bool:
-    try:
-        return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
 
 
 def _lexical(names: list[str], rest: list[str], path: str) -> list[str]:
