@@ -37,7 +37,7 @@ are built to find secrets in files, with entropy rules that would mask every com
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 MASK = "***"
 
@@ -62,7 +62,8 @@ _NOT_SECRET_NAMES = frozenset({"PWD", "OLDPWD"})  # the shell's working director
 _HEADER_NAMES = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})  # masked as headers
 _SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 # a name that may be a secret's (the cheap test; is_secret_name decides), bounded so no text is slow
-_NAME = r"(?=[\w.-]{0,255}?(?i:pass|pw|secret|token|key|auth|cookie|credential|otp|signature|bearer|session|priv))"
+_HINT_WORDS = "pass|pw|secret|token|key|auth|cookie|credential|otp|signature|bearer|session|priv"
+_NAME = r"(?=[\w.-]{0,255}?(?i:" + _HINT_WORDS + "))"
 
 
 def is_secret_name(name: object) -> bool:
@@ -94,10 +95,11 @@ def looks_like_credential(value: str) -> bool:
 
 
 _PRIVATE_KEY = re.compile(
-    r"(-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----)([\s\S]*?)(-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)"
+    r"(-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----\s*)([\s\S]*?)"
+    r"(\s*-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)"
 )
 _TOKENS = re.compile(
-    r"(?<![A-Za-z0-9_-])(?:"
+    r"(?=[sgrpxAyenhSd])(?<![A-Za-z0-9_-])(?:"  # the look-ahead: a fast no at most places
     r"sk-(?:proj-|svcacct-|admin-|live-|test-|ant-(?:api|admin)\d\d-|ant-)?[A-Za-z0-9_-]{16,}"
     r"|(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}"
     r"|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
@@ -152,61 +154,77 @@ _PROGRAM_SECRETS = [
     re.compile(r"(\s-pass(?:in|out)?\s+[\"']?pass:)" + _ARG + r"([^\s\"']+)"),
 ]
 
+_HINT = re.compile(_HINT_WORDS)  # in ASCII-lowered text: a line without one of these names no secret
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")  # keeps every index
+_PROGRAM_HINT = re.compile(r"mysql|mariadb|sshpass|mongo|login|redis-cli|ldap|curl|smbclient|-pass")
 _QUOTED = r"""(?P<q>["'])(?P<qv>(?:\\.|(?!(?P=q))[^\\\n])*)(?P<qe>(?P=q))?"""
 _UNQUOTED = r"""(?P<v>[^\s"'&;,<>()\[\]{}\\]+)"""
+# The value is matched in a look-ahead, so a name that is no secret's consumes only itself and
+# a secret assignment inside its would-be value (``x: PGPASSWORD=1``) is still found.
+_VALUE_AHEAD = r"(?=" + _QUOTED + "|" + _UNQUOTED + ")"
 # --name=value, --name value, -name value
 _OPTION = re.compile(
-    r"(?<![\w-])(?P<head>--?(?P<name>" + _NAME + r"[A-Za-z][\w.-]{0,255})(?P<sep>=|\s+))(?:" + _QUOTED + "|" + _UNQUOTED
-    + ")"
+    r"(?<![\w-])(?P<head>--?(?P<name>" + _NAME + r"[A-Za-z][\w.-]{0,255})(?P<sep>=|[ \t]+))" + _VALUE_AHEAD
 )
 # name=value, name: value, "name": "value", 'name'='value', ?name=value&
 _ASSIGNMENT = re.compile(
-    r"(?<![\w.$/-])(?P<head>(?P<nq>[\"']?)(?P<name>" + _NAME + r"[A-Za-z_][\w.-]{0,255})(?P=nq)\s*(?P<sep>[=:])\s*)(?:"
-    + _QUOTED + "|" + _UNQUOTED + ")"
+    r"(?<![\w.$/-])(?P<head>(?P<nq>[\"']?)(?P<name>" + _NAME + r"[A-Za-z_][\w.-]{0,255})(?P=nq)"
+    r"[ \t]*(?P<sep>[=:])[ \t]*)" + _VALUE_AHEAD
 )
 # name value (no separator): only a credential-looking value, or a quoted one
-_BARE = re.compile(
-    r"(?<![\w.$/-])(?P<head>(?P<name>" + _NAME + r"[A-Za-z_][\w.-]{0,255})\s+)(?:" + _QUOTED + "|" + _UNQUOTED + ")"
-)
+_BARE = re.compile(r"(?<![\w.$/-])(?P<head>(?P<name>" + _NAME + r"[A-Za-z_][\w.-]{0,255})[ \t]+)" + _VALUE_AHEAD)
 
 
-def _masked_value(match: re.Match[str]) -> str:
-    """The match with its value (quoted or not) replaced by the mask, everything else kept."""
+def _value_span(match: re.Match[str]) -> tuple[int, int]:
+    """Where the value to mask is: inside its quotes, or the unquoted word."""
     if match.group("q") is not None:
-        return f"{match.group('head')}{match.group('q')}{MASK}{match.group('qe') or ''}"
-    return match.group("head") + MASK
+        return match.start("qv"), match.end("qv")
+    return match.start("v"), match.end("v")
 
 
-def _already(match: re.Match[str]) -> bool:
-    """Nothing to do: the value is masked already, or the name is a header masked by its own rule."""
+def _mask_values(pattern: re.Pattern[str], secret: Callable[[re.Match[str]], bool], text: str) -> str:
+    """``text`` with the value of each ``pattern`` match that ``secret`` accepts replaced by the mask."""
+    out: list[str] = []
+    done = 0  # text[:done] is in ``out``
+    for match in pattern.finditer(text):
+        if match.start() < done or not secret(match):
+            continue
+        start, end = _value_span(match)
+        out.append(text[done:start])
+        out.append(MASK)
+        done = end
+    out.append(text[done:])
+    return "".join(out)
+
+
+def _value(match: re.Match[str]) -> str:
+    return match.group("qv") if match.group("q") is not None else match.group("v")
+
+
+def _maskable(match: re.Match[str]) -> bool:
+    """A secret-named value not masked already (headers have their own rule)."""
     if match.group("name").lower() in _HEADER_NAMES:
-        return True
-    value = match.group("qv") if match.group("q") is not None else match.group("v")
-    return not value or set(value) == {"*"}
+        return False
+    value = _value(match)
+    return bool(value) and set(value) != {"*"} and is_secret_name(match.group("name"))
 
 
-def _option(match: re.Match[str]) -> str:
-    if _already(match) or not is_secret_name(match.group("name")):
-        return match.group(0)
+def _option(match: re.Match[str]) -> bool:
     if match.group("q") is None and match.group("sep") != "=" and match.group("v").startswith("-"):
-        return match.group(0)  # --token --next: the option has no value here
-    return _masked_value(match)
+        return False  # --token --next: the option has no value here
+    return _maskable(match)
 
 
-def _assignment(match: re.Match[str]) -> str:
-    if _already(match) or not is_secret_name(match.group("name")):
-        return match.group(0)
+def _assignment(match: re.Match[str]) -> bool:
     if match.group("sep") == ":" and match.group("q") is None and len(match.group("v")) < 3:
-        return match.group(0)  # "password: is required" is prose
-    return _masked_value(match)
+        return False  # "password: is required" is prose
+    return _maskable(match)
 
 
-def _bare(match: re.Match[str]) -> str:
-    if _already(match) or not is_secret_name(match.group("name")):
-        return match.group(0)
+def _bare(match: re.Match[str]) -> bool:
     if match.group("q") is None and not looks_like_credential(match.group("v")):
-        return match.group(0)
-    return _masked_value(match)
+        return False
+    return _maskable(match)
 
 
 def _cookie(match: re.Match[str]) -> str:
@@ -229,6 +247,38 @@ def _program_value(match: re.Match[str]) -> str:
     return f"{match.group(1)}{quote}{MASK}{quote if value.endswith(quote) and len(value) > 1 else ''}"
 
 
+def _lowered(text: str) -> str:
+    """``text`` in lower case, each character still at its index (``str.lower`` lengthens a few)."""
+    lower = text.lower()
+    return lower if len(lower) == len(text) else text.translate(_ASCII_LOWER)
+
+
+def _mask_named(text: str, lower: str) -> str:
+    """The name-based rules, applied only to the lines where a secret's name may be (found with
+    one search of ``lower``, the ASCII-lowered ``text``): they never look past a line's end."""
+    out: list[str] = []
+    done = 0
+    for hit in _HINT.finditer(lower):
+        if hit.start() < done:
+            continue
+        start = text.rfind("\n", 0, hit.start()) + 1
+        end = text.find("\n", hit.end())
+        end = len(text) if end < 0 else end
+        out.append(text[done:start])
+        out.append(_named_values(text[start:end]))
+        done = end
+    out.append(text[done:])
+    return "".join(out)
+
+
+def _named_values(line: str) -> str:
+    """One line with the values of secret-named options and assignments masked."""
+    line = _mask_values(_OPTION, _option, line)
+    line = _mask_values(_ASSIGNMENT, _assignment, line)
+    line = _ESCAPED_PAIR.sub(_escaped_pair, line)
+    return _mask_values(_BARE, _bare, line)
+
+
 def mask_secrets(text: str, known: Iterable[str] = ()) -> str:
     """``text`` with every secret recognised (see the module) replaced by ``***``; ``known``: exact
     values to mask wherever they appear (those shorter than 3 characters are ignored). Pure; may
@@ -238,18 +288,23 @@ def mask_secrets(text: str, known: Iterable[str] = ()) -> str:
     text = _PRIVATE_KEY.sub(lambda m: f"{m.group(1)}{MASK}{m.group(3)}", text)
     text = _TOKENS.sub(MASK, text)
     text = _SLACK_WEBHOOK.sub(r"\1" + MASK, text)
-    text = _URL_PASSWORD.sub(r"\1" + MASK + r"\3", text)
-    text = _QUERY_SIG.sub(r"\1" + MASK, text)
-    text = _AUTH_HEADER.sub(lambda m: m.group(1) + MASK if m.group(2).strip("* ") else m.group(0), text)
-    text = _COOKIE_HEADER.sub(_cookie, text)
-    for program in _PROGRAM_SECRETS:
-        for _ in range(8):  # one secret per match; a command may repeat the option
-            masked = program.sub(_program_value, text)
-            if masked == text:
-                break
-            text = masked
-    text = _OPTION.sub(_option, text)
-    text = _ASSIGNMENT.sub(_assignment, text)
-    text = _ESCAPED_PAIR.sub(_escaped_pair, text)
-    text = _BARE.sub(_bare, text)
+    lower = _lowered(text)
+    if "://" in text:
+        text = _URL_PASSWORD.sub(r"\1" + MASK + r"\3", text)
+    if "sig=" in text or "code_verifier=" in text:
+        text = _QUERY_SIG.sub(r"\1" + MASK, text)
+    if "authorization" in lower:
+        text = _AUTH_HEADER.sub(lambda m: m.group(1) + MASK if m.group(2).strip("* ") else m.group(0), text)
+    if "cookie" in lower:
+        text = _COOKIE_HEADER.sub(_cookie, text)
+    if _PROGRAM_HINT.search(text):
+        for program in _PROGRAM_SECRETS:
+            for _ in range(8):  # one secret per match; a command may repeat the option
+                masked = program.sub(_program_value, text)
+                if masked == text:
+                    break
+                text = masked
+    text = _mask_named(text, _lowered(text))
+    if "bearer" not in lower and "basic" not in lower:
+        return text
     return _BEARER.sub(_bearer, text)
