@@ -16,7 +16,7 @@ It recognises, in this order:
 5. ``Authorization``/``Proxy-Authorization`` header values (the scheme word kept), ``Cookie``/``Set-Cookie``
    values (the cookie names kept);
 6. secret arguments of well-known programs: ``mysql -p***``, ``sshpass -p ***``, ``redis-cli -a ***``,
-   ``mongosh -p ***``, ``ldapsearch -w ***``, ``docker login -p ***``, ``curl -u user:***``,
+   ``mongosh -p ***``, ``ldapsearch -w ***``, ``docker login -p ***``, ``-u user:***`` (curl and others),
    ``smbclient -U user%***``, ``openssl -passin pass:***``;
 7. options and assignments whose name is a secret (:func:`is_secret_name`): ``--password=***``,
    ``--password ***``, ``-storepass ***``, ``PGPASSWORD=***``, ``export SECRET_KEY=***``,
@@ -148,7 +148,8 @@ _PROGRAM_SECRETS = [
     re.compile(r"(\bredis-cli\b" + _SEGMENT + r"\s-a\s*)" + _ARG + _VALUE),
     re.compile(r"(\bldap(?:search|modify|add|delete|whoami|passwd|compare|modrdn)\b" + _SEGMENT
                + r"\s-w\s*)" + _ARG + _VALUE),
-    re.compile(r"(\bcurl\b" + _SEGMENT + r"\s(?:-u|-U|--user|--proxy-user)(?:\s+|=)?[\"']?[^\s\"':]*:)" + _ARG
+    # curl, wget and others: -u user:password (docker's -u uid:gid loses its gid: harmless)
+    re.compile(r"((?<!\S)(?:-u|-U|--user|--proxy-user|--http-user)(?:[ \t]+|=)?[\"']?[^\s\"':/@]*:)(?!/)" + _ARG
                + r"([^\s\"']+)"),
     re.compile(r"(\bsmbclient\b" + _SEGMENT + r"\s(?:-U|--user)(?:\s+|=)?[\"']?[^\s\"'%]*%)" + _ARG + r"([^\s\"']+)"),
     re.compile(r"(\s-pass(?:in|out)?\s+[\"']?pass:)" + _ARG + r"([^\s\"']+)"),
@@ -156,7 +157,8 @@ _PROGRAM_SECRETS = [
 
 _HINT = re.compile(_HINT_WORDS)  # in ASCII-lowered text: a line without one of these names no secret
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")  # keeps every index
-_PROGRAM_HINT = re.compile(r"mysql|mariadb|sshpass|mongo|login|redis-cli|ldap|curl|smbclient|-pass")
+_PROGRAM_HINT = re.compile(r"mysql|mariadb|sshpass|mongo|login|redis-cli|ldap|-u|-U|--user|--proxy-user|smbclient"
+                           r"|-pass")
 _QUOTED = r"""(?P<q>["'])(?P<qv>(?:\\.|(?!(?P=q))[^\\\n])*)(?P<qe>(?P=q))?"""
 _UNQUOTED = r"""(?P<v>[^\s"'&;,<>()\[\]{}\\]+)"""
 # The value is matched in a look-ahead, so a name that is no secret's consumes only itself and

@@ -171,7 +171,7 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
                       "ask for less work per call, or a longer time limit where the tool allows it")
             return {}
         except Exception as exc:  # Flower and the logs show the exception: redacted (worker/redaction.py)
-            raise redacted_failure(exc) from None
+            raise redacted_failure(exc, envelope) from None
         return task_summary(result)  # ids, codes and sizes only: the content is the ledger's
 
     @app.task(name=HEALTH_TASK_NAME, ignore_result=True, acks_late=False, shared=False,

@@ -32,6 +32,7 @@ from typing import Any
 
 from celery.exceptions import TaskPredicate
 from celery.signals import worker_init, worker_process_init
+from pydantic import ValidationError
 
 from ..models import ToolResult
 from ..tools.redact import redact_text, secret_values
@@ -57,13 +58,24 @@ class CallTaskError(Exception):
     The message is the original exception's traceback, redacted."""
 
 
-def redacted_failure(exc: BaseException) -> BaseException:
+def redacted_failure(exc: BaseException, envelope: Any = None) -> BaseException:
     """What a task raises instead of ``exc``: ``exc`` itself for Celery's control exceptions
-    (retry, ignore, reject), else a :class:`CallTaskError` holding ``exc``'s traceback, redacted."""
+    (retry, ignore, reject), else a :class:`CallTaskError` holding ``exc``'s traceback, redacted,
+    with the secret argument values of ``envelope`` (the task's kwarg, any shape) masked too. A
+    pydantic ``ValidationError`` is told without its input values: it quotes them cut short, and a
+    secret cut in two no longer has a recognisable shape."""
     if isinstance(exc, TaskPredicate):
         return exc
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return CallTaskError(redact_text(text).rstrip())
+    arguments = envelope.get("arguments") if isinstance(envelope, dict) else None
+    known = secret_values(arguments) if isinstance(arguments, dict) else set()
+    if isinstance(exc, ValidationError):
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}"
+                             for e in exc.errors(include_input=False, include_url=False))
+        last = f"ValidationError: {exc.error_count()} validation error(s) for {exc.title}: {problems}\n"
+        text = "".join(["Traceback (most recent call last):\n", *traceback.format_tb(exc.__traceback__), last])
+    else:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return CallTaskError(redact_text(text, known).rstrip())
 
 
 def mask_known_secrets(result: ToolResult, arguments: Any, sensitive: tuple[str, ...] | list[str] = ()) -> ToolResult:
