@@ -244,3 +244,18 @@ def test_adversarial_text_is_redacted_quickly(text):
     started = time.monotonic()
     redact_text(text)
     assert time.monotonic() - started < 3.0
+
+
+@pytest.mark.parametrize("depth", [900, 5000, 100_000])
+def test_deeply_nested_arguments_are_invalid_not_a_crash(depth):
+    from toolfleet import ToolCall, default_registry
+    from toolfleet.tools.validation import check_call
+
+    registry = default_registry()
+    value: object = "x"
+    for _ in range(depth):
+        value = [value]
+    for arguments in ({"path": value}, '{"path": ' + "[" * depth + "]" * depth + "}"):
+        result = check_call(registry, ToolCall(id="deep", name="read_file", arguments=arguments))
+        assert result is not None and result.code == ErrorCode.INVALID_ARGUMENT
+        assert "nested more than 100 levels deep" in result.error.message
