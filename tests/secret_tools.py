@@ -3,8 +3,12 @@ test's worker with ``--tools tests.secret_tools``)."""
 
 from __future__ import annotations
 
+import logging
+
 from toolfleet import ToolFailure, tool
 from toolfleet.tools.spec import tool_from_schema
+
+log = logging.getLogger(__name__)
 
 
 def _log_in(**arguments: str) -> str:
@@ -26,7 +30,8 @@ log_in = tool_from_schema(
 
 @tool(access="read", resources=lambda a: [])
 def open_db(dsn: str, password: str) -> str:
-    """Open a database (always fails with an exception that quotes the password)."""
+    """Open a database (always fails with an exception that quotes the password; logs the DSN)."""
+    log.warning("open_db: connecting to %s", dsn)  # a careless log line: the DSN holds a password
     raise RuntimeError(f"could not connect to {dsn} with {password}")
 
 

@@ -206,6 +206,7 @@ def test_no_secret_in_flower_worker_log_or_audit(settings, tmp_path, workspace):
     # the worker's log, with Celery's own lines at INFO
     assert f"{turn.turn_id}:env] received" in log and f"{turn.turn_id}:env] succeeded in" in log, log[-3000:]
     assert "CallTaskError" in log
+    assert "open_db: connecting to mysql://root:***@db/app" in log  # a tool's own log line, redacted
     assert not leaks(log), leaks(log)
 
     # the audit trail
