@@ -137,28 +137,32 @@ _BEARER = re.compile(r"(?i)(\b(?:bearer|basic)\s+)([A-Za-z0-9._~+/=-]{8,})")
 _SEGMENT = r"[^|;&\n]*?"  # the rest of one simple command
 _ARG = r"(?![\"']?\*\*\*[\"']?(?![^\s\"'|;&]))"  # not a value masked already (so a repeated option is found)
 _VALUE = r"(\"[^\"\n]*\"?|'[^'\n]*'?|[^\s\"'|;&-][^\s\"'|;&]*)"  # a word, quoted or not
-_PROGRAM_SECRETS = [
+_PROGRAM_SECRETS = [  # (words one of which the text must hold, pattern): the words skip a pattern cheaply
     # mysql's password is attached to -p (a separate word after -p is the database)
-    re.compile(r"(\b(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlshow|mysqlcheck|mariadb|mariadb-dump|mariadb-admin)"
-               r"\b" + _SEGMENT + r"\s-p)" + _ARG + r"([^\s\"'|;&]+)"),
-    re.compile(r"(\b(?:sshpass|mongo|mongosh|mongodump|mongorestore|mongoexport|mongoimport)\b" + _SEGMENT
-               + r"\s-p\s*)" + _ARG + _VALUE),
-    re.compile(r"(\b(?:docker|podman|nerdctl|helm|buildah|skopeo)\s+(?:registry\s+)?login\b" + _SEGMENT
-               + r"\s-p\s*)" + _ARG + _VALUE),
-    re.compile(r"(\bredis-cli\b" + _SEGMENT + r"\s-a\s*)" + _ARG + _VALUE),
-    re.compile(r"(\bldap(?:search|modify|add|delete|whoami|passwd|compare|modrdn)\b" + _SEGMENT
-               + r"\s-w\s*)" + _ARG + _VALUE),
+    (("mysql", "mariadb"), re.compile(
+        r"(\b(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlshow|mysqlcheck|mariadb|mariadb-dump|mariadb-admin)"
+        r"\b" + _SEGMENT + r"\s-p)" + _ARG + r"([^\s\"'|;&]+)")),
+    (("sshpass", "mongo"), re.compile(
+        r"(\b(?:sshpass|mongo|mongosh|mongodump|mongorestore|mongoexport|mongoimport)\b" + _SEGMENT
+        + r"\s-p\s*)" + _ARG + _VALUE)),
+    (("login",), re.compile(
+        r"(\b(?:docker|podman|nerdctl|helm|buildah|skopeo)\s+(?:registry\s+)?login\b" + _SEGMENT
+        + r"\s-p\s*)" + _ARG + _VALUE)),
+    (("redis-cli",), re.compile(r"(\bredis-cli\b" + _SEGMENT + r"\s-a\s*)" + _ARG + _VALUE)),
+    (("ldap",), re.compile(
+        r"(\bldap(?:search|modify|add|delete|whoami|passwd|compare|modrdn)\b" + _SEGMENT
+        + r"\s-w\s*)" + _ARG + _VALUE)),
     # curl, wget and others: -u user:password (docker's -u uid:gid loses its gid: harmless)
-    re.compile(r"((?<!\S)(?:-u|-U|--user|--proxy-user|--http-user)(?:[ \t]+|=)?[\"']?[^\s\"':/@]*:)(?!/)" + _ARG
-               + r"([^\s\"']+)"),
-    re.compile(r"(\bsmbclient\b" + _SEGMENT + r"\s(?:-U|--user)(?:\s+|=)?[\"']?[^\s\"'%]*%)" + _ARG + r"([^\s\"']+)"),
-    re.compile(r"(\s-pass(?:in|out)?\s+[\"']?pass:)" + _ARG + r"([^\s\"']+)"),
+    (("-u", "-U", "--user", "--proxy-user", "--http-user"), re.compile(
+        r"((?<!\S)(?:-u|-U|--user|--proxy-user|--http-user)(?:[ \t]+|=)?[\"']?[^\s\"':/@]*:)(?!/)" + _ARG
+        + r"([^\s\"']+)")),
+    (("smbclient",), re.compile(
+        r"(\bsmbclient\b" + _SEGMENT + r"\s(?:-U|--user)(?:\s+|=)?[\"']?[^\s\"'%]*%)" + _ARG + r"([^\s\"']+)")),
+    (("-pass",), re.compile(r"(\s-pass(?:in|out)?\s+[\"']?pass:)" + _ARG + r"([^\s\"']+)")),
 ]
 
 _HINT = re.compile(_HINT_WORDS)  # in ASCII-lowered text: a line without one of these names no secret
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")  # keeps every index
-_PROGRAM_HINT = re.compile(r"mysql|mariadb|sshpass|mongo|login|redis-cli|ldap|-u|-U|--user|--proxy-user|smbclient"
-                           r"|-pass")
 _QUOTED = r"""(?P<q>["'])(?P<qv>(?:\\.|(?!(?P=q))[^\\\n])*)(?P<qe>(?P=q))?"""
 _UNQUOTED = r"""(?P<v>[^\s"'&;,<>()\[\]{}\\]+)"""
 # The value is matched in a look-ahead, so a name that is no secret's consumes only itself and
@@ -299,8 +303,8 @@ def mask_secrets(text: str, known: Iterable[str] = ()) -> str:
         text = _AUTH_HEADER.sub(lambda m: m.group(1) + MASK if m.group(2).strip("* ") else m.group(0), text)
     if "cookie" in lower:
         text = _COOKIE_HEADER.sub(_cookie, text)
-    if _PROGRAM_HINT.search(text):
-        for program in _PROGRAM_SECRETS:
+    for words, program in _PROGRAM_SECRETS:
+        if any(word in text for word in words):
             for _ in range(8):  # one secret per match; a command may repeat the option
                 masked = program.sub(_program_value, text)
                 if masked == text:
