@@ -259,3 +259,36 @@ def test_deeply_nested_arguments_are_invalid_not_a_crash(depth):
         result = check_call(registry, ToolCall(id="deep", name="read_file", arguments=arguments))
         assert result is not None and result.code == ErrorCode.INVALID_ARGUMENT
         assert "nested more than 100 levels deep" in result.error.message
+
+
+def test_worker_log_records_and_unrunnable_message_bodies_are_redacted():
+    script = """
+import logging, sys
+from toolfleet.worker.redaction import install_log_redaction
+logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
+install_log_redaction()
+log = logging.getLogger("t")
+log.info("connecting with %s", "--password=hunter2x")
+try:
+    raise ValueError("token=abc123secret")
+except ValueError:
+    log.exception("failed for %(who)s", {"who": "redis://:pw9secret@cache"})
+log.info("bad format %s %s", "only one")
+from celery.worker.consumer import consumer
+class Message:
+    body = b'{"password": "bodysecret"}'
+print(consumer.dump_body(Message, Message.body))
+"""
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    for secret in ("hunter2x", "abc123secret", "pw9secret", "bodysecret"):
+        assert secret not in out.stdout + out.stderr, out.stdout
+    assert "connecting with --password=***" in out.stdout and "redis://:***@cache" in out.stdout
+    assert "token=***" in out.stdout and "could not be formatted" in out.stdout
+    assert "<message body of 26 bytes: not shown>" in out.stdout

@@ -12,7 +12,8 @@ which is what the dispatcher reads; Celery only ever sees:
   ``exception``/``traceback`` fields and Celery's error log line carry no secret;
 - **log lines** (:func:`install_log_redaction`, installed when a worker starts): every record
   created in the worker's processes, Celery's and kombu's included, has its message and traceback
-  text redacted (:func:`toolfleet.tools.redact.redact_text`) before any handler sees it;
+  text redacted (:func:`toolfleet.tools.redact.redact_text`) before any handler sees it, and the
+  body of a message Celery cannot run is logged as its size only;
 - **error messages** (:func:`mask_known_secrets`): a tool that quotes back an argument the model
   passed under a secret name (``password``, ``token``, a declared ``sensitive`` parameter) has that
   value masked in ``error.message``/``error.hint`` before the result is recorded (shapes are
@@ -102,7 +103,8 @@ def mask_known_secrets(result: ToolResult, arguments: Any, sensitive: tuple[str,
 def install_log_redaction() -> None:
     """Redact every log record created in this process from now on (idempotent): its message is
     formatted and redacted at once (``args`` cleared), its traceback and stack text redacted. A
-    record the redaction fails on keeps only a note saying so."""
+    record the redaction fails on keeps only a note saying so. Celery's reports of a message it
+    cannot run show the body's size, not the body."""
     global _installed
     with _install_lock:
         if _installed:
@@ -115,7 +117,20 @@ def install_log_redaction() -> None:
             return record
 
         logging.setLogRecordFactory(factory)
+        _hide_message_bodies()
         _installed = True
+
+
+def _hide_message_bodies() -> None:
+    """Celery logs a message it cannot run (unknown task, undecodable, invalid) with its body, the
+    call's arguments whole: show only the body's size."""
+    from celery.worker.consumer import consumer
+
+    def dump_body(message: Any, body: Any) -> str:
+        raw = getattr(message, "body", None) or b""
+        return f"<message body of {len(raw)} bytes: not shown>"
+
+    consumer.dump_body = dump_body
 
 
 def _redact_record(record: logging.LogRecord) -> None:
