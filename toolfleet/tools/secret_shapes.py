@@ -122,11 +122,11 @@ _SLACK_WEBHOOK = re.compile(r"(hooks\.slack\.com/(?:services|workflows)/)[A-Za-z
 _URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]{0,31}://[^\s:/?#@\"'<>\\]*:)([^\s/?#@\"'<>\\]+)(@)")
 _QUERY_SIG = re.compile(r"([?&](?:sig|code_verifier)=)([^&\s\"'#<>\\]+)")
 _AUTH_HEADER = re.compile(
-    r"(?i)(\b(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?"
+    r"(?i)(\b(?:proxy-)?authorization[\"']?[ \t]*[:=][ \t]*[\"']?"
     r"(?:(?:bearer|basic|token|digest|negotiate|ntlm|bot|apikey|jwt|oauth|key|aws4-hmac-sha256|sso-key|ssws)\s+)?)"
     r"([^\r\n\"'\\]+)"
 )
-_COOKIE_HEADER = re.compile(r"(?i)(\b(?:set-)?cookie[\"']?\s*[:=]\s*[\"']?)([^\r\n\"'\\]+)")
+_COOKIE_HEADER = re.compile(r"(?i)(\b(?:set-)?cookie[\"']?[ \t]*[:=][ \t]*[\"']?)([^\r\n\"'\\]+)")
 _COOKIE_VALUE = re.compile(r"(=\s*)[^;,\s]+")
 # "password": "value" inside JSON that is itself inside a JSON string (a logged repr)
 _ESCAPED_PAIR = re.compile(
