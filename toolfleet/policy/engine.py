@@ -133,7 +133,7 @@ def _command_verdict(
                 "write only to paths inside the workspace (relative paths, no .., no ~)",
                 "commands.workspace",
             )
-    concerns = [f"`{redact_text(c.text)}` {c.why}" for c in analysis.concerns]
+    concerns = [f"`{c.text}`: {c.why}" for c in analysis.concerns]
     for mention in analysis.mentions:
         why = outside_workspace(mention, workspace)
         if why is not None:
