@@ -1,7 +1,12 @@
-"""``run_command``: a shell command in the workspace, in its own process group.
+"""``run_command``: a shell command in the workspace, in the OS sandbox of :mod:`.sandbox`.
 
-Stopping a command (time limit or cancel) signals the whole group: TERM, a grace period, then
-KILL, so children it spawned die with it. What it printed until then is kept in the result.
+The command runs under ``bwrap`` (read-only root, the workspace the only writable place, its own PID
+namespace), started in a process group of its own. Stopping it (time limit or cancel) signals that
+group: TERM, a grace period, then KILL; the ``bwrap`` process dying takes the whole PID namespace
+with it (``--die-with-parent``), and so does the command's shell exiting, so no process it started
+outlives the call. What it printed until then is kept in the result. With ``sandbox = "none"`` (the
+operator's explicit choice) it runs unsandboxed, its process group is killed when it ends, and the
+output's first line says so.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import Field
 
 from ..errors import CallCancelled, ToolFailure, ToolTimeout
+from . import sandbox
 from .context import ToolContext
 from .spec import tool
 from .workspace import workspace_of
@@ -40,15 +46,22 @@ def run_command(
 ) -> str:
     """Run a shell command (bash) in the workspace and return what it printed (stdout and stderr).
 
+    It runs in a sandbox: only the workspace (and a private /tmp) is writable, no network unless the
+    worker allows it, and every process it starts ends when the command ends.
     A non-zero exit status makes the call an error whose content still holds the output.
 
     Args:
         command: The command line, run with `bash -c` in the workspace root.
         timeout_s: Seconds before the command is stopped; the tool's default is 300.
     """
+    box = sandbox.current()
+    workspace = workspace_of(ctx)
+    argv, env = box.command(["bash", "-c", command], workspace)
+    note = sandbox.UNSANDBOXED_NOTE + "\n" if box.unsandboxed else ""
     proc = subprocess.Popen(
-        ["bash", "-c", command],
-        cwd=workspace_of(ctx),
+        argv,
+        cwd=workspace,
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -59,8 +72,10 @@ def run_command(
     reader.start()
 
     def output() -> str:
+        if box.unsandboxed:
+            _kill_group(proc.pid)  # what the command left running holds the pipe open
         reader.join(timeout=1.0)
-        return b"".join(chunks).decode("utf-8", errors="replace")
+        return note + b"".join(chunks).decode("utf-8", errors="replace")
 
     try:
         while True:
@@ -70,28 +85,28 @@ def run_command(
             except subprocess.TimeoutExpired:
                 pass
             if ctx.cancelled.is_set():
-                _stop_group(proc)
+                _stop_group(proc, not box.unsandboxed)
                 raise CallCancelled(ctx.cancel_reason or "the turn was cancelled", output=output())
             if ctx.remaining_s <= 0:
-                _stop_group(proc)
+                _stop_group(proc, not box.unsandboxed)
                 raise ToolTimeout(
                     f"command ran past its time limit and was stopped: {command}",
                     "raise timeout_s, or run a shorter command",
                     output=output(),
                 )
     except SoftTimeLimitExceeded:
-        _stop_group(proc)
+        _stop_group(proc, not box.unsandboxed)
         raise ToolTimeout(
             f"command ran past its time limit and was stopped: {command}",
             "raise timeout_s, or run a shorter command",
             output=output(),
         ) from None
     except CallCancelled as exc:
-        _stop_group(proc)
+        _stop_group(proc, not box.unsandboxed)
         raise CallCancelled(str(exc), output=exc.output or output()) from None
     finally:
         if proc.poll() is None:
-            _stop_group(proc)
+            _stop_group(proc, not box.unsandboxed)
     text = output()
     if proc.returncode != 0:
         raise ToolFailure(
@@ -108,18 +123,43 @@ def _drain(proc: subprocess.Popen[bytes], chunks: list[bytes]) -> None:
         chunks.append(chunk)
 
 
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
-    """TERM the command's process group, wait ``TERM_GRACE_S``, then KILL what is left."""
+def _kill_group(pgid: int) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop_group(proc: subprocess.Popen[bytes], sandboxed: bool = True) -> None:
+    """TERM the command's process group, wait ``TERM_GRACE_S``, then KILL what is left.
+
+    In the sandbox the command runs in the session and group of bwrap's child, the sandbox's init
+    (pid 1 of its PID namespace, ``--new-session``): TERM goes to that group, KILL to the init,
+    whose end makes the kernel kill every process of the namespace before ``bwrap`` can exit, so
+    when this returns no process of the command is left."""
+    inits = _children(proc.pid) if sandboxed else []
+    for pgid in inits if sandboxed else [proc.pid]:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
         proc.wait(timeout=TERM_GRACE_S)
     except subprocess.TimeoutExpired:
         pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    for pid in inits:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _kill_group(proc.pid)
     proc.wait()
+
+
+def _children(pid: int) -> list[int]:
+    """Process ids of ``pid``'s children (Linux ``/proc/<pid>/task/<pid>/children``); [] once it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(child) for child in handle.read().split()]
+    except OSError:
+        return []
