@@ -77,6 +77,7 @@ def print_catalog(console: Console, entries: list[dict[str, Any]], namespace: st
         if box.get("mode") == "none":
             console.print(f"[bold yellow]{entry['worker']}: run_command runs UNSANDBOXED (sandbox = \"none\")[/]")
         elif box.get("error"):
-            console.print(f"[bold red]{entry['worker']}: no sandbox, run_command not served: {escape(str(box['error']))}[/]")
+            reason = escape(str(box["error"]))
+            console.print(f"[bold red]{entry['worker']}: no sandbox, run_command not served: {reason}[/]")
         elif box:
             console.print(f"{entry['worker']}: sandbox {box['mode']}, network {box.get('network')}")
