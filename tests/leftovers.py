@@ -27,3 +27,16 @@ def processes_with(word: str) -> list[tuple[int, str]]:
         if word in cmdline and state != "Z":
             found.append((int(entry.name), cmdline))
     return found
+
+
+def wait_gone(word: str, timeout_s: float = 2.0) -> list[tuple[int, str]]:
+    """:func:`processes_with` once they are gone or ``timeout_s`` passed (a process sent SIGKILL
+    still shows in /proc for a moment while it exits); returns what is left."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    left = processes_with(word)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.01)
+        left = processes_with(word)
+    return left

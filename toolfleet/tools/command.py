@@ -26,7 +26,8 @@ from .context import ToolContext
 from .spec import tool
 from .workspace import workspace_of
 
-TERM_GRACE_S = 0.5  # between TERM and KILL of the process group
+TERM_GRACE_S = 0.25  # between TERM and KILL (s); below the default cancel_grace_s (0.5 s), so a cancel
+# that a command ignores still ends in this handler, with its partial output, before the dispatcher kills it
 POLL_S = 0.05  # how often the wait loop looks at the cancel signal and the deadline (s)
 
 
