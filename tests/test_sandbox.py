@@ -75,9 +75,10 @@ def test_workspace_is_writable_and_tmp_is_private(dispatcher, worker, workspace)
     Path("/tmp", name + ".host").write_text("host\n")
     try:
         result = run(dispatcher, workspace, f"echo made > made.txt && echo inside > /tmp/{name} && cat /tmp/{name} "
-                                            f"&& ls /tmp && test ! -e /tmp/{name}.host && echo private")
+                                            f"&& echo beside > ../{name} && test ! -e /tmp/{name}.host && echo private")
         assert result.ok, result.content
         assert (workspace / "made.txt").read_text() == "made\n"
+        assert not (workspace.parent / name).exists()  # beside the workspace (under /tmp) is the private /tmp
         assert "inside\n" in result.content and result.content.strip().endswith("private")
         assert not Path("/tmp", name).exists()
     finally:
