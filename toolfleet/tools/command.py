@@ -12,6 +12,7 @@ output's first line says so.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -78,13 +79,12 @@ def run_command(
         reader.join(timeout=1.0)
         return note + b"".join(chunks).decode("utf-8", errors="replace")
 
+    exited = _exit_watch(proc)
     try:
         while True:
-            try:
-                proc.wait(timeout=min(POLL_S, max(ctx.remaining_s, 0.001)))
+            if exited(min(POLL_S, max(ctx.remaining_s, 0.001))):
+                proc.wait()
                 break
-            except subprocess.TimeoutExpired:
-                pass
             if ctx.cancelled.is_set():
                 _stop_group(proc, not box.unsandboxed)
                 raise CallCancelled(ctx.cancel_reason or "the turn was cancelled", output=output())
@@ -108,6 +108,7 @@ def run_command(
     finally:
         if proc.poll() is None:
             _stop_group(proc, not box.unsandboxed)
+        exited.close()  # type: ignore[attr-defined]
     text = output()
     if proc.returncode != 0:
         raise ToolFailure(
@@ -116,6 +117,34 @@ def run_command(
             output=text,
         )
     return text
+
+
+class _exit_watch:  # noqa: N801 - used as a function
+    """``exited(timeout_s)``: True as soon as ``proc`` has exited (a pidfd polled, so the end is seen
+    at once, not at the next step of ``Popen.wait``'s growing sleeps), False after ``timeout_s``."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
+        try:
+            self._fd: int | None = os.pidfd_open(proc.pid)
+            self._poll = select.poll()
+            self._poll.register(self._fd, select.POLLIN)
+        except OSError:  # no pidfd (Linux < 5.3): fall back on Popen.wait
+            self._fd = None
+
+    def __call__(self, timeout_s: float) -> bool:
+        if self._fd is None:
+            try:
+                self._proc.wait(timeout=timeout_s)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        return bool(self._poll.poll(max(int(timeout_s * 1000), 1)))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _drain(proc: subprocess.Popen[bytes], chunks: list[bytes]) -> None:

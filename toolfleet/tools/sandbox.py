@@ -159,9 +159,14 @@ _state: SandboxState | None = None
 
 def configure(config: SandboxConfig) -> SandboxState:
     """Probe ``config`` and make it this process's sandbox (inherited by forked pool processes)."""
+    return install(SandboxState(config, probe(config)))
+
+
+def install(state: SandboxState) -> SandboxState:
+    """Make ``state`` (already probed, e.g. by an earlier :func:`configure`) this process's sandbox."""
     global _state
-    _state = SandboxState(config, probe(config))
-    return _state
+    _state = state
+    return state
 
 
 def current() -> SandboxState:
