@@ -108,7 +108,7 @@ def worker(
         connect(settings.redis_url)
         registry, message = serve_sandboxed(default_registry(tools or []), settings)
         if message:
-            err.print(f"[bold yellow]{message}[/]")
+            err.print(message, style="bold yellow", markup=False)
         rules = _policy(policy)
         celery_app = create_app(settings, registry, rules)
     except ToolfleetError as exc:

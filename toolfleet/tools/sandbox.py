@@ -32,7 +32,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +158,11 @@ _state: SandboxState | None = None
 
 
 def configure(config: SandboxConfig) -> SandboxState:
-    """Probe ``config`` and make it this process's sandbox (inherited by forked pool processes)."""
+    """Probe ``config`` and make it this process's sandbox (inherited by forked pool processes). The
+    bubblewrap binary is resolved on ``PATH`` here, once, so every command runs the one probed."""
+    found = shutil.which(config.bwrap) if config.mode == "bwrap" else None
+    if found:
+        config = replace(config, bwrap=found)
     return install(SandboxState(config, probe(config)))
 
 
