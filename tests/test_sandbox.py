@@ -24,7 +24,7 @@ from toolfleet.tools import sandbox
 from toolfleet.tools.command import run_command
 from toolfleet.tools.context import ToolContext
 
-from .conftest import ROOT, TEST_TOOLS
+from .conftest import READY_TIMEOUT_S, ROOT, TEST_TOOLS
 from .faults import call, wait_started
 from .leftovers import marker, processes_with, wait_gone
 
@@ -150,7 +150,8 @@ def _start_logged_worker(settings, tmp_path: Path, env: dict[str, str], args: li
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, env=dict(os.environ, PYTHONPATH=str(ROOT), **env), cwd=ROOT, stderr=out,
                                 stdout=out, start_new_session=True)
-    reply = redis.Redis.from_url(settings.redis_url).blpop([Keys(settings.namespace).workers_ready], timeout=60)
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=READY_TIMEOUT_S + 5)
+    reply = client.blpop([Keys(settings.namespace).workers_ready], timeout=READY_TIMEOUT_S)
     if reply is None:
         proc.kill()
         raise RuntimeError(f"worker did not start: {log.read_text()}")

@@ -1,14 +1,14 @@
 """``run_command``: a shell command in the workspace, in the OS sandbox of :mod:`.sandbox`.
 
 The command runs under ``bwrap`` (read-only root, the workspace the only writable place, its own PID
-namespace), started in a process group of its own. Stopping it (time limit or cancel) signals that
-group: TERM, a grace period, then KILL; the ``bwrap`` process dying takes the whole PID namespace
-with it (``--die-with-parent``), and so does the command's shell exiting, so no process it started
-outlives the call. What it printed until then is kept in the result. With ``sandbox = "none"`` (the
+namespace), started in a process group of its own. Its end is seen through a pidfd. Stopping it
+(time limit or cancel) sends TERM to the command's group, waits ``TERM_GRACE_S``, then KILLs the
+sandbox's init: the kernel then kills every process of the PID namespace before ``bwrap`` exits, as
+it does when the command's shell exits by itself, so no process it started outlives the call
+(docs/sandbox.md). What it printed until then is kept in the result. With ``sandbox = "none"`` (the
 operator's explicit choice) it runs unsandboxed, its process group is killed when it ends, and the
 output's first line says so.
 """
-
 from __future__ import annotations
 
 import os

@@ -98,10 +98,12 @@ class SandboxState:
 
 
 def allowed_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The allow-listed part of ``environ`` (:data:`ENV_ALLOW`), with ``PATH`` defaulted and ``TMPDIR=/tmp``."""
+    """The allow-listed part of ``environ`` (:data:`ENV_ALLOW`), with ``PATH`` defaulted, ``TMPDIR=/tmp``
+    and ``XDG_CACHE_HOME=/tmp/.cache`` (``HOME`` is read-only in the sandbox; tools keep caches there)."""
     env = {name: environ[name] for name in ENV_ALLOW if name in environ}
     env.setdefault("PATH", DEFAULT_PATH)
     env["TMPDIR"] = "/tmp"
+    env["XDG_CACHE_HOME"] = "/tmp/.cache"
     return env
 
 
