@@ -173,10 +173,13 @@ def _stop_group(proc: subprocess.Popen[bytes], sandboxed: bool = True) -> None:
             os.killpg(pgid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
             pass
-    try:
-        proc.wait(timeout=TERM_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
+    if inits or not sandboxed:
+        try:
+            proc.wait(timeout=TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+    # else: bwrap has not made the sandbox yet, so nothing of the command runs: KILL it at once (an
+    # init made in between dies with it: --die-with-parent)
     for pid in inits:
         try:
             os.kill(pid, signal.SIGKILL)
