@@ -225,3 +225,12 @@ def test_sandbox_setting_from_the_environment(settings, tmp_path):
                                 "TOOLFLEET_BWRAP": "/opt/bwrap"})
     assert (chosen.sandbox, chosen.sandbox_network, chosen.bwrap_path) == ("none", "host", "/opt/bwrap")
     assert Settings().sandbox == "bwrap" and Settings().sandbox_network == "none"
+
+
+@pytest.mark.parametrize("option", [["--sandbox", "maybe"], ["--network", "bridge"]])
+def test_worker_refuses_an_unknown_sandbox_setting(settings, option):
+    proc = subprocess.run([sys.executable, "-m", "toolfleet", "worker", "--redis-url", settings.redis_url,
+                           "--namespace", settings.namespace, *option], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+    assert proc.returncode == 1 and "invalid setting" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
