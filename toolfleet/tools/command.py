@@ -11,11 +11,13 @@ output's first line says so.
 """
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
 import subprocess
 import threading
+import time
 from typing import Annotated
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -58,17 +60,24 @@ def run_command(
     """
     box = sandbox.current()
     workspace = workspace_of(ctx)
-    argv, env = box.command(["bash", "-c", command], workspace)
-    note = sandbox.UNSANDBOXED_NOTE + "\n" if box.unsandboxed else ""
-    proc = subprocess.Popen(
-        argv,
-        cwd=workspace,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    info_r, info_w = (None, None) if box.unsandboxed else os.pipe()
+    try:
+        argv, env = box.command(["bash", "-c", command], workspace, info_fd=info_w)
+        note = sandbox.UNSANDBOXED_NOTE + "\n" if box.unsandboxed else ""
+        proc = subprocess.Popen(
+            argv,
+            cwd=workspace,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=() if info_w is None else (info_w,),
+        )
+    finally:
+        if info_w is not None:
+            os.close(info_w)
+    init = _SandboxInit.read(info_r) if info_r is not None else None
     chunks: list[bytes] = []
     reader = threading.Thread(target=_drain, args=(proc, chunks), daemon=True)
     reader.start()
@@ -84,31 +93,35 @@ def run_command(
         while True:
             if exited(min(POLL_S, max(ctx.remaining_s, 0.001))):
                 proc.wait()
+                if init is not None:
+                    init.wait_gone()  # bwrap exits before its init has finished killing the namespace
                 break
             if ctx.cancelled.is_set():
-                _stop_group(proc, not box.unsandboxed)
+                _stop_group(proc, init)
                 raise CallCancelled(ctx.cancel_reason or "the turn was cancelled", output=output())
             if ctx.remaining_s <= 0:
-                _stop_group(proc, not box.unsandboxed)
+                _stop_group(proc, init)
                 raise ToolTimeout(
                     f"command ran past its time limit and was stopped: {command}",
                     "raise timeout_s, or run a shorter command",
                     output=output(),
                 )
     except SoftTimeLimitExceeded:
-        _stop_group(proc, not box.unsandboxed)
+        _stop_group(proc, init)
         raise ToolTimeout(
             f"command ran past its time limit and was stopped: {command}",
             "raise timeout_s, or run a shorter command",
             output=output(),
         ) from None
     except CallCancelled as exc:
-        _stop_group(proc, not box.unsandboxed)
+        _stop_group(proc, init)
         raise CallCancelled(str(exc), output=exc.output or output()) from None
     finally:
         if proc.poll() is None:
-            _stop_group(proc, not box.unsandboxed)
+            _stop_group(proc, init)
         exited.close()  # type: ignore[attr-defined]
+        if init is not None:
+            init.close()
     text = output()
     if proc.returncode != 0:
         raise ToolFailure(
@@ -160,39 +173,90 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _stop_group(proc: subprocess.Popen[bytes], sandboxed: bool = True) -> None:
+def _stop_group(proc: subprocess.Popen[bytes], init: _SandboxInit | None) -> None:
     """TERM the command's process group, wait ``TERM_GRACE_S``, then KILL what is left.
 
-    In the sandbox the command runs in the session and group of bwrap's child, the sandbox's init
-    (pid 1 of its PID namespace, ``--new-session``): TERM goes to that group, KILL to the init,
-    whose end makes the kernel kill every process of the namespace before ``bwrap`` can exit, so
-    when this returns no process of the command is left."""
-    inits = _children(proc.pid) if sandboxed else []
-    for pgid in inits if sandboxed else [proc.pid]:
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
-    if inits or not sandboxed:
-        try:
-            proc.wait(timeout=TERM_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
-    # else: bwrap has not made the sandbox yet, so nothing of the command runs: KILL it at once (an
-    # init made in between dies with it: --die-with-parent)
-    for pid in inits:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    In the sandbox (``init`` given) the command runs in the session and group of the sandbox's init
+    (pid 1 of its PID namespace, ``--new-session``): TERM goes to that group, KILL to the init, whose
+    end makes the kernel kill every process of the namespace; this returns once the init is gone, so
+    no process of the command is left. Unsandboxed, TERM and KILL go to ``proc``'s own group."""
+    pgid = proc.pid if init is None else init.pid
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=TERM_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    if init is not None:
+        init.kill()
     _kill_group(proc.pid)
     proc.wait()
+    if init is not None:
+        init.wait_gone()
 
 
-def _children(pid: int) -> list[int]:
-    """Process ids of ``pid``'s children (Linux ``/proc/<pid>/task/<pid>/children``); [] once it is gone."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as handle:
-            return [int(child) for child in handle.read().split()]
-    except OSError:
-        return []
+class _SandboxInit:
+    """The sandbox's init (pid 1 of its PID namespace), as bwrap reports it on ``--info-fd``, held
+    by a pidfd. bwrap exits as soon as the command's shell does, *before* the init has finished
+    making the kernel kill the namespace's other processes; the init's pidfd becomes readable only
+    after that (the kernel zaps a PID namespace before it notifies its init's exit), so waiting on it
+    is waiting until no process of the command is left."""
+
+    GONE_WAIT_S = 5.0  # the init dies with bwrap (--die-with-parent); KILLed if it has not by then
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self._fd: int | None = None
+        if pid is not None:
+            try:
+                self._fd = os.pidfd_open(pid)
+            except OSError:  # already gone (or no pidfd: Linux < 5.3; bwrap's --die-with-parent still holds)
+                self._fd = None
+
+    @classmethod
+    def read(cls, info_fd: int) -> _SandboxInit:
+        """Read bwrap's ``--info-fd`` JSON (written once the sandbox exists, then closed) from
+        ``info_fd`` and close it; waits at most ``sandbox.PROBE_TIMEOUT_S``. A bwrap that failed
+        first closes the fd without writing: then there is no init to wait for."""
+        data = b""
+        poller = select.poll()
+        poller.register(info_fd, select.POLLIN)
+        deadline = time.monotonic() + sandbox.PROBE_TIMEOUT_S
+        try:
+            while (left := deadline - time.monotonic()) > 0 and poller.poll(int(left * 1000) + 1):
+                chunk = os.read(info_fd, 4096)
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            os.close(info_fd)
+        try:
+            pid = int(json.loads(data)["child-pid"])
+        except (ValueError, KeyError, TypeError):
+            pid = None
+        return cls(pid)
+
+    def kill(self) -> None:
+        if self._fd is not None:
+            try:
+                signal.pidfd_send_signal(self._fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def wait_gone(self) -> None:
+        """Return once the init (and so every process of the namespace) is gone: bounded by
+        ``GONE_WAIT_S``, then the init is KILLed and waited for again."""
+        if self._fd is None:
+            return
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        if not poller.poll(int(self.GONE_WAIT_S * 1000)):
+            self.kill()
+            poller.poll(int(self.GONE_WAIT_S * 1000))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -82,11 +82,13 @@ class SandboxState:
         return out
 
     def command(self, argv: Sequence[str], workspace: Path, network: str | None = None,
-                environ: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+                environ: Mapping[str, str] | None = None,
+                info_fd: int | None = None) -> tuple[list[str], dict[str, str]]:
         """The argv and environment to start ``argv`` with, in ``workspace``. Raises
         :class:`ToolFailure` (``TOOL_UNAVAILABLE``) when the sandbox cannot be created, and
         (``PERMISSION_DENIED``) when the workspace is ``/`` or not a directory. ``network``
-        overrides the configured one for this command."""
+        overrides the configured one for this command; ``info_fd`` (an fd the child inherits) gets
+        bwrap's ``--info-fd`` JSON, whose ``child-pid`` is the sandbox's init."""
         if self.error and not self.unsandboxed:
             raise ToolFailure(f"run_command refused: the sandbox cannot be created on this worker ({self.error})",
                               "the operator must install bubblewrap (apt-get install bubblewrap) or set "
@@ -94,7 +96,7 @@ class SandboxState:
         env = allowed_env(os.environ if environ is None else environ)
         if self.unsandboxed:
             return list(argv), env
-        return bwrap_argv(self.config, argv, workspace, network or self.config.network, env), env
+        return bwrap_argv(self.config, argv, workspace, network or self.config.network, env, info_fd), env
 
 
 def allowed_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -108,7 +110,7 @@ def allowed_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def bwrap_argv(config: SandboxConfig, argv: Sequence[str], workspace: Path, network: str,
-               env: Mapping[str, str]) -> list[str]:
+               env: Mapping[str, str], info_fd: int | None = None) -> list[str]:
     """The bubblewrap command line that runs ``argv`` confined to ``workspace`` (see the module doc).
     Mount order matters: later mounts cover earlier ones, so the workspace comes after ``/tmp``."""
     root = os.path.realpath(workspace)
@@ -128,6 +130,8 @@ def bwrap_argv(config: SandboxConfig, argv: Sequence[str], workspace: Path, netw
         out.append("--unshare-net")
     for name, value in env.items():
         out += ["--setenv", name, value]
+    if info_fd is not None:
+        out += ["--info-fd", str(info_fd)]
     return [*out, "--", *argv]
 
 
