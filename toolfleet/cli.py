@@ -160,8 +160,9 @@ def run(
             turn = dispatcher.submit_response(payload, format=adapter.name, **options)
     except BatchRejected as exc:
         if as_json:
-            error = {"reason": exc.reason, "message": str(exc), "call_ids": list(exc.call_ids)}
-            print(json.dumps({"turn_id": None, "error": error, "results": [], "messages": []}, indent=2))
+            error = {"reason": exc.reason, "message": str(exc), "call_ids": list(exc.call_ids),
+                     "pointer": getattr(exc, "pointer", "")}
+            _print_json({"turn_id": None, "error": error, "results": [], "messages": []})
         else:
             err.print(f"[bold red]batch refused:[/] {exc}")
         raise typer.Exit(2) from None
@@ -206,7 +207,7 @@ def run(
             "elapsed_s": round(finished - started, 3),
             "final_after_cancel_s": round(finished - cancelled_at[0], 3) if cancelled_at else None,
         }
-        print(json.dumps(doc, indent=2, ensure_ascii=False))
+        _print_json(doc)
     else:
         for warning in warnings:
             err.print(f"[yellow]warning:[/] {warning}")
@@ -216,24 +217,58 @@ def run(
 
 def _read_payload(path: Path) -> Any:
     """A .json file's one value, or a .jsonl file's events (one JSON value a line) as a list.
-    A .json file that holds several lines of JSON values is read as events too."""
+    A .json file that holds several lines of JSON values is read as events too, and so is a stream
+    saved as server-sent events (``data: {...}`` lines; comments, ``event:`` lines and ``[DONE]``
+    skipped). Exits with code 2 and says where for a file that cannot be read."""
     try:
-        text = path.read_text()
-    except OSError as exc:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
         _fail(ToolfleetError(f"cannot read {path}: {exc}"), 2)
-    lines = [line for line in text.splitlines() if line.strip()]
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if _event_text(line) is not None]
+    line_no = 0
     try:
-        if path.suffix == ".jsonl":
-            return [json.loads(line) for line in lines]
+        if path.suffix == ".jsonl" or text.lstrip().startswith(("data:", ":", "event:")):
+            events = []
+            for line_no, line in lines:  # noqa: B007 (line_no is read by the except below)
+                events.append(json.loads(_event_text(line)))
+            return events
         try:
             return json.loads(text)
         except json.JSONDecodeError:
             if len(lines) > 1:
-                return [json.loads(line) for line in lines]
+                events = []
+                for line_no, line in lines:  # noqa: B007 (line_no is read by the except below)
+                    events.append(json.loads(_event_text(line)))
+                return events
             raise
-    except json.JSONDecodeError as exc:
-        _fail(ToolfleetError(f"cannot read {path}: not JSON ({exc}); expected a provider response saved as "
+    except (ValueError, RecursionError) as exc:  # not JSON, a number past the digit limit, too deep
+        where = f" (line {line_no})" if line_no else ""
+        what = "nests too deep" if isinstance(exc, RecursionError) else f"is not JSON ({exc})"
+        _fail(ToolfleetError(f"cannot read {path}{where}: it {what}; expected a provider response saved as "
                              "JSON (chat completion, Responses or Anthropic message) or a .jsonl stream"), 2)
+
+
+def _event_text(line: str) -> str | None:
+    """The JSON text of one stream line, or None for a line that holds no event (blank, an SSE
+    comment or field other than ``data``, ``[DONE]``)."""
+    line = line.strip()
+    if not line or line.startswith(":") or line.startswith(("event:", "id:", "retry:")):
+        return None
+    if line.startswith("data:"):
+        line = line[5:].strip()
+    return None if line in ("", "[DONE]") else line
+
+
+def _print_json(doc: Any) -> None:
+    """``doc`` as indented JSON on stdout, as UTF-8; text that is not Unicode (a lone surrogate)
+    written as a JSON escape, so the output is always valid UTF-8 JSON."""
+    text = json.dumps(doc, indent=2, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(doc, indent=2)
+    sys.stdout.buffer.write(text.encode("utf-8") + b"\n")
+    sys.stdout.flush()
 
 
 @app.command()

@@ -29,6 +29,8 @@ from .spec import ToolSpec
 from .violations import violations
 
 NAMES_LISTED = 30
+MAX_ARGUMENT_DEPTH = 64  # objects and arrays inside one another; deeper arguments are INVALID_ARGUMENT
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 CONTEXT_CHARS = 40
 _PREFIX = re.compile(r"^(functions|function|tools|tool|default_api|api)[.:/]", re.I)
 
@@ -55,7 +57,7 @@ def parse_arguments(call: ToolCall) -> dict[str, Any] | ToolResult:
     """
     raw = call.arguments
     if isinstance(raw, dict):
-        return raw
+        return _readable(call, raw)
     if not raw.strip():
         return {}
     try:
@@ -65,6 +67,13 @@ def parse_arguments(call: ToolCall) -> dict[str, Any] | ToolResult:
     except _StrictJSONError as exc:
         return _invalid(call, f"arguments are not strict JSON: {exc}",
                         "send every parameter once, with plain JSON values (no NaN or Infinity).")
+    except RecursionError:
+        return _too_deep(call)
+    except ValueError as exc:  # a number past Python's digit limit (sys.get_int_max_str_digits)
+        return _invalid(call, f"arguments hold a number that cannot be read: {shorten(str(exc), 120)}",
+                        "send long numbers as strings.")
+    if isinstance(value, dict):
+        return _readable(call, value)
     if isinstance(value, str) and value.strip().startswith("{"):
         return _invalid(
             call,
@@ -78,6 +87,32 @@ def parse_arguments(call: ToolCall) -> dict[str, Any] | ToolResult:
             'wrap them in an object keyed by parameter name, e.g. {"path": "README.md"}.',
         )
     return value
+
+
+def _readable(call: ToolCall, value: dict[str, Any]) -> dict[str, Any] | ToolResult:
+    """``value``, or INVALID_ARGUMENT when it nests past :data:`MAX_ARGUMENT_DEPTH` or holds text
+    that is not Unicode (a lone UTF-16 surrogate, which no UTF-8 file, command or request can carry)."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 1)]
+    while stack:
+        item, pointer, depth = stack.pop()
+        if depth > MAX_ARGUMENT_DEPTH:
+            return _too_deep(call)
+        pairs = item.items() if isinstance(item, dict) else enumerate(item)
+        for key, child in pairs:
+            where = f"{pointer}/{key}"
+            for text in (key, child) if isinstance(item, dict) else (child,):
+                if isinstance(text, str) and _LONE_SURROGATE.search(text):
+                    return _invalid(call, f"arguments hold text that is not Unicode at {where or '/'}: a lone "
+                                    f"UTF-16 surrogate (U+{ord(_LONE_SURROGATE.search(text).group()):04X})",
+                                    "send the whole character (both halves of a surrogate pair) or leave it out.")
+            if isinstance(child, (dict, list)):
+                stack.append((child, where, depth + 1))
+    return value
+
+
+def _too_deep(call: ToolCall) -> ToolResult:
+    return _invalid(call, f"arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels",
+                    f"send flatter arguments (at most {MAX_ARGUMENT_DEPTH} levels of objects and arrays).")
 
 
 def unknown_tool(call: ToolCall, names: Iterable[str]) -> ToolResult:
