@@ -75,3 +75,30 @@ def test_gateway_stream_meets_its_expect_file(case, settings, worker, workspace)
         assert text in warning
     check_provider_rules(doc["format"], doc["assistant"], doc["messages"])
     check_messages(doc["format"], without_extensions(doc["assistant"]) + doc["messages"])
+
+
+UNREADABLE = [
+    ("tool_calls_null.json", json.dumps({"choices": [{"message": {"role": "assistant", "tool_calls": [None]}}]}),
+     "/choices/0/message/tool_calls/0"),
+    ("delta_text.jsonl", json.dumps({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": "x"}]}),
+     "/0/choices/0/delta"),
+    ("message_text.jsonl", json.dumps({"type": "message_start", "message": "x"}), "/0/message"),
+    ("digits.json", '{"content": [{"type": "tool_use", "id": "t", "name": "read_file", "input": {"n": '
+     + "7" * 5001 + "}}]}", None),
+    ("deep.json", '{"content": ' + "[" * 10_000 + "]" * 10_000 + "}", None),
+]
+
+
+@pytest.mark.parametrize("name, text, pointer", UNREADABLE, ids=[n for n, _, _ in UNREADABLE])
+def test_cli_refuses_an_unreadable_payload_without_a_traceback(name, text, pointer, settings, tmp_path):
+    """Issue 12, case 6 through the CLI: a clear refusal (exit 2), never a Python traceback."""
+    case = tmp_path / name
+    case.write_text(text)
+    proc = toolfleet_run(settings, case, tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    if pointer is None:  # the file itself cannot be read as JSON: said on stderr
+        assert "cannot read" in proc.stderr
+    else:
+        error = json.loads(proc.stdout)["error"]
+        assert error["pointer"] == pointer and error["reason"] == "unreadable_payload"

@@ -152,6 +152,8 @@ def run(
         dispatcher = Dispatcher(settings, default_registry(tools or []), _policy(policy))
         options = {"workspace": str(workspace.resolve()), "session_id": session}
         if adapter.streamed:
+            # a recorded stream that cannot be read is refused whole, before anything runs
+            adapter.replay(payload if isinstance(payload, list) else [payload])
             with dispatcher.open_stream(format=adapter.name, **options) as stream:
                 for event in payload if isinstance(payload, list) else [payload]:
                     stream.feed(event)
@@ -162,7 +164,7 @@ def run(
         if as_json:
             error = {"reason": exc.reason, "message": str(exc), "call_ids": list(exc.call_ids),
                      "pointer": getattr(exc, "pointer", "")}
-            _print_json({"turn_id": None, "error": error, "results": [], "messages": []})
+            print(json.dumps({"turn_id": None, "error": error, "results": [], "messages": []}, indent=2))
         else:
             err.print(f"[bold red]batch refused:[/] {exc}")
         raise typer.Exit(2) from None
@@ -207,7 +209,7 @@ def run(
             "elapsed_s": round(finished - started, 3),
             "final_after_cancel_s": round(finished - cancelled_at[0], 3) if cancelled_at else None,
         }
-        _print_json(doc)
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
         for warning in warnings:
             err.print(f"[yellow]warning:[/] {warning}")
@@ -257,18 +259,6 @@ def _event_text(line: str) -> str | None:
     if line.startswith("data:"):
         line = line[5:].strip()
     return None if line in ("", "[DONE]") else line
-
-
-def _print_json(doc: Any) -> None:
-    """``doc`` as indented JSON on stdout, as UTF-8; text that is not Unicode (a lone surrogate)
-    written as a JSON escape, so the output is always valid UTF-8 JSON."""
-    text = json.dumps(doc, indent=2, ensure_ascii=False)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = json.dumps(doc, indent=2)
-    sys.stdout.buffer.write(text.encode("utf-8") + b"\n")
-    sys.stdout.flush()
 
 
 @app.command()

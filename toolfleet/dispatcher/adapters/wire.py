@@ -19,6 +19,7 @@ import re
 from typing import Any
 
 from ...errors import BatchRejected
+from ...tools.validation import MAX_ARGUMENT_DEPTH
 
 MAX_WIRE_DEPTH = 200  # a value nested deeper than this goes back as null (no provider sends one)
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -113,14 +114,16 @@ def escape_surrogates(text: str) -> str:
 
 def call_arguments(value: Any) -> str | dict[str, Any]:
     """A call's arguments as :class:`~toolfleet.models.ToolCall` takes them: text (pairs joined) or
-    an object as is; missing means ``""`` (``{}``); any other JSON value its JSON text, so
-    validation says what is wrong with it."""
+    an object as is; missing means ``""`` (``{}``); any other JSON value, and an object nested past
+    ``MAX_ARGUMENT_DEPTH``, its JSON text, so validation says what is wrong with it."""
     if isinstance(value, str):
         return join_surrogates(value)
-    if isinstance(value, dict):
+    if isinstance(value, dict) and depth_of(value, MAX_ARGUMENT_DEPTH) <= MAX_ARGUMENT_DEPTH:
         return value
     if value is None:
         return ""
+    # anything else goes on as text, which nothing downstream walks recursively; validation reads
+    # it and says what is wrong (not an object, or too deep)
     return dumps(value) or "<arguments that cannot be written as JSON>"
 
 
