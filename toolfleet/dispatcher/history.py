@@ -85,7 +85,7 @@ def repair_history(history: Sequence[Any], format: str | None = None) -> Repaire
     except TypeError:
         items = None
     if items is None or (format is not None and not isinstance(format, str)):
-        raise BatchRejected("a history is a list of messages or items", reason="unreadable_payload")
+        raise BatchRejected("a history is a list of messages or items", reason="unreadable_payload", pointer="/")
     try:
         items = [copy.deepcopy(i) for i in items]
     except RecursionError:

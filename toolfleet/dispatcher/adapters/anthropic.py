@@ -101,6 +101,6 @@ def blocks_for_wire(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 except (ValueError, RecursionError):
                     given = None
             fit = isinstance(given, dict) and depth_of(given, MAX_ARGUMENT_DEPTH) <= MAX_ARGUMENT_DEPTH
-            block = {**block, "input": given if fit else {}}
+            block = {**block, "input": given if fit else {}, "name": block.get("name") or ""}
         out.append(for_wire(block))
     return out

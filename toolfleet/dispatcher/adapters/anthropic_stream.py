@@ -119,7 +119,7 @@ class AnthropicStreamParser:
             block = dict(block)
             slot = self.calls.get(position)
             if slot is not None:
-                block["input"] = _object(slot.arguments())
+                block.update(type="tool_use", id=slot.id, name=slot.name, input=_object(slot.arguments()))
             if block.get("type") == "text" and not (isinstance(block.get("text"), str) and block["text"].strip()):
                 continue  # the API refuses an empty text block
             content.append(block)

@@ -185,7 +185,7 @@ class StreamFormat:
         """A parser that has read every event of ``payload`` (a list of events) to its end."""
         events = as_dict(payload)
         if not isinstance(events, list):
-            raise BatchRejected("expected the stream's events as a list", reason="unreadable_payload")
+            raise BatchRejected("expected the stream's events as a list", reason="unreadable_payload", pointer="/")
         parser = self.parser()
         for event in events:
             parser.feed(event)
@@ -195,7 +195,7 @@ class StreamFormat:
     def parse(self, payload: Any) -> list[ToolCall]:
         events = as_dict(payload)
         if not isinstance(events, list):
-            raise BatchRejected("expected the stream's events as a list", reason="unreadable_payload")
+            raise BatchRejected("expected the stream's events as a list", reason="unreadable_payload", pointer="/")
         parser = self.parser()
         calls = [call for event in events for call in parser.feed(event)]
         return calls + parser.finish()

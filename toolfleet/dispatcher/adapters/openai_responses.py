@@ -18,6 +18,8 @@ from ...models import ToolCall, ToolResult
 from .base import as_dict, tool_descriptions
 from .wire import arguments_for_wire, at, call_arguments, for_wire, need_object, need_text
 
+_STATUSES = ("in_progress", "completed", "incomplete")
+
 
 class OpenAIResponsesAdapter:
     name = "openai_responses"
@@ -57,14 +59,21 @@ class OpenAIResponsesAdapter:
     def assistant_messages(self, payload: Any) -> list[dict[str, Any]]:
         """The response's output items: the next request's input repeats them before the
         ``function_call_output`` items (reasoning items included, as the API asks). Every field is
-        kept, except that a ``function_call``'s ``arguments`` go back as a JSON string (``null`` as
-        ``"{}"``) and text that cannot be encoded (a lone surrogate) is cleaned."""
+        kept, except what the API refuses: a ``function_call``'s ``arguments`` go back as a JSON
+        string (``null`` as ``"{}"``), a missing ``name`` as ``""``, an ``id`` that is not a string
+        or a ``status`` the API does not know is left out, and text that cannot be encoded (a lone
+        surrogate) is cleaned."""
         OpenAIResponsesAdapter.parse(self, payload)
         out = []
         for item in self.output_items(payload):
             clean = for_wire(item)
             if item.get("type") == "function_call":
                 clean["arguments"] = arguments_for_wire(item.get("arguments"))
+                clean["name"] = clean.get("name") or ""
+                if clean.get("status") not in _STATUSES:
+                    clean.pop("status", None)  # optional on input; the API takes only these
+                if not isinstance(clean.get("id"), str):
+                    clean.pop("id", None)
             out.append(clean)
         return out
 

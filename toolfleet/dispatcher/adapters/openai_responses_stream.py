@@ -129,7 +129,8 @@ class OpenAIResponsesStreamParser:
         for position, item in enumerate(self._items):
             item = dict(item)
             slot = self.calls.get(position)
-            if slot is not None:
+            if slot is not None:  # a call that started stays one, whatever a later event said
+                item.update(type="function_call", call_id=slot.id, name=slot.name)
                 item["arguments"] = slot.arguments()
                 item["status"] = "incomplete" if slot.id in self.cut_off else "completed"
             output.append(item)
