@@ -35,7 +35,7 @@ from toolfleet.tools.redact import redact_arguments, redact_text, redact_value
 from toolfleet.tools.validation import check_call
 
 from . import input_strategies as s
-from .conftest import make_registry
+from .conftest import CASES, make_registry
 from .sdk_types import MESSAGES, _drain, check_messages
 from .test_cases_gateway_streams import without_extensions
 
@@ -124,6 +124,25 @@ def usable(calls) -> bool:
     return all(ids) and len(set(ids)) == len(ids)
 
 
+def _recorded(folder: str) -> list:
+    out = []
+    for path in sorted((CASES / folder).iterdir()):
+        if path.suffix == ".json" and not path.name.endswith(".expect.json"):
+            out.append(json.loads(path.read_text()))
+        elif path.suffix == ".jsonl":
+            out.append([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+    return out
+
+
+# what garbage is made from: the recorded cases of each format (mutated anywhere)
+BASES = {
+    "openai_chat": _recorded("openai_chat"), "openai_responses": _recorded("openai_responses"),
+    "anthropic": _recorded("anthropic"), "anthropic_stream": _recorded("anthropic_stream") + [
+        e for e in _recorded("gateway_streams") if e[0].get("type") == "message_start"],
+    "openai_chat_stream": _recorded("openai_chat_stream") + [
+        e for e in _recorded("gateway_streams") if e[0].get("type") != "message_start"],
+    "openai_responses_stream": _recorded("openai_responses_stream"),
+}
 GARBAGE_BASES = {
     "openai_chat": s.chat_payload, "openai_responses": s.responses_payload, "anthropic": s.anthropic_payload,
 }
@@ -135,15 +154,7 @@ GARBAGE_BASES = {
 def test_any_payload_or_stream_gives_calls_or_batch_rejected(format, data):
     RAN["garbage"] += 1
     adapter = get_adapter(format)
-    if format == "openai_chat_stream":
-        base = data.draw(s.chat_streams())[0]
-    elif format == "anthropic_stream":
-        base = data.draw(s.anthropic_streams())[0]
-    elif format == "openai_responses_stream":
-        base = data.draw(s.responses_streams())[0]
-    else:
-        base = GARBAGE_BASES[format](data.draw(s.calls()))
-    payload = data.draw(s.mutated(base) | s.GARBAGE)
+    payload = data.draw(s.mutated(data.draw(st.sampled_from(BASES[format]))) | s.GARBAGE)
     try:
         calls = adapter.parse(payload)
         assistant = adapter.assistant_messages(payload)
@@ -300,12 +311,25 @@ def test_repair_history_gives_what_the_provider_accepts(format, data):
     assert all(n == 1 for n in ids.values()), "one result per call id"
 
 
+HISTORIES = {  # what garbage histories are made from
+    "openai_chat": [[{"role": "user", "content": "x"}, payload["choices"][0]["message"],
+                     {"role": "tool", "tool_call_id": "call_01", "content": "ok"}] for payload in BASES["openai_chat"]],
+    "openai_responses": [[{"role": "user", "content": "x"}, *payload["output"],
+                          {"type": "function_call_output", "call_id": "call_r1", "output": "ok"}]
+                         for payload in BASES["openai_responses"]],
+    "anthropic": [[{"role": "user", "content": "x"}, {"role": "assistant", "content": payload["content"]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": "ok"},
+                                                {"type": "text", "text": ""}]}]
+                  for payload in BASES["anthropic"]],
+}
+
+
 @budget("history_garbage")
 @given(data=st.data())
 def test_repair_history_of_anything_gives_a_history_or_batch_rejected(data):
     RAN["history_garbage"] += 1
     format = data.draw(st.sampled_from(["openai_chat", "openai_responses", "anthropic", None]))
-    base = data.draw(histories(format or "openai_chat"))
+    base = data.draw(st.sampled_from(HISTORIES[format or "openai_chat"]))
     history = data.draw(s.mutated(base) | s.GARBAGE)
     try:
         repaired = repair_history(history, format)
