@@ -41,10 +41,10 @@ from .test_cases_gateway_streams import without_extensions
 
 SCALE = float(os.environ.get("TOOLFLEET_PROPERTY_SCALE", "1"))
 BUDGET = {  # examples per test; the sum is PROPERTY_EXAMPLES
-    "garbage": 700,  # x 6 formats
-    "chat_stream": 1400, "anthropic_stream": 700, "responses_stream": 700, "whole": 300,  # whole: x 3 formats
-    "history": 350,  # x 3 formats
-    "history_garbage": 500,
+    "garbage": 900,  # x 6 formats
+    "chat_stream": 1200, "anthropic_stream": 500, "responses_stream": 500, "whole": 250,  # whole: x 3 formats
+    "history": 300,  # x 3 formats
+    "history_garbage": 800,
 }
 PROPERTY_EXAMPLES = int(SCALE * (6 * BUDGET["garbage"] + BUDGET["chat_stream"] + BUDGET["anthropic_stream"]
                                  + BUDGET["responses_stream"] + 3 * BUDGET["whole"] + 3 * BUDGET["history"]
