@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from toolfleet.dispatcher.adapters import ADAPTERS, get_adapter
+from toolfleet.dispatcher.adapters import ADAPTERS, detect, get_adapter
 from toolfleet.dispatcher.history import repair_history
 from toolfleet.errors import BatchRejected
 from toolfleet.models import ErrorCode, ToolResult
@@ -155,6 +155,10 @@ def test_any_payload_or_stream_gives_calls_or_batch_rejected(format, data):
     RAN["garbage"] += 1
     adapter = get_adapter(format)
     payload = data.draw(s.mutated(data.draw(st.sampled_from(BASES[format]))) | s.GARBAGE)
+    try:  # telling the format from the shape: an adapter or BatchRejected
+        assert detect(payload).name in ADAPTERS
+    except BatchRejected as exc:
+        assert exc.reason == "unknown_format"
     try:
         calls = adapter.parse(payload)
         assistant = adapter.assistant_messages(payload)
