@@ -242,3 +242,37 @@ def test_call_ids_of_the_model_are_never_invented():
         {"index": 0, "type": "function", "function": {"name": "list_dir", "arguments": "{}"}}]}}]}]
     (call,) = get_adapter("openai_chat_stream").parse(stream)
     assert call == ToolCall(id="", name="list_dir", arguments="{}", index=0)  # check_ids refuses the batch
+
+
+def test_anthropic_and_responses_streams_start_a_new_call_when_an_index_is_reused():
+    def block(index, call_id, name):
+        return [{"type": "content_block_start", "index": index,
+                 "content_block": {"type": "tool_use", "id": call_id, "name": name, "input": {}}},
+                {"type": "content_block_delta", "index": index,
+                 "delta": {"type": "input_json_delta", "partial_json": '{"path": "."}'}},
+                {"type": "content_block_stop", "index": index}]
+
+    calls = get_adapter("anthropic_stream").parse(block(0, "t1", "list_dir") + block(0, "t2", "read_file"))
+    assert [(c.id, c.name, c.arguments) for c in calls] == [("t1", "list_dir", '{"path": "."}'),
+                                                          ("t2", "read_file", '{"path": "."}')]
+
+    def item(n, item_id, call_id):
+        added = {"type": "function_call", "id": item_id, "call_id": call_id, "name": "list_dir", "arguments": ""}
+        return [{"type": "response.output_item.added", "output_index": n, "item": added},
+                {"type": "response.function_call_arguments.delta", "output_index": n, "item_id": item_id,
+                 "delta": '{"path": "."}'}]
+
+    stream = item(0, "fc_1", "c1") + item(0, "fc_2", "c2")
+    calls = get_adapter("openai_responses_stream").parse(stream)
+    assert [(c.id, c.arguments) for c in calls] == [("c1", '{"path": "."}'), ("c2", '{"path": "."}')]
+    items = rebuilt("openai_responses_stream", stream)
+    assert [i["call_id"] for i in items] == ["c1", "c2"]
+
+
+def test_sse_lines_are_read_as_events(tmp_path):
+    """A stream saved as the raw server-sent-events body (comments, data: lines, [DONE])."""
+    from toolfleet.cli import _read_payload
+
+    path = tmp_path / "stream.sse"
+    path.write_text(": OPENROUTER PROCESSING\n\nevent: chunk\ndata: {\"a\": 1}\n\ndata: [DONE]\n\n")
+    assert _read_payload(path) == [{"a": 1}]
