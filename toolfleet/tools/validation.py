@@ -29,9 +29,8 @@ from .spec import ToolSpec
 from .violations import violations
 
 NAMES_LISTED = 30
-MAX_ARGUMENT_DEPTH = 64  # objects and arrays inside one another; deeper arguments are INVALID_ARGUMENT
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 CONTEXT_CHARS = 40
+MAX_NESTING = 100  # levels of arrays and objects in a call's arguments
 _PREFIX = re.compile(r"^(functions|function|tools|tool|default_api|api)[.:/]", re.I)
 
 
@@ -61,19 +60,16 @@ def parse_arguments(call: ToolCall) -> dict[str, Any] | ToolResult:
     if not raw.strip():
         return {}
     try:
-        value = json.loads(raw, parse_constant=_refuse_constant, object_pairs_hook=_no_duplicate_keys)
+        value = json.loads(raw, parse_constant=_refuse_constant, object_pairs_hook=_no_duplicate_keys,
+                           parse_int=_integer)
     except json.JSONDecodeError as exc:
         return _invalid(call, *_where_parsing_stopped(raw, exc))
     except _StrictJSONError as exc:
         return _invalid(call, f"arguments are not strict JSON: {exc}",
                         "send every parameter once, with plain JSON values (no NaN or Infinity).")
-    except RecursionError:
-        return _too_deep(call)
-    except ValueError as exc:  # a number past Python's digit limit (sys.get_int_max_str_digits)
-        return _invalid(call, f"arguments hold a number that cannot be read: {shorten(str(exc), 120)}",
-                        "send long numbers as strings.")
-    if isinstance(value, dict):
-        return _readable(call, value)
+    except RecursionError:  # the decoder recurses: issue 12's deeply nested input
+        return _invalid(call, f"arguments are nested more than {MAX_NESTING} levels deep; nothing ran",
+                        "send flatter arguments, as the tool's schema describes them.")
     if isinstance(value, str) and value.strip().startswith("{"):
         return _invalid(
             call,
@@ -86,16 +82,27 @@ def parse_arguments(call: ToolCall) -> dict[str, Any] | ToolResult:
             f"arguments must be a JSON object, not {kind_of(value)}; given {shorten(mask_text(raw))}",
             'wrap them in an object keyed by parameter name, e.g. {"path": "README.md"}.',
         )
-    return value
+    return _readable(call, value)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_MAX_DIGITS = 4300  # Python's default int_max_str_digits: a longer integer cannot be read
+
+
+def _integer(text: str) -> int:
+    if len(text.lstrip("-")) > _MAX_DIGITS:
+        raise _StrictJSONError(f"a number of {len(text.lstrip('-'))} digits (at most {_MAX_DIGITS}; send a longer "
+                               "one as a string)")
+    return int(text)
 
 
 def _readable(call: ToolCall, value: dict[str, Any]) -> dict[str, Any] | ToolResult:
-    """``value``, or INVALID_ARGUMENT when it nests past :data:`MAX_ARGUMENT_DEPTH` or holds text
+    """``value``, or INVALID_ARGUMENT when it nests past :data:`MAX_NESTING` or holds text
     that is not Unicode (a lone UTF-16 surrogate, which no UTF-8 file, command or request can carry)."""
     stack: list[tuple[Any, str, int]] = [(value, "", 1)]
     while stack:
         item, pointer, depth = stack.pop()
-        if depth > MAX_ARGUMENT_DEPTH:
+        if depth > MAX_NESTING:
             return _too_deep(call)
         pairs = item.items() if isinstance(item, dict) else enumerate(item)
         for key, child in pairs:
@@ -111,8 +118,8 @@ def _readable(call: ToolCall, value: dict[str, Any]) -> dict[str, Any] | ToolRes
 
 
 def _too_deep(call: ToolCall) -> ToolResult:
-    return _invalid(call, f"arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels",
-                    f"send flatter arguments (at most {MAX_ARGUMENT_DEPTH} levels of objects and arrays).")
+    return _invalid(call, f"arguments are nested more than {MAX_NESTING} levels deep; nothing ran",
+                    "send flatter arguments, as the tool's schema describes them.")
 
 
 def unknown_tool(call: ToolCall, names: Iterable[str]) -> ToolResult:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ...errors import BatchRejected
 from ...models import ToolCall, ToolResult
-from ...tools.validation import MAX_ARGUMENT_DEPTH
+from ...tools.validation import MAX_NESTING
 from .base import as_dict, tool_descriptions
 from .wire import at, call_arguments, depth_of, for_wire, need_object, need_text
 
@@ -100,7 +100,7 @@ def blocks_for_wire(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     given = json.loads(given) if given.strip() else {}
                 except (ValueError, RecursionError):
                     given = None
-            fit = isinstance(given, dict) and depth_of(given, MAX_ARGUMENT_DEPTH) <= MAX_ARGUMENT_DEPTH
+            fit = isinstance(given, dict) and depth_of(given, MAX_NESTING) <= MAX_NESTING
             block = {**block, "input": given if fit else {}, "name": block.get("name") or ""}
         out.append(for_wire(block))
     return out

@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 from ...errors import BatchRejected
-from ...tools.validation import MAX_ARGUMENT_DEPTH
+from ...tools.validation import MAX_NESTING
 
 MAX_WIRE_DEPTH = 200  # a value nested deeper than this goes back as null (no provider sends one)
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -115,10 +115,10 @@ def escape_surrogates(text: str) -> str:
 def call_arguments(value: Any) -> str | dict[str, Any]:
     """A call's arguments as :class:`~toolfleet.models.ToolCall` takes them: text (pairs joined) or
     an object as is; missing means ``""`` (``{}``); any other JSON value, and an object nested past
-    ``MAX_ARGUMENT_DEPTH``, its JSON text, so validation says what is wrong with it."""
+    ``MAX_NESTING``, its JSON text, so validation says what is wrong with it."""
     if isinstance(value, str):
         return join_surrogates(value)
-    if isinstance(value, dict) and depth_of(value, MAX_ARGUMENT_DEPTH) <= MAX_ARGUMENT_DEPTH:
+    if isinstance(value, dict) and depth_of(value, MAX_NESTING) <= MAX_NESTING:
         return value
     if value is None:
         return ""
