@@ -96,3 +96,12 @@ def test_rank_counts_the_longest_chain_a_call_heads_and_orders_priorities():
     # Redis serves priority 0 first: the head of the longest chain goes first
     assert [priority_of(plan.rank[c], "redis://h/0") for c in ("w1", "w2", "rx", "r")] == [0, 3, 6, 9]
     assert priority_of(7, "redis://h/0") == 0 and priority_of(4, "amqp://h//") == 9
+
+
+def test_writes_after_a_write_on_everything_are_widened_to_the_workspace():
+    """A command may make links the plan could not see: writes after it conflict with every file call."""
+    plan = make_plan([item("cmd", "write", EVERYTHING), item("w", "write", "fs:alias/x.txt", "key:k"),
+                      item("r", "read", "fs:sub/x.txt"), item("r2", "read", "key:other")])
+    assert plan.deps["w"] == {"cmd"} and plan.deps["r"] == {"cmd", "w"} and plan.deps["r2"] == {"cmd"}
+    plain = make_plan([item("w", "write", "fs:alias/x.txt"), item("r", "read", "fs:sub/x.txt")])
+    assert plain.deps["r"] == frozenset()  # without a command before, resources are taken as given

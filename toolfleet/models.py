@@ -93,7 +93,12 @@ class ToolResult(_Frozen):
         **extra: Any,
     ) -> ToolResult:
         """An error result whose ``content`` states code, message and hint for the model, followed
-        by ``output`` (what the handler printed before it failed or was stopped), if any."""
+        by ``output`` (what the handler printed before it failed or was stopped), if any. Secrets
+        that ``message`` and ``hint`` quote are masked (:func:`toolfleet.tools.redact.redact_text`:
+        they reach the audit trail and UIs); ``output`` is the tool's and is kept as it is."""
+        from .tools.redact import redact_text  # the tools package imports this module
+
+        message, hint = redact_text(message), redact_text(hint)
         content = f"Error [{code.value}]: {message}"
         if hint:
             content += f"\nHint: {hint}"

@@ -8,12 +8,15 @@ the other on those resources, like the calls within a turn. Reads take no lock.
 
 Locks live in one Redis hash per namespace (:attr:`toolfleet.keys.Keys.locks`); conflicts use the
 planner's rule (:func:`toolfleet.tools.overlaps`: by path prefix, ``*`` is everything) within one
-workspace. Each lock has a lease on the Redis clock, renewed by the holding dispatcher while its
+workspace. Paths are canonical (links resolved beneath the workspace, see
+:mod:`toolfleet.tools.resources`), so two spellings of one file take one lock.
+Each lock has a lease on the Redis clock, renewed by the holding dispatcher while its
 turn runs; a dead holder's locks lapse after one lease.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import redis
@@ -81,8 +84,23 @@ return n
 
 
 def lock_names(workspace: str | None, resources: Iterable[str]) -> frozenset[str]:
-    """The lock names of ``resources`` written in ``workspace`` (``None``: no workspace)."""
-    return frozenset(f"{workspace or ''}\n{r}" for r in resources)
+    """The lock names of ``resources`` written in ``workspace`` (``None``: no workspace).
+
+    ``resources`` come canonical from the plan (:func:`toolfleet.tools.resources.resolve`);
+    the workspace is named by its real path when this machine has it, so two spellings of one
+    workspace share locks. Where it does not, the name is as given (dispatchers that share a
+    workspace should all see it, or none)."""
+    return frozenset(f"{canonical_workspace(workspace)}\n{r}" for r in resources)
+
+
+def canonical_workspace(workspace: str | None) -> str:
+    """``workspace`` resolved (links followed) when it is a directory here, else as given."""
+    if not workspace:
+        return ""
+    try:
+        return os.path.realpath(workspace) if os.path.isdir(workspace) else workspace
+    except (OSError, ValueError):
+        return workspace
 
 
 class ResourceLocks:

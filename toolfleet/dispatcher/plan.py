@@ -11,6 +11,12 @@ the makespan: each call's ``rank`` (the calls on the longest chain from it to th
 itself included) lets the submitter start the calls that head long chains first, the classic
 highest-level-first list schedule (critical path first). In a streamed turn the rank counts the
 calls taken so far, so it is computed when a call is submitted.
+
+Paths are canonicalised before they get here (links resolved beneath the workspace,
+:func:`toolfleet.tools.resources.resolve`), as the file system stands when the call is planned.
+A write on everything (``*``, e.g. ``run_command``) can change the links before the later calls
+run, so every write planned after one has its ``fs:`` resources widened to ``fs:`` (the whole
+workspace): it then conflicts with every file call around it, whichever spelling they use.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..tools.resources import overlaps
+from ..tools.resources import EVERYTHING, overlaps
 
 
 @dataclass(frozen=True)
@@ -80,9 +86,14 @@ class Planner:
         self._position: dict[str, int] = {}
         self.deps: dict[str, frozenset[str]] = {}
         self.dependents: dict[str, list[str]] = {}
+        self._links_may_change = False  # a write on everything was added
 
     def add(self, item: PlanItem) -> frozenset[str]:
         """Plan ``item`` after every call added so far; returns the calls it waits for."""
+        if item.access == "write":
+            if self._links_may_change:
+                item = widened(item)
+            self._links_may_change |= EVERYTHING in item.resources
         waits = frozenset(earlier.call_id for earlier in self._items if conflicts(earlier, item))
         self._position[item.call_id] = len(self._items)
         self._items.append(item)
@@ -115,6 +126,13 @@ class Planner:
             dependents={k: tuple(v) for k, v in self.dependents.items()},
             rank=self._ranks(),
         )
+
+
+def widened(item: PlanItem) -> PlanItem:
+    """``item`` with every ``fs:`` resource replaced by ``fs:`` (the whole workspace)."""
+    if not any(r.startswith("fs:") for r in item.resources):
+        return item
+    return PlanItem(item.call_id, item.access, frozenset("fs:" if r.startswith("fs:") else r for r in item.resources))
 
 
 def make_plan(items: Sequence[PlanItem]) -> Plan:

@@ -197,7 +197,7 @@ class Turn(TurnApprovals, TurnDriver):
                         failures.append(outcome)
                         continue
                     spec, arguments = outcome
-                    item = PlanItem(call.id, spec.access, resolve(spec.resources, arguments))
+                    item = PlanItem(call.id, spec.access, resolve(spec.resources, arguments, self._workspace))
                     if spec.access == "write":
                         self._sender.note_writes(item.resources)
                     with self._lock:

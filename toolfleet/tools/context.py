@@ -45,14 +45,39 @@ class ToolContext:
         if self.cancelled.is_set():
             raise CallCancelled(self.cancel_reason or "the turn was cancelled")
 
+    def check_fence(self) -> None:
+        """Called by a built-in tool right before its effect happens (e.g. just before the final
+        rename of ``write_file``/``edit_file``): returns None while this execution still holds
+        the call, raises when its fencing token is stale. A no-op until fencing tokens exist."""
+        return None
+
     def resolve_path(self, path: str) -> Path:
-        """Absolute, symlink-resolved path of ``path`` (relative to the workspace, or absolute
-        inside it). Raises :class:`~toolfleet.errors.PermissionDenied` when it lies outside the
-        workspace, :class:`~toolfleet.errors.ToolFailure` when the turn has no workspace. Tools
-        that take paths call this before touching the file system."""
+        """Absolute path of ``path`` (relative to the workspace, or absolute inside it), with
+        links resolved beneath the workspace. Raises :class:`~toolfleet.errors.PermissionDenied`
+        when it leads outside, :class:`~toolfleet.errors.ToolFailure` when the turn has no
+        workspace.
+
+        A **check** at one moment only: a link swapped in before a later ``open(result)`` can
+        still lead out. To read or write a workspace file, use :meth:`open`."""
         from .workspace import resolve_path
 
         return resolve_path(self, path)
+
+    def open(self, path: str, mode: str = "r", *, encoding: str | None = None, errors: str | None = None,
+             newline: str | None = None) -> Any:
+        """Open a workspace file, confined by the kernel (``openat2`` beneath the workspace).
+
+        ``mode``: ``"r"``/``"rb"`` give a file object over the regular file (links inside the
+        workspace followed; FIFOs and devices refused); ``"w"``/``"wb"``/``"a"``/``"ab"`` give
+        a writer whose ``close()`` (or the normal end of a ``with`` block) replaces the file at
+        once with a new one (never writing through a link or into a hard-linked file; parents
+        created; ``check_fence()`` called just before), while an exception in the ``with``
+        block changes nothing. Text defaults to UTF-8. Raises ToolFailure
+        (``PERMISSION_DENIED`` outside the workspace, ``EXECUTION_ERROR`` not found),
+        ``ValueError`` for another mode. Source: :mod:`toolfleet.tools.writes`."""
+        from .writes import open_in_workspace
+
+        return open_in_workspace(self, path, mode, encoding=encoding, errors=errors, newline=newline)
 
     def cancel(self, reason: str = "the turn was cancelled") -> None:
         """Set the cancel signal (called by the worker when the turn is cancelled)."""

@@ -1,32 +1,46 @@
 """Built-in file tools over the turn's workspace. Reads are ``read`` on their path, writes
-``write`` on theirs; every path is confined to the workspace (:mod:`.workspace`)."""
+``write`` on theirs. Every path is resolved by the kernel beneath the workspace
+(:mod:`.workspace`, :mod:`.beneath`): links inside are followed, anything leading outside is
+``PERMISSION_DENIED``. Writes replace the file with a new one (:mod:`.writes`), so they never go
+through a link or into a hard-linked file. ``grep`` and ``list_dir`` walk by directory fds and
+never follow a symbolic link met on the way (like ``grep -r`` and ripgrep): ``grep`` skips them,
+``list_dir`` shows them as ``name -> target``; a link given as the ``path`` itself is followed
+when it stays inside."""
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 import re
+import stat
+from collections.abc import Iterator
 from typing import Annotated
 
 from pydantic import Field
 
 from ..errors import ToolFailure
+from .beneath import open_beneath
 from .context import ToolContext
 from .resources import paths
 from .spec import tool
-from .workspace import relative, resolve_path
+from .workspace import canonical_parts, open_directory, open_root, os_failure, read_bytes, spelling
+from .writes import replace_file
 
 MAX_GREP_MATCHES = 200
+MAX_GREP_FILE_BYTES = 20 * 1024 * 1024  # larger files are skipped, and the answer says so
+MAX_GREP_DEPTH = 64  # folders deeper than this below the searched one are not searched
+BINARY_SNIFF_BYTES = 8192
+NOTE_NAMES = 5  # names listed per kind of skipped file
+
+
+def _is_binary(data: bytes) -> bool:
+    return b"\0" in data[:BINARY_SNIFF_BYTES]
 
 
 def _text(ctx: ToolContext, path: str) -> str:
-    target = resolve_path(ctx, path)
-    if not target.exists():
-        raise ToolFailure(f"file not found: {path}", "check the path with list_dir or grep")
-    if target.is_dir():
-        raise ToolFailure(f"{path} is a directory, not a file", "use list_dir to see what it holds")
-    data = target.read_bytes()
-    if b"\0" in data[:8192]:
+    data = read_bytes(ctx, path)
+    if _is_binary(data):
         raise ToolFailure(f"{path} is a binary file", "only text files can be read")
     return data.decode("utf-8", errors="replace")
 
@@ -56,16 +70,42 @@ def read_file(
 
 @tool(access="read", resources=paths("path"), timeout_s=30)
 def list_dir(ctx: ToolContext, path: str = ".") -> str:
-    """List a directory of the workspace: one entry per line, directories ending in '/'.
+    """List a directory of the workspace: one entry per line, directories ending in '/', symbolic
+    links as 'name -> target'.
 
     Args:
         path: Directory path relative to the workspace root.
     """
-    target = resolve_path(ctx, path)
-    if not target.is_dir():
-        raise ToolFailure(f"not a directory: {path}", "give a directory path; list_dir '.' shows the root")
-    entries = sorted(target.iterdir(), key=lambda p: (not p.is_dir(), p.name))
-    return "\n".join(p.name + ("/" if p.is_dir() else "") for p in entries)
+    rel = spelling(ctx, path)
+    root_fd = open_root(ctx)
+    try:
+        fd = open_directory(root_fd, rel, path)
+        try:
+            with os.scandir(fd) as it:
+                entries = list(it)
+            lines = []
+            for entry in sorted(entries, key=lambda e: (not e.is_dir(follow_symlinks=False), e.name)):
+                if entry.is_symlink():
+                    lines.append(_link_line(root_fd, fd, rel, entry.name))
+                else:
+                    lines.append(entry.name + ("/" if entry.is_dir(follow_symlinks=False) else ""))
+        finally:
+            os.close(fd)
+    finally:
+        os.close(root_fd)
+    return "\n".join(lines)
+
+
+def _link_line(root_fd: int, dir_fd: int, rel: str, name: str) -> str:
+    try:
+        target = os.readlink(name, dir_fd=dir_fd)
+    except OSError:
+        return f"{name} -> ?"
+    try:
+        canonical_parts(root_fd, f"{rel}/{name}")
+    except OSError:
+        return f"{name} -> {target} (outside the workspace or unresolvable: not followed)"
+    return f"{name} -> {target}"
 
 
 @tool(access="read", resources=paths("path"), timeout_s=60)
@@ -85,35 +125,104 @@ def grep(ctx: ToolContext, pattern: str, path: str = ".", glob: str | None = Non
             "escape special characters such as ( [ . * with a backslash",
             code="INVALID_ARGUMENT",
         ) from exc
-    target = resolve_path(ctx, path)
-    if not target.exists():
-        raise ToolFailure(f"path not found: {path}", "check the path with list_dir")
-    files = [target] if target.is_file() else _walk(target, glob)
-    matches: list[str] = []
-    for file in files:
+    rel = spelling(ctx, path)
+    root_fd = open_root(ctx)
+    try:
         try:
-            text = file.read_text(encoding="utf-8", errors="strict")
-        except (UnicodeDecodeError, OSError):
-            continue
-        for number, line in enumerate(text.splitlines(), 1):
-            if regex.search(line):
-                matches.append(f"{relative(ctx, file)}:{number}:{line}")
-                if len(matches) >= MAX_GREP_MATCHES:
-                    matches.append(f"[stopped at {MAX_GREP_MATCHES} matches; narrow the pattern or path]")
-                    return "\n".join(matches)
-    return "\n".join(matches) if matches else f"no match for {pattern!r} in {path}"
+            top = open_beneath(root_fd, rel, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+            shown = "/".join(canonical_parts(root_fd, rel))
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                raise ToolFailure(f"path not found: {path}", "check the path with list_dir") from exc
+            raise os_failure(exc, path) from exc
+    finally:
+        os.close(root_fd)
+    skipped: dict[str, list[str]] = {}
+    matches: list[str] = []
+    try:
+        mode = os.fstat(top).st_mode
+        if stat.S_ISDIR(mode):
+            files = _files(ctx, top, f"{shown}/" if shown else "", glob, skipped, 0)
+        elif stat.S_ISREG(mode):
+            files = iter([(shown, os.dup(top))])
+        else:
+            raise ToolFailure(f"{path} is not a regular file or directory", "give a file or directory")
+        for shown_name, fd in files:
+            if not _search(fd, shown_name, regex, matches, skipped):
+                matches.append(f"[stopped at {MAX_GREP_MATCHES} matches; narrow the pattern or path]")
+                return "\n".join(matches + _notes(skipped))
+    finally:
+        os.close(top)
+    out = matches or [f"no match for {pattern!r} in {path}"]
+    return "\n".join(out + _notes(skipped))
 
 
-def _walk(root: os.PathLike[str], glob: str | None) -> list:
-    from pathlib import Path
+def _search(fd: int, shown: str, regex: re.Pattern[str], matches: list[str], skipped: dict[str, list[str]]) -> bool:
+    """Search one open file; False once the match limit is reached."""
+    with os.fdopen(fd, "rb") as handle:
+        if os.fstat(handle.fileno()).st_size > MAX_GREP_FILE_BYTES:
+            skipped.setdefault(f"larger than {MAX_GREP_FILE_BYTES // 2**20} MiB", []).append(shown)
+            return True
+        try:
+            data = handle.read(MAX_GREP_FILE_BYTES + 1)
+        except OSError:
+            skipped.setdefault("unreadable", []).append(shown)
+            return True
+    if _is_binary(data):
+        skipped.setdefault("binary", []).append(shown)
+        return True
+    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+        if regex.search(line):
+            matches.append(f"{shown}:{number}:{line}")
+            if len(matches) >= MAX_GREP_MATCHES:
+                return False
+    return True
 
-    found = []
-    for folder, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(names):
-            if glob is None or fnmatch.fnmatch(name, glob):
-                found.append(Path(folder) / name)
-    return found
+
+def _files(ctx: ToolContext, dir_fd: int, prefix: str, glob: str | None, skipped: dict[str, list[str]],
+           depth: int) -> Iterator[tuple[str, int]]:
+    """``(shown path, O_RDONLY fd)`` of the regular files below ``dir_fd``, by name, hidden
+    folders left out. Each step opens one name with ``O_NOFOLLOW`` from the fd of the folder
+    holding it, so no link is ever followed and no rename can lead the walk out."""
+    ctx.check_cancelled()
+    with os.scandir(dir_fd) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        name = entry.name
+        if entry.is_symlink():
+            skipped.setdefault("symbolic links, not followed", []).append(prefix + name)
+        elif entry.is_dir(follow_symlinks=False):
+            if name.startswith("."):
+                continue
+            if depth >= MAX_GREP_DEPTH:
+                skipped.setdefault(f"folders deeper than {MAX_GREP_DEPTH} levels", []).append(prefix + name)
+                continue
+            try:
+                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            except OSError:  # replaced by a link or removed since it was listed
+                continue
+            try:
+                yield from _files(ctx, sub, f"{prefix}{name}/", glob, skipped, depth + 1)
+            finally:
+                os.close(sub)
+        elif glob is None or fnmatch.fnmatch(name, glob):
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
+                             dir_fd=dir_fd)
+            except OSError:
+                continue
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                yield prefix + name, fd
+            else:
+                os.close(fd)
+
+
+def _notes(skipped: dict[str, list[str]]) -> list[str]:
+    notes = []
+    for kind, names in skipped.items():
+        more = f", and {len(names) - NOTE_NAMES} more" if len(names) > NOTE_NAMES else ""
+        notes.append(f"[{len(names)} not searched ({kind}): {', '.join(names[:NOTE_NAMES])}{more}]")
+    return notes
 
 
 @tool(access="write", resources=paths("path"), timeout_s=30)
@@ -124,12 +233,9 @@ def write_file(ctx: ToolContext, path: str, content: str) -> str:
         path: File path relative to the workspace root.
         content: The whole new content of the file.
     """
-    target = resolve_path(ctx, path)
-    if target.is_dir():
-        raise ToolFailure(f"{path} is a directory", "give a file path")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(content, encoding="utf-8")
-    return f"wrote {len(content.encode())} bytes to {path}"
+    data = _encode(content, "content")
+    info = replace_file(ctx, path, lambda old: data)
+    return f"wrote {info['bytes']} bytes to {path}" + _links_note(info)
 
 
 @tool(access="write", resources=paths("path"), timeout_s=30)
@@ -141,17 +247,40 @@ def edit_file(ctx: ToolContext, path: str, old_string: str, new_string: str) -> 
         old_string: Exact text to replace; it must occur exactly once in the file.
         new_string: Text to put in its place.
     """
-    text = _text(ctx, path)
-    count = text.count(old_string) if old_string else 0
-    if count == 0:
-        raise ToolFailure(
-            f"old_string was not found in {path}",
-            "read the file first and copy the text exactly, including spaces and indentation",
-        )
-    if count > 1:
-        raise ToolFailure(
-            f"old_string occurs {count} times in {path}; it must occur exactly once",
-            "include more surrounding lines in old_string to make it unique",
-        )
-    resolve_path(ctx, path).write_text(text.replace(old_string, new_string, 1), encoding="utf-8")
-    return f"edited {path}: 1 replacement"
+
+    def edited(old: bytes | None) -> bytes:
+        if old is None:
+            raise ToolFailure(f"file not found: {path}", "check the path with list_dir or grep")
+        if _is_binary(old):
+            raise ToolFailure(f"{path} is a binary file", "only text files can be edited")
+        text = old.decode("utf-8", errors="surrogateescape")  # bytes that are not UTF-8 stay as they were
+        count = text.count(old_string) if old_string else 0
+        if count == 0:
+            raise ToolFailure(
+                f"old_string was not found in {path}",
+                "read the file first and copy the text exactly, including spaces and indentation",
+            )
+        if count > 1:
+            raise ToolFailure(
+                f"old_string occurs {count} times in {path}; it must occur exactly once",
+                "include more surrounding lines in old_string to make it unique",
+            )
+        return _encode(text.replace(old_string, new_string, 1), "new_string", "surrogateescape")
+
+    info = replace_file(ctx, path, edited, create_parents=False)
+    return f"edited {path}: 1 replacement" + _links_note(info)
+
+
+def _encode(text: str, field: str, errors: str = "strict") -> bytes:
+    try:
+        return text.encode("utf-8", errors=errors)
+    except UnicodeEncodeError as exc:
+        raise ToolFailure(f"{field} holds a character UTF-8 cannot encode (a lone surrogate) at {exc.start}",
+                          "send valid Unicode text", code="INVALID_ARGUMENT") from exc
+
+
+def _links_note(info: dict) -> str:
+    n = info["other_links"]
+    if not n:
+        return ""
+    return f" (the file it replaced had {n} other hard link(s); they keep the old content)"

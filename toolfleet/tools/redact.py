@@ -1,74 +1,51 @@
 """Showing what a model gave without leaking it: values shortened, secrets masked.
 
-The one module that knows what a secret looks like. :func:`show_given` quotes values back in
-error messages; :func:`redact_arguments` / :func:`redact_value` / :func:`redact_text` mask what is
-stored or shown to people: the audit trail, approval requests, the task arguments Flower shows.
+:func:`show_given` quotes values back in error messages; :func:`redact_arguments` /
+:func:`redact_value` / :func:`redact_text` mask what is stored or shown to people: the audit trail,
+approval requests, the task arguments Flower shows, error messages, log lines. What a secret looks
+like is :mod:`.secret_shapes`'s (token shapes, secret-named options and assignments, URL
+credentials, headers, well-known programs' password options); here:
 
-Error messages quote the given value back to the model (and into logs, the ledger and UIs), so
-anything that looks like a credential is replaced before it is quoted:
-
-- a value under a parameter whose name is a secret word (``password``, ``api_key``,
+- a value under a parameter whose name is a secret word (``password``, ``pass``, ``api_key``,
   ``auth_token``, ``client_secret``, ...; matched by whole name parts, so ``max_tokens`` is not
-  one) is shown only as its kind and size, e.g. ``<hidden: a string of 32 chars>``;
-- inside any text, well-known token shapes (OpenAI/Anthropic ``sk-`` keys, GitHub tokens, Slack
-  tokens, AWS access key ids, Google API keys, JWTs, PEM private keys, ``Bearer``/``Basic``
-  credentials) and ``"<secret name>": "<value>"`` pairs of raw JSON become ``***``.
+  one) is shown only as its kind and size, e.g. ``<hidden: a string of 32 chars>``, or as ``***``;
+- inside any text, each recognised secret becomes ``***`` and the text around it stays as it was.
 
-Long text keeps its head and tail and says how long it was.
+Redaction never raises and never recurses: nested values are walked with an explicit stack and
+shown to ``MAX_DEPTH`` levels (deeper ones become ``TOO_DEEP``); a text the patterns fail on is
+hidden whole. Long text keeps its head and tail and says how long it was.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from typing import Any
 
+from .secret_shapes import MASK, is_secret_name, mask_secrets
+
 GIVEN_MAX_CHARS = 80
+MAX_DEPTH = 64  # levels of a nested value that are shown (issue 12: inputs nested 900 deep)
+TOO_DEEP = f"<nested deeper than {MAX_DEPTH} levels: not shown>"
 
-_SECRET_PARTS = frozenset(
-    {"password", "passwd", "passphrase", "pwd", "secret", "token", "apikey", "credential", "credentials",
-     "authorization", "auth", "cookie", "privatekey", "accesskey", "secretkey", "sessionid", "otp"}
-)
-_SECRET_PAIRS = frozenset({("api", "key"), ("private", "key"), ("access", "key"), ("secret", "key"),
-                           ("session", "id"), ("client", "secret")})
-_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
-_TOKEN_SHAPES = re.compile(
-    r"sk-(?:ant-|proj-)?[A-Za-z0-9_-]{16,}"
-    r"|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
-    r"|xox[abprs]-[A-Za-z0-9-]{10,}"
-    r"|AKIA[0-9A-Z]{16}"
-    r"|AIza[0-9A-Za-z_-]{35}"
-    r"|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
-    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)"
-    r"|(?i:\b(?:bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,})"
-)
-_JSON_PAIR = re.compile(r'("([^"\\]*)"\s*:\s*)"((?:[^"\\]|\\.)*)("?)')
+__all__ = ["GIVEN_MAX_CHARS", "MASK", "MAX_DEPTH", "TOO_DEEP", "is_secret_name", "kind_of", "mask_text",
+           "redact_arguments", "redact_text", "redact_value", "secret_values", "shorten", "show_given"]
 
 
-def is_secret_name(name: Any) -> bool:
-    """True when a parameter called ``name`` holds a credential (by whole name parts:
-    ``api_key``, ``apiKey``, ``X-Auth-Token`` are; ``max_tokens``, ``keyword`` are not)."""
-    if not isinstance(name, str):
-        return False
-    parts = [p.lower() for p in _SPLIT.split(name) if p]
-    if not parts:
-        return False
-    if any(p in _SECRET_PARTS for p in parts) or "".join(parts) in _SECRET_PARTS:
-        return True
-    return any(pair in _SECRET_PAIRS for pair in zip(parts, parts[1:], strict=False))
+def redact_text(text: str, known: Iterable[str] = ()) -> str:
+    """``text`` with every secret :mod:`.secret_shapes` recognises masked as ``***`` (the text
+    around it kept), and each of the ``known`` values (3+ characters) wherever it appears. Never
+    raises: a text the patterns fail on comes back as ``<hidden: N chars>``. Non-strings are
+    returned as given."""
+    if not isinstance(text, str) or not text:
+        return text
+    try:
+        return mask_secrets(text, known)
+    except Exception:  # noqa: BLE001 - fail closed: hide it all rather than crash or leak
+        return f"<hidden: {len(text)} chars>"
 
 
-def mask_text(text: str) -> str:
-    """``text`` with token shapes and secret JSON pairs replaced by ``***``."""
-    text = _TOKEN_SHAPES.sub("***", text)
-
-    def pair(match: re.Match[str]) -> str:
-        if is_secret_name(match.group(2)):
-            return f'{match.group(1)}"***{match.group(4)}'
-        return match.group(0)
-
-    return _JSON_PAIR.sub(pair, text)
+mask_text = redact_text  # the name error messages use for quoting raw argument text
 
 
 def shorten(text: str, max_chars: int = GIVEN_MAX_CHARS) -> str:
@@ -100,78 +77,75 @@ def kind_of(value: Any) -> str:
 
 
 def show_given(value: Any, path: Iterable[Any] = ()) -> str:
-    """How a given value is quoted in an error: JSON, secrets masked, shortened."""
+    """How a given value is quoted in an error: JSON, secrets masked, nested values to
+    ``MAX_DEPTH`` levels, shortened. Never raises."""
     if value is not None and not isinstance(value, bool) and any(is_secret_name(p) for p in path):
         size = f" of {len(value)} chars" if isinstance(value, str) else ""
         return f"<hidden: {kind_of(value)}{size}>"
+    shown = redact_value(value)
     try:
-        text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return shorten(mask_text(_mask_nested(text, value)))
-
-
-def _mask_nested(text: str, value: Any) -> str:
-    """Re-dump ``value`` with secret-named members hidden (objects given where a scalar was due)."""
-    if not isinstance(value, (dict, list)):
-        return text
-
-    def walk(node: Any) -> Any:
-        if isinstance(node, dict):
-            return {k: ("***" if is_secret_name(k) and v is not None else walk(v)) for k, v in node.items()}
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        return node
-
-    return json.dumps(walk(value), ensure_ascii=False, default=str)
+        text = json.dumps(shown, ensure_ascii=False, default=str)
+    except (TypeError, ValueError, RecursionError):
+        text = f"<{kind_of(value)}>"
+    return shorten(redact_text(text))
 
 
 # --- redaction of what is stored or shown for people (audit trail, approvals, Flower) ---
 
-MASK = "***"
-_KEY_VALUE = re.compile(r"""(?<![\w-])([A-Za-z_][\w.-]*)(["']?\s*[=:]\s*["']?)([^\s"'&,;}]{4,})""")
-_FLAG_VALUE = re.compile(r"""(?<![\w-])--?([A-Za-z][\w-]*)(\s+["']?)([^\s"'-][^\s"']{3,})""")
-_MORE_SHAPES = re.compile(
-    r"\bsk-(?:live-|test-)[A-Za-z0-9_-]{16,}"
-    r"|\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}"  # Stripe
-    r"|\bglpat-[A-Za-z0-9_-]{20,}"  # GitLab
-    r"|\bASIA[0-9A-Z]{16}\b"  # AWS temporary key id
-)
-_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/@]+:)[^\s@/]+(@)")
-_AUTH_HEADER = re.compile(r"""(?i)(authorization["']?\s*[:=]\s*["']?(?:[a-z]+\s+)?)[^\s"']{4,}""")
+def redact_value(value: Any, known: Iterable[str] = ()) -> Any:
+    """A copy of a JSON-like value with the values of secret-named keys masked, secrets in strings
+    (keys too) masked (:func:`redact_text`, with ``known``), and what lies deeper than
+    ``MAX_DEPTH`` levels replaced by ``TOO_DEEP``. Iterative: any depth, never raises."""
+    known = tuple(known)
+    try:
+        root: list[Any] = [None]
+        stack: list[tuple[Any, Any, Any, int]] = [(value, root, 0, 0)]
+        while stack:
+            node, parent, slot, depth = stack.pop()
+            if isinstance(node, str):
+                parent[slot] = redact_text(node, known)
+            elif isinstance(node, (dict, list, tuple)) and depth >= MAX_DEPTH:
+                parent[slot] = TOO_DEEP
+            elif isinstance(node, dict):
+                out: dict[Any, Any] = {}
+                parent[slot] = out
+                for key, item in node.items():
+                    shown_key = redact_text(key, known) if isinstance(key, str) else key
+                    if is_secret_name(key) and item is not None and item != "":
+                        out[shown_key] = MASK
+                    else:
+                        out[shown_key] = None
+                        stack.append((item, out, shown_key, depth + 1))
+            elif isinstance(node, (list, tuple)):
+                items: list[Any] = [None] * len(node)
+                parent[slot] = items
+                stack.extend((item, items, i, depth + 1) for i, item in enumerate(node))
+            else:
+                parent[slot] = node
+        return root[0]
+    except Exception:  # noqa: BLE001 - fail closed
+        return f"<hidden: {kind_of(value)}>"
 
 
-def redact_text(text: str) -> str:
-    """``text`` with every secret found masked as ``***``: the shapes :func:`mask_text` knows, plus
-    Stripe and GitLab keys, credentials in URLs (``https://user:***@host``), ``Authorization``
-    header values, ``KEY=value`` / ``"key": "value"`` / ``--password value`` where the key names a
-    secret (:func:`is_secret_name`)."""
-    if not text:
-        return text
-    text = mask_text(text)
-    text = _MORE_SHAPES.sub(MASK, text)
-    text = _URL_CREDENTIALS.sub(r"\1" + MASK + r"\2", text)
-    text = _AUTH_HEADER.sub(r"\1" + MASK, text)
-
-    def pair(match: re.Match[str]) -> str:
-        if is_secret_name(match.group(1)) and match.group(3) != MASK:
-            return match.group(1) + match.group(2) + MASK
-        return match.group(0)
-
-    text = _KEY_VALUE.sub(pair, text)
-    return _FLAG_VALUE.sub(pair, text)
-
-
-def redact_value(value: Any) -> Any:
-    """A copy of a JSON-like value with secret-named keys masked and secrets in strings masked."""
-    if isinstance(value, str):
-        return redact_text(value)
-    if isinstance(value, dict):
-        return {k: MASK if is_secret_name(k) and value[k] not in (None, "") else redact_value(v)
-                for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [redact_value(v) for v in value]
-    return value
+def secret_values(arguments: Any, sensitive: Iterable[str] = ()) -> set[str]:
+    """The strings a call's ``arguments`` hold under the tool's declared ``sensitive`` parameters
+    or under secret-named keys, at any depth (to mask them where a tool quotes them back)."""
+    found: set[str] = set()
+    hidden = set(sensitive)
+    stack: list[tuple[Any, bool, int]] = [(arguments, False, 0)]
+    while stack:
+        node, secret, depth = stack.pop()
+        if isinstance(node, str):
+            if secret:
+                found.add(node)
+        elif isinstance(node, dict) and depth < MAX_DEPTH:
+            stack.extend((v, secret or (depth == 0 and k in hidden) or is_secret_name(k), depth + 1)
+                         for k, v in node.items())
+        elif isinstance(node, (list, tuple)) and depth < MAX_DEPTH:
+            stack.extend((v, secret, depth + 1) for v in node)
+        elif secret and isinstance(node, (int, float)) and not isinstance(node, bool):
+            found.add(str(node))
+    return found
 
 
 def redact_arguments(arguments: dict[str, Any], sensitive: Iterable[str] = ()) -> dict[str, Any]:

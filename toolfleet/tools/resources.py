@@ -4,13 +4,25 @@ A resource is a string ``"<kind>:<path>"``, for example ``"fs:src/inventory/stor
 ``"*"`` (everything). Two resources overlap when either is ``"*"``, or they have the same kind and
 one path is a prefix of the other by whole components: ``fs:notes`` overlaps ``fs:notes/a.md``,
 not ``fs:notes2``. ``fs:`` (the workspace root) overlaps every ``fs:`` path.
+
+Resources name files, not spellings: when the dispatcher can see the turn's workspace,
+:func:`resolve` canonicalises every ``fs:`` path inside it (:func:`canonical_path_resource`:
+links resolved by a walk beneath the workspace, a path that does not exist yet by its deepest
+existing parent), so ``alias/x.txt`` and ``sub/x.txt`` with ``alias -> sub`` are one resource
+and conflict. When it cannot (the workspace is on another machine), paths stay lexical
+(:func:`path_resource`): two spellings of one file through a link are then two resources.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+from ..errors import ToolFailure
+from .workspace import canonical_parts, spelling_in
 
 EVERYTHING = "*"
 
@@ -48,19 +60,73 @@ def paths(*arg_names: str, default: str = ".") -> Callable[[Mapping[str, Any]], 
     def resources(arguments: Mapping[str, Any]) -> list[str]:
         return [path_resource(str(arguments.get(name) or default)) for name in arg_names]
 
+    def spellings(arguments: Mapping[str, Any]) -> list[str]:
+        return [str(arguments.get(name) or default) for name in arg_names]
+
     resources.declared = [f"fs:{{{name}}}" for name in arg_names]  # type: ignore[attr-defined]
+    resources.spellings = spellings  # type: ignore[attr-defined]  # raw paths, for canonicalising
     return resources
 
 
 def resolve(
-    resources: Callable[[Mapping[str, Any]], Iterable[str]] | None, arguments: Mapping[str, Any]
+    resources: Callable[[Mapping[str, Any]], Iterable[str]] | None,
+    arguments: Mapping[str, Any],
+    workspace: str | None = None,
 ) -> frozenset[str]:
     """The resources of one call. A tool that declares no resource function, or whose function
-    fails, touches everything (the safe default); one that returns no resources touches nothing."""
+    fails, touches everything (the safe default); one that returns no resources touches nothing.
+    With ``workspace`` (the turn's, as the workers see it) the ``fs:`` resources are
+    canonicalised when this machine can open it (module docstring)."""
     if resources is None:
         return frozenset({EVERYTHING})
     try:
         found = frozenset(str(r) for r in resources(arguments))
     except Exception:  # a broken resource function must not break planning
         return frozenset({EVERYTHING})
-    return found
+    if workspace is None or not any(r.startswith("fs:") for r in found):
+        return found
+    root_fd = _open_workspace(workspace)
+    if root_fd is None:
+        return found  # the workspace is not on this machine: lexical
+    try:
+        spellings = getattr(resources, "spellings", None)
+        if spellings is not None:  # paths(): canonicalise what the model wrote, not its lexical form
+            try:
+                raw = list(spellings(arguments))
+            except Exception:
+                raw = None
+            if raw is not None:
+                rest = frozenset(r for r in found if not r.startswith("fs:"))
+                return rest | {canonical_path_resource(p, root_fd, workspace) for p in raw}
+        return frozenset(canonical_path_resource(r[3:], root_fd, workspace) if r.startswith("fs:") else r
+                         for r in found)
+    finally:
+        os.close(root_fd)
+
+
+def _open_workspace(workspace: str) -> int | None:
+    try:
+        return os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+
+
+def canonical_path_resource(path: str, root_fd: int, workspace: str, kind: str = "fs") -> str:
+    """``"fs:<canonical path>"`` of ``path`` inside the workspace open as ``root_fd``: links
+    resolved beneath the root, a path that does not exist yet by its deepest existing parent and
+    the rest. A path that leads outside (``..``, an absolute path elsewhere, a link out) is
+    ``fs:``, the whole workspace: the call will be refused, and this plans it safely meanwhile.
+    A path that cannot be resolved for another reason (a file used as a folder) stays lexical."""
+    try:
+        rel = spelling_in(workspace, str(path))
+    except ToolFailure:
+        return f"{kind}:"
+    try:
+        parts = canonical_parts(root_fd, rel)
+    except OSError as exc:
+        if exc.errno in (errno.EXDEV, errno.ELOOP):
+            return f"{kind}:"
+        return path_resource(rel, kind)
+    except ValueError:
+        return f"{kind}:"
+    return f"{kind}:{'/'.join(parts)}"

@@ -152,7 +152,16 @@ def closest_names(name: str, names: list[str], n: int = 3) -> list[str]:
 
 def check_arguments(spec: ToolSpec, call_id: str, arguments: dict[str, Any]) -> ToolResult | None:
     """``None`` if ``arguments`` satisfy the tool's schema, else the ``INVALID_ARGUMENT`` result
-    listing every violation at once (see the module docstring for the shape)."""
+    listing every violation at once (see the module docstring for the shape). Arguments nested
+    deeper than ``MAX_NESTING`` levels are refused before the schema is checked (the checker
+    recurses: issue 12's input nested 900 deep crashed it)."""
+    if _deeper_than(arguments, MAX_NESTING):
+        return ToolResult.failure(
+            call_id, spec.name, ErrorCode.INVALID_ARGUMENT,
+            f"the arguments of {spec.name} are nested more than {MAX_NESTING} levels deep; nothing ran",
+            f"send flatter arguments, as the schema of {spec.name} describes them.",
+            data={"errors": [{"pointer": "", "keyword": "maxDepth", "given": f"more than {MAX_NESTING} levels",
+                              "wants": f"at most {MAX_NESTING} levels", "fix": "send flatter arguments"}]})
     found = violations(spec.validator, arguments)
     if not found:
         return None
@@ -162,6 +171,19 @@ def check_arguments(spec: ToolSpec, call_id: str, arguments: dict[str, Any]) -> 
     hint = f"correct {'it' if len(found) == 1 else 'each one'} as the fix says and call {spec.name} again."
     return ToolResult.failure(call_id, spec.name, ErrorCode.INVALID_ARGUMENT, message, hint,
                               data={"errors": [v.as_dict() for v in found]})
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` (JSON-like) has arrays or objects nested more than ``limit`` levels deep
+    (an explicit stack: any depth)."""
+    stack = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list, tuple)):
+            if depth >= limit:
+                return True
+            stack.extend((item, depth + 1) for item in (node.values() if isinstance(node, dict) else node))
+    return False
 
 
 def _invalid(call: ToolCall, message: str, hint: str) -> ToolResult:

@@ -13,7 +13,8 @@ again; :mod:`.side_effects` then decides whether it may run again (reads and jou
 ``WORKER_LOST``. With a Redis broker an unacknowledged message comes back after the visibility
 timeout, so that must be longer than any call can take (:func:`visibility_timeout_s`). Results
 live in the turn ledger, not in Celery's result backend (``ignore_result``): a REVOKED state there
-proves nothing about whether a call ran.
+proves nothing about whether a call ran. The task returns only status, error code and sizes, and
+the worker's log lines are redacted (:mod:`.redaction`): Flower and the logs never see tool output.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .catalog import connect_catalog
 from .events import BatchedTaskEvents
 from .execute import execute
 from .pool import POOL_CLASS
+from .redaction import redacted_failure, task_summary
 from .runtime import Runtime
 from .transport import TRANSPORT_CLASS
 
@@ -168,7 +170,9 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
                       "the call ran past its time limit and was stopped",
                       "ask for less work per call, or a longer time limit where the tool allows it")
             return {}
-        return result.model_dump(mode="json", exclude_none=True)
+        except Exception as exc:  # Flower and the logs show the exception: redacted (worker/redaction.py)
+            raise redacted_failure(exc, envelope) from None
+        return task_summary(result)  # ids, codes and sizes only: the content is the ledger's
 
     @app.task(name=HEALTH_TASK_NAME, ignore_result=True, acks_late=False, shared=False,
               soft_time_limit=HEALTH_TIME_LIMIT_S, time_limit=HEALTH_TIME_LIMIT_S + 2)

@@ -23,6 +23,7 @@ from ..tools.output import fit_output
 from ..tools.spec import ToolSpec
 from ..tools.validation import check_arguments
 from .guard import screen_call
+from .redaction import mask_known_secrets
 from .runtime import Runtime
 from .side_effects import arm_wait_s, run_guarded
 
@@ -136,6 +137,8 @@ def _record(
     tool_worked: str | None = None,
 ) -> ToolResult:
     now = time.time()
+    spec = runtime.registry.get(env.name)
+    result = mask_known_secrets(result, env.arguments, spec.sensitive if spec else ())  # quoted-back arguments
     result = result.model_copy(
         update={
             "worker": worker,
