@@ -276,3 +276,16 @@ def test_sse_lines_are_read_as_events(tmp_path):
     path = tmp_path / "stream.sse"
     path.write_text(": OPENROUTER PROCESSING\n\nevent: chunk\ndata: {\"a\": 1}\n\ndata: [DONE]\n\n")
     assert _read_payload(path) == [{"a": 1}]
+
+
+def test_a_recorded_stream_that_cannot_be_read_is_refused_before_anything_runs(dispatcher, settings, tmp_path):
+    """submit_response reads a whole recorded stream first: call_A, complete before the bad event,
+    never becomes a turn."""
+    import redis
+
+    stream = events("s01_interleaved_fragments.jsonl")
+    stream.insert(4, {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": "x"}]})
+    with pytest.raises(BatchRejected) as refused:
+        dispatcher.submit_response(stream, workspace=str(tmp_path))
+    assert refused.value.pointer == "/4/choices/0/delta"
+    assert redis.Redis.from_url(settings.redis_url).keys(f"{settings.namespace}:*turn*") == []
