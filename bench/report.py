@@ -22,6 +22,7 @@ SECTIONS = (
     "4. Cancel latency",
     "5. Streaming",
     "6. Scale (on paper)",
+    "7. Sandbox overhead",
     "Profiles and fixes",
 )
 
@@ -62,6 +63,11 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         for stat, limit in case.get("targets", {}).items():
             rows.append({"what": f"cancel latency, {case['case'].replace('_', ' ')}, {stat[:3]}",
                          "figure": f"{case[stat]:.1f} ms", "target": f"<= {limit:g} ms", "ok": case[stat] <= limit})
+    sb = results.get("sandbox")
+    if sb:
+        rows.append({"what": "what the sandbox adds to a run_command call (median)",
+                     "figure": f"{sb['added_median_ms']:.1f} ms", "target": f"<= {sb['target_added_ms']:g} ms",
+                     "ok": sb["added_median_ms"] <= sb["target_added_ms"]})
     return rows
 
 
@@ -302,6 +308,28 @@ def _scale(results: dict[str, Any]) -> str | None:
     )
 
 
+def _sandbox(results: dict[str, Any]) -> str | None:
+    sb = results.get("sandbox")
+    if not sb:
+        return None
+    st = sb["stats"]
+    rows = [[name.replace("_", " "), st[name]["n"], _ms(st[name]["median_ms"]), _ms(st[name]["p90_ms"]),
+             _ms(st[name]["p99_ms"])] for name in ("no_sandbox", "sandbox")]
+    return (
+        f"`run_command {sb['command']!r}` through its handler, {sb['rounds']} calls each way, alternating, in one "
+        "process: with the sandbox (bubblewrap: mount, user, PID, IPC, UTS, cgroup and network namespaces) and "
+        "without it (`sandbox = \"none\"`). The queueing around a call through a worker is the same either way. "
+        f"**Added: {sb['added_median_ms']:.1f} ms** (median; target <= {sb['target_added_ms']:g} ms)"
+        + (f", at a load average of {sb['load_1min'][0]:.1f} on {results.get('meta', {}).get('cpu_count', '?')} "
+           f"cores. CPU time of the processes a call starts: {sb['cpu_ms_per_call']['sandbox']:.1f} ms with the "
+           f"sandbox, {sb['cpu_ms_per_call']['no_sandbox']:.1f} ms without" if sb.get("load_1min") else "")
+        + ". The rest of the added time is waiting: the kernel creating and dropping the namespaces (a mount "
+        "namespace alone, `unshare -m`, costs several ms), and each extra process waiting for a core, so it grows "
+        "with the machine's load. Alone: `python -m bench.sandbox_overhead`.\n\n"
+        + _table(["run_command", "calls", "median ms", "p90 ms", "p99 ms"], rows)
+    )
+
+
 def _fixes(results: dict[str, Any]) -> str:
     if results.get("meta", {}).get("quick"):
         return ("Not repeated for a quick run: `bench/fixes.md` explains the full run committed in "
@@ -317,6 +345,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str | None]] = {
     "4. Cancel latency": _cancel,
     "5. Streaming": _streaming,
     "6. Scale (on paper)": _scale,
+    "7. Sandbox overhead": _sandbox,
     "Profiles and fixes": _fixes,
 }
 

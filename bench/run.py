@@ -22,12 +22,12 @@ from typing import Any
 
 import redis
 
-from . import cancel_latency, overhead, plan_efficiency, scale, streaming, throughput
+from . import cancel_latency, overhead, plan_efficiency, sandbox_overhead, scale, streaming, throughput
 from .plot import plot
 from .report import render
 from .stack import ROOT, PrivateRedis, RawFleet, ToolfleetFleet
 
-MEASUREMENTS = ("plan", "overhead", "throughput", "cancel", "streaming", "scale")
+MEASUREMENTS = ("plan", "overhead", "throughput", "cancel", "streaming", "scale", "sandbox")
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class Sizes:
     cancel_trials: int
     stream_trials: int
     redis_bench_requests: int
+    sandbox_rounds: int = 200
 
 
 FULL = Sizes(plan_trials=7, plan_slots=(2, 4, 8), overhead_rounds=40, overhead_default_get_rounds=10,
@@ -50,7 +51,7 @@ FULL = Sizes(plan_trials=7, plan_slots=(2, 4, 8), overhead_rounds=40, overhead_d
              redis_bench_requests=100_000)
 QUICK = Sizes(plan_trials=2, plan_slots=(2, 4), overhead_rounds=8, overhead_default_get_rounds=2,
               throughput_calls=800, throughput_in_flight=4, cancel_trials=5, stream_trials=1,
-              redis_bench_requests=20_000)
+              redis_bench_requests=20_000, sandbox_rounds=40)
 
 
 def _log(message: str) -> None:
@@ -150,6 +151,12 @@ def run(sizes: Sizes, only: tuple[str, ...], redis_url: str | None, out: Path, c
             if source is not None:
                 results["scale"] = {"redis_benchmark": bench, "source": source,
                                     "projection": scale.project(source, bench, cores_per_host=os.cpu_count() or 1)}
+        if "sandbox" in only:
+            _log(f"sandbox: run_command with and without it, {sizes.sandbox_rounds} calls each")
+            try:
+                results["sandbox"] = sandbox_overhead.measure(sizes.sandbox_rounds)
+            except RuntimeError as exc:
+                _log(f"sandbox not measured: {exc}")
     finally:
         if private is not None:
             private.stop()

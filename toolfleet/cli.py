@@ -80,16 +80,35 @@ def worker(
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
     policy: PolicyOpt = None,
     broker_url: BrokerOpt = None,
+    sandbox: Annotated[Optional[str], typer.Option(
+        "--sandbox", help='What run_command runs in: "bwrap" (bubblewrap, default) or "none" (unsandboxed, '
+        "on purpose only; default: $TOOLFLEET_SANDBOX).")] = None,
+    network: Annotated[Optional[str], typer.Option(
+        "--network", help='Network of sandboxed commands: "none" (default) or "host" '
+        "(default: $TOOLFLEET_SANDBOX_NETWORK).")] = None,
 ) -> None:
-    """Run a worker (prefork pool) serving the built-in tools plus --tools modules."""
+    """Run a worker (prefork pool) serving the built-in tools plus --tools modules.
+
+    It first runs a trivial command in the sandbox: if that fails, run_command is not served
+    (the reason is printed) unless --sandbox none was chosen explicitly."""
     from .ledger import connect
     from .tools.registry import default_registry
+    from .tools.sandbox import serve_sandboxed
     from .worker.app import create_app
 
-    settings = _settings(redis_url, namespace, broker_url)
+    try:
+        settings = _settings(redis_url, namespace, broker_url)
+        if sandbox or network:
+            settings = settings.model_copy(update={k: v for k, v in (("sandbox", sandbox),
+                                                                     ("sandbox_network", network)) if v})
+            settings = Settings.model_validate(settings.model_dump())  # check the overridden values
+    except ValueError as exc:  # pydantic's ValidationError: a wrong value in the environment or options
+        _fail(ToolfleetError(f"invalid setting: {exc}"))
     try:
         connect(settings.redis_url)
-        registry = default_registry(tools or [])
+        registry, message = serve_sandboxed(default_registry(tools or []), settings)
+        if message:
+            err.print(message, style="bold yellow", markup=False)
         rules = _policy(policy)
         celery_app = create_app(settings, registry, rules)
     except ToolfleetError as exc:

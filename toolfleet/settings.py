@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -48,6 +49,12 @@ class Settings(BaseModel):
     - ``lock_lease_s`` / ``lock_wait_s``: resource locks across turns: the lease a turn holds on the
       paths it writes (renewed while it runs, so a dead dispatcher frees them within a lease) and
       how long a turn waits for another turn's lock before its writes get ``TOOL_UNAVAILABLE``.
+    - ``sandbox``: what ``run_command`` runs in (docs/sandbox.md): ``"bwrap"`` (default; bubblewrap:
+      read-only root, the workspace the only writable place, own PID namespace) or ``"none"``
+      (unsandboxed; only when the operator says so, and every result then says it).
+    - ``sandbox_network``: ``"none"`` (default; the command has only a loopback of its own) or
+      ``"host"`` (the worker's network).
+    - ``bwrap_path``: the bubblewrap binary (a name looked up on ``PATH``, or a path).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -69,6 +76,9 @@ class Settings(BaseModel):
     breaker_cooldown_s: float = 30.0
     lock_lease_s: float = 30.0
     lock_wait_s: float = 600.0
+    sandbox: Literal["bwrap", "none"] = "bwrap"
+    sandbox_network: Literal["host", "none"] = "none"
+    bwrap_path: str = "bwrap"
 
     @field_validator("heartbeat_s", "max_queue_wait_s", "breaker_cooldown_s", "lock_lease_s", "lock_wait_s",
                      "cancel_grace_s", "kill_grace_s")
@@ -103,7 +113,8 @@ class Settings(BaseModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Settings from ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``, ``TOOLFLEET_NAMESPACE``,
-        ``TOOLFLEET_HEARTBEAT_S``; keyword overrides that are not ``None`` win."""
+        ``TOOLFLEET_HEARTBEAT_S``, ``TOOLFLEET_SANDBOX``, ``TOOLFLEET_SANDBOX_NETWORK``,
+        ``TOOLFLEET_BWRAP``; keyword overrides that are not ``None`` win."""
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
         if env.get("REDIS_URL"):
@@ -114,5 +125,9 @@ class Settings(BaseModel):
             values["namespace"] = env["TOOLFLEET_NAMESPACE"]
         if env.get("TOOLFLEET_HEARTBEAT_S"):
             values["heartbeat_s"] = float(env["TOOLFLEET_HEARTBEAT_S"])
+        for name, field in (("TOOLFLEET_SANDBOX", "sandbox"), ("TOOLFLEET_SANDBOX_NETWORK", "sandbox_network"),
+                            ("TOOLFLEET_BWRAP", "bwrap_path")):
+            if env.get(name):
+                values[field] = env[name]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

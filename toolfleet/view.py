@@ -72,3 +72,12 @@ def print_catalog(console: Console, entries: list[dict[str, Any]], namespace: st
         first_line = (spec.get("description") or "").splitlines()[0] if spec.get("description") else ""
         table.add_row(name, spec["access"], spec["queue"], f"{spec['timeout_s']:g}", ", ".join(workers), first_line)
     console.print(table)
+    for entry in entries:
+        box = entry.get("sandbox") or {}
+        if box.get("mode") == "none":
+            console.print(f"[bold yellow]{entry['worker']}: run_command runs UNSANDBOXED (sandbox = \"none\")[/]")
+        elif box.get("error"):
+            reason = escape(str(box["error"]))
+            console.print(f"[bold red]{entry['worker']}: no sandbox, run_command not served: {reason}[/]")
+        elif box:
+            console.print(f"{entry['worker']}: sandbox {box['mode']}, network {box.get('network')}")

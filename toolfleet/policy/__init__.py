@@ -4,7 +4,7 @@ Shared by the dispatcher (before submitting) and the workers (before the handler
 never trusts a message because it arrived.
 """
 
-from .commands import CommandAnalysis, Segment, Write, analyse
+from .commands import CommandAnalysis, Concern, Segment, Write, analyse
 from .config import Action, CommandRules, LoopRules, Policy
 from .engine import Verdict, evaluate
 from .rules import Rule, RuleStore
@@ -13,6 +13,7 @@ __all__ = [
     "Action",
     "CommandAnalysis",
     "CommandRules",
+    "Concern",
     "LoopRules",
     "Policy",
     "Rule",

@@ -1,147 +1,221 @@
-"""Reading a shell command the way bash will run it, with a real parser (bashlex), never a regex.
+"""Reading a shell command the way bash will run it, with a real parser (bashlex), and saying what
+cannot be accounted for.
 
-:func:`analyse` splits a command line into the simple commands it runs (*segments*) and the files
-it writes:
+This is not the boundary: the kernel sandbox of ``run_command`` stops writes outside the workspace
+and stray processes whatever the text says. :func:`analyse` serves the policy, which decides what
+needs a person, and it fails closed: what it cannot follow becomes a :class:`Concern` (the engine
+asks a person, whatever the patterns say), never a silent pass.
 
-- chained commands (``&&``, ``||``, ``;``, ``|``, ``&``, newlines), subshells, ``{ ...; }`` groups,
-  ``if``/``for``/``while`` bodies and function bodies are walked; every simple command is a segment;
-- command substitutions (``$(...)``, backticks) and process substitutions (``<(...)``, ``>(...)``)
-  are analysed recursively, wherever they appear (words, assignments, redirection targets);
-- ``bash -c STRING`` / ``sh -c STRING`` / ``eval WORDS`` are analysed recursively as the commands
-  they run (a string built at run time cannot be, and is a problem);
-- a command run through a wrapper (``sudo``, ``env``, ``timeout``, ``nice``, ``nohup``, ``xargs``,
-  ``find -exec``, ...) yields a second segment for the wrapped command, so both are checked;
-- writes are output redirections (``>``, ``>>``, ``&>``, ``>|``, ``<>``, ``>& file``) and the path
-  arguments of common file-writing commands (``tee``, ``cp``, ``mv``, ``ln``, ``touch``, ``mkdir``,
-  ``rm``, ``rmdir``, ``chmod``, ``chown``, ``truncate``, ``dd of=``), each with the directory the
-  shell is in at that point (``cd`` is followed; an unknown ``cd`` makes later relative paths
-  unknown).
+It finds:
 
-Anything the parser cannot read (a syntax error, or a construct bashlex does not implement:
-``case``, ``[[ ]]``, ``$(( ))``, ``time``), and command text hidden where it cannot be followed (a
-substitution inside ``${...}`` or inside a here-document), sets ``problem``: the command must be
-refused, because it cannot be checked.
+- *segments*: every simple command, through ``&&``, ``||``, ``;``, ``|``, ``&``, newlines,
+  subshells, groups, ``if``/``for``/``while`` and function bodies, command and process
+  substitutions, ``bash -c STRING`` (with any shell options before ``-c``), ``eval``, wrappers
+  (``env``, ``timeout``, ``nice``, ``sudo``, ``xargs``, ...), ``find -exec``; and, as *probes* used
+  only to match deny rules, the words after a program the policy does not model (``flock F rm x``);
+- *writes*: output redirections and the files that writing programs write (``tee``, ``cp``,
+  ``mv``, ``install``, ``ln``, ``touch``, ``rm``, ``chmod``, ``dd of=``, ``sort -o``, ``sed -i``,
+  ``find -delete``, ``git diff --output``, ...), with every directory the shell may be in at that
+  point (a ``cd`` may fail, so the set only grows; a ``cd`` in a loop or function, ``pushd``/``popd``,
+  ``CDPATH`` or ``cd $X`` add "unknown");
+- *mentions*: paths given to other programs, which may write there (``tar -C /x``);
+- *concerns*: constructs whose effect the text does not show (see :mod:`.programs`).
+
+A syntax error or a construct bashlex does not implement (``case``, ``[[ ]]``, ``$(( ))``,
+``time``), or a command substitution hidden in ``${...}`` or an unquoted here-document, sets
+``problem``: such a command cannot be checked at all and is refused.
 """
 
 from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import bashlex
 import bashlex.errors
+import bashlex.subst
 
-SHELLS = frozenset({"bash", "sh", "zsh", "dash", "ksh"})
-# wrapper -> its options that take a value (so the value is not taken for the wrapped command)
-WRAPPERS: dict[str, frozenset[str]] = {
-    "sudo": frozenset({"-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "--user", "--group"}),
-    "doas": frozenset({"-u", "-C"}),
-    "env": frozenset({"-u", "-C", "-S", "--unset", "--chdir"}),
-    "nohup": frozenset(),
-    "nice": frozenset({"-n", "--adjustment"}),
-    "ionice": frozenset({"-c", "-n", "-p", "--class", "--classdata"}),
-    "timeout": frozenset({"-s", "-k", "--signal", "--kill-after"}),
-    "stdbuf": frozenset({"-i", "-o", "-e"}),
-    "xargs": frozenset({"-I", "-n", "-P", "-L", "-d", "-E", "-s", "-a", "--max-args", "--max-procs"}),
-    "exec": frozenset({"-a"}),
-    "command": frozenset(),
-    "builtin": frozenset(),
-    "setsid": frozenset(),
-    "chrt": frozenset(),
-    "unbuffer": frozenset(),
-    "watch": frozenset({"-n", "--interval", "-d"}),
-}
-# the first positional argument of these wrappers is not the command (a duration, a priority...)
-WRAPPER_POSITIONALS = {"timeout": 1, "chrt": 1}
+from . import shellmodel as model
+from .shellwords import brace_expand, glob_target, has_brace, has_glob, is_plain, normalise_heredocs
+
 WRITE_REDIRECTS = frozenset({">", ">>", ">|", "&>", "&>>", "<>", ">&"})
-# command -> how its path arguments are written to
-WRITERS_ALL = frozenset({"tee", "touch", "mkdir", "rm", "rmdir", "truncate", "shred", "unlink"})
-WRITERS_LAST = frozenset({"cp", "mv", "ln", "install", "rsync", "scp"})
-WRITERS_AFTER_FIRST = frozenset({"chmod", "chown", "chgrp"})
+MAX_DEPTH = 8
+MAX_SEGMENTS = 10_000
+MAX_PROBES = 300  # guesses at what unmodelled programs run; past it, probing stops (the call asks anyway)
 
 
 @dataclass(frozen=True)
 class Segment:
-    """One simple command. ``words`` as the shell splits them (quotes removed), without the
-    leading ``assignments``; ``dynamic[i]`` is True when word ``i`` holds an expansion whose value
-    is known only at run time (``$VAR``, ``$(...)``). ``wrapped_by`` names the wrapper when this
-    segment is the command a wrapper runs."""
+    """One simple command. ``words`` as the shell splits them (quotes removed, braces expanded),
+    without the leading ``assignments``; ``dynamic[i]`` is True when word ``i`` is known only at
+    run time (``$VAR``, ``$(...)``, a pattern or brace in the command name). ``wrapped_by`` names
+    the wrapper when this segment is the command a wrapper runs; ``probe`` marks a guess at what a
+    program the policy does not model runs (checked against deny rules only)."""
 
     words: tuple[str, ...]
     text: str
     assignments: tuple[str, ...] = ()
     dynamic: tuple[bool, ...] = ()
     wrapped_by: str | None = None
+    probe: bool = False
 
 
 @dataclass(frozen=True)
 class Write:
     """A path the command writes to. ``cwd`` is the shell's directory at that point, relative to
-    the workspace (``"."``), absolute, or ``None`` when unknown (after ``cd $X``)."""
+    the workspace (``"."``), absolute, or ``None`` when unknown. ``unknown`` says why the target
+    cannot be known even if the path looks fine (a symbolic link made by the same command)."""
 
     target: str
     text: str
     cwd: str | None = "."
     dynamic: bool = False
     tilde: bool = False
+    unknown: str | None = None
+
+
+@dataclass(frozen=True)
+class Concern:
+    """Something the policy cannot account for: ``text`` is the command part, ``why`` a sentence
+    for the person asked."""
+
+    text: str
+    why: str
 
 
 @dataclass(frozen=True)
 class CommandAnalysis:
-    """What :func:`analyse` found; ``problem`` set means the command cannot be checked."""
+    """What :func:`analyse` found; ``problem`` set means the command cannot be checked at all."""
 
     command: str
     segments: tuple[Segment, ...] = ()
     writes: tuple[Write, ...] = ()
+    concerns: tuple[Concern, ...] = ()
+    mentions: tuple[Write, ...] = ()
     problem: str | None = None
 
 
-class _Unanalysable(Exception):
-    pass
+class Unanalysable(Exception):
+    """Raised inside the walk when the command cannot be checked at all."""
+
+
+class Word(NamedTuple):
+    """One word after expansion: its text, whether it is known only at run time, and whether it
+    holds unquoted glob characters."""
+
+    text: str
+    dynamic: bool = False
+    glob: bool = False
 
 
 @dataclass
-class _Walker:
-    source: str
-    cwd: str | None = "."
+class Found:
+    """What the walk collects (shared by nested walkers)."""
+
     segments: list[Segment] = field(default_factory=list)
     writes: list[Write] = field(default_factory=list)
-    depth: int = 0
+    mentions: list[Write] = field(default_factory=list)
+    concerns: list[Concern] = field(default_factory=list)
+    links: list[tuple[str, bool]] = field(default_factory=list)  # (text, made a symbolic link for sure)
+    cdpath: bool = False
+    probes: int = 0
 
-    # ---- nodes ----
+
+Cwds = frozenset[str | None]
+
+
+class Walker:
+    """Walks bashlex trees of one command text; ``cwds`` are the directories the shell may be in."""
+
+    def __init__(self, source: str, found: Found, cwds: Cwds, depth: int = 0,
+                 quoted: frozenset[int] = frozenset(), probe: bool = False) -> None:
+        self.source, self.found, self.cwds, self.depth = source, found, cwds, depth
+        self.quoted, self.probe = quoted, probe
+        self.moved: Cwds | None = None
+
+    # ---- structure ----
     def walk(self, node: Any) -> None:
         kind = node.kind
-        if kind in ("list", "pipeline"):
+        if kind == "list":
+            self.walk_list(node.parts)
+        elif kind == "pipeline":
             for part in node.parts:
-                if part.kind not in ("operator", "pipe", "reservedword"):
+                if part.kind != "pipe":  # each part runs in a subshell
+                    saved = self.cwds
                     self.walk(part)
+                    self.cwds = saved
         elif kind == "compound":
+            subshell = bool(node.list) and getattr(node.list[0], "word", "") == "("
+            saved = self.cwds
             for part in node.list:
                 if part.kind != "reservedword":
                     self.walk(part)
+            if subshell:
+                self.cwds = saved
             for redirect in getattr(node, "redirects", None) or ():
                 self.redirect(redirect, self.text(node))
-        elif kind in ("if", "for", "while", "until"):
-            for part in node.parts:
-                if part.kind == "word":
-                    self.expansions(part)
-                elif part.kind not in ("reservedword", "operator"):
-                    self.walk(part)
+        elif kind == "if":
+            self.body(node)
+        elif kind in ("for", "while", "until"):
+            saved = self.cwds
+            self.body(node)
+            if self.cwds != saved:  # a cd in a loop: the next round starts elsewhere
+                self.cwds = self.cwds | {None}
+                self.body(node)
         elif kind == "function":
+            self.concern(self.text(node), "defines a shell function: what runs when it is called cannot be followed")
+            saved = self.cwds
             for part in node.parts[1:]:
                 if part.kind not in ("reservedword", "word"):
                     self.walk(part)
+            if self.cwds != saved:
+                self.cwds = saved | self.cwds | {None}
         elif kind == "command":
             self.command(node)
-        elif kind in ("reservedword", "operator", "pipe"):
-            return
-        else:
-            raise _Unanalysable(f"the shell construct {kind!r} is not supported")
+        elif kind not in ("reservedword", "operator", "pipe"):
+            raise Unanalysable(f"the shell construct {kind!r} is not supported")
+
+    def walk_list(self, parts: list[Any]) -> None:
+        """``a && b || c; d``: where the shell may be when each part runs. A ``cd`` that
+        succeeded moved the shell, one that failed did not; ``&&`` runs its right side only after
+        a success of its left, ``||`` only after a failure."""
+        success = failure = self.cwds
+        op = ";"
+        for i, part in enumerate(parts):
+            if part.kind == "operator":
+                op = part.op
+                continue
+            if part.kind in ("pipe", "reservedword"):
+                continue
+            if op == "&&":
+                start, skipped = success, failure
+            elif op == "||":
+                start, skipped = failure, success
+            else:
+                start, skipped = success | failure, frozenset()
+            background = i + 1 < len(parts) and getattr(parts[i + 1], "op", "") == "&"
+            self.cwds, self.moved = start, None
+            self.walk(part)
+            if background:  # runs in a subshell
+                self.cwds = start
+            moved = self.moved if part.kind == "command" else None
+            success, failure = (moved, start) if moved is not None else (self.cwds, self.cwds)
+            if op == "&&":
+                failure = failure | skipped
+            elif op == "||":
+                success = success | skipped
+        self.cwds = success | failure
+
+    def body(self, node: Any) -> None:
+        for part in node.parts:
+            if part.kind == "word":
+                self.expansions(part)
+            elif part.kind not in ("reservedword", "operator"):
+                self.walk(part)
 
     def command(self, node: Any) -> None:
-        words: list[str] = []
-        dynamic: list[bool] = []
+        words: list[Word] = []
         assignments: list[str] = []
         redirects = []
         for part in node.parts:
@@ -149,204 +223,195 @@ class _Walker:
                 assignments.append(part.word)
                 self.expansions(part)
             elif part.kind == "word":
-                words.append(part.word)
-                dynamic.append(self.expansions(part))
+                words.extend(self.shell_words(part.word, self.text(part), self.expansions(part), not words))
             elif part.kind == "redirect":
                 redirects.append(part)
             else:
-                raise _Unanalysable(f"the shell construct {part.kind!r} is not supported")
+                raise Unanalysable(f"the shell construct {part.kind!r} is not supported")
         text = self.text(node)
+        for assignment in assignments:
+            self.assignment(assignment, text)
         for redirect in redirects:
             self.redirect(redirect, text)
-        if not words:
-            return
-        name = posixpath.basename(words[0])
-        if name in SHELLS and "-c" in words[1:]:
-            self.nested_shell(words, dynamic, text)
-            return
-        if name == "eval":
-            self.nested(words[1:], dynamic[1:], text, "eval")
-            return
-        segment = Segment(tuple(words), text, tuple(assignments), tuple(dynamic))
-        self.segments.append(segment)
-        self.after(segment)
+        if words:
+            from .programs import run  # the program table uses this module's types
 
-    def after(self, segment: Segment) -> None:
-        """Follow ``cd``, record the writes of file-writing commands, unwrap wrappers."""
-        words, dynamic = segment.words, segment.dynamic
-        name = posixpath.basename(words[0])
-        if name in ("cd", "pushd"):
-            self.change_dir(words[1:], dynamic[1:])
-        self.writer_targets(segment)
-        inner = _unwrap(words)
-        if inner is not None:
-            start, wrapper = inner
-            if start < len(words):
-                if posixpath.basename(words[start]) in SHELLS and "-c" in words[start + 1 :]:
-                    self.nested_shell(list(words[start:]), list(dynamic[start:]), segment.text)
-                    return
-                wrapped = Segment(words[start:], segment.text, (), dynamic[start:], wrapped_by=wrapper)
-                self.segments.append(wrapped)
-                self.after(wrapped)
-        if name == "find":
-            self.find_exec(segment)
+            run(self, words, text, tuple(assignments))
 
-    def find_exec(self, segment: Segment) -> None:
-        words = segment.words
-        for i, word in enumerate(words):
-            if word in ("-exec", "-execdir", "-ok", "-okdir"):
-                end = next((k for k in range(i + 1, len(words)) if words[k] in (";", "+")), len(words))
-                if end > i + 1:
-                    inner = Segment(words[i + 1 : end], segment.text, (), segment.dynamic[i + 1 : end], "find")
-                    self.segments.append(inner)
-                    self.after(inner)
+    def shell_words(self, word: str, raw: str, dynamic: bool, first: bool) -> list[Word]:
+        """What one parsed word becomes: brace expansion done, patterns and expansions marked."""
+        if dynamic:
+            return [Word(word, True)]
+        if has_brace(raw):
+            if not first and is_plain(raw):
+                expanded = brace_expand(word)
+                if expanded is not None:
+                    return [Word(w, False, has_glob(w)) for w in expanded]
+            return [Word(word, True)]
+        glob = has_glob(raw)
+        return [Word(word, True)] if first and glob else [Word(word, False, glob)]
 
-    def nested_shell(self, words: list[str], dynamic: list[bool], text: str) -> None:
-        at = words.index("-c", 1)
-        if at + 1 >= len(words):
-            raise _Unanalysable(f"{words[0]} -c without a command string")
-        self.nested([words[at + 1]], [dynamic[at + 1]], text, words[0])
-
-    def nested(self, words: list[str], dynamic: list[bool], text: str, via: str) -> None:
-        if any(dynamic):
-            raise _Unanalysable(f"`{text}` runs a command string built at run time ({via}), which cannot be checked")
-        if self.depth >= 8:
-            raise _Unanalysable("commands nested more than 8 levels deep")
-        inner = " ".join(words)
-        child = _Walker(inner, self.cwd, self.segments, self.writes, self.depth + 1)
-        for tree in _parse(inner):
-            child.walk(tree)
-        self.cwd = child.cwd
-
-    def change_dir(self, args: tuple[str, ...], dynamic: tuple[bool, ...]) -> None:
-        positional = [(a, d) for a, d in zip(args, dynamic, strict=True) if not a.startswith("-")]
-        if not positional or positional[0][1] or positional[0][0].startswith("~"):
-            self.cwd = None  # home, $VAR or ~user: not known here
-            return
-        target = positional[0][0]
-        if target.startswith("/"):
-            self.cwd = posixpath.normpath(target)
-        elif self.cwd is not None:
-            self.cwd = posixpath.normpath(posixpath.join(self.cwd, target))
-
-    def writer_targets(self, segment: Segment) -> None:
-        words, dynamic = segment.words, segment.dynamic
-        name = posixpath.basename(words[0])
-        args = [(w, d) for w, d in zip(words[1:], dynamic[1:], strict=True)]
-        targets: list[tuple[str, bool]] = []
-        if name == "dd":
-            targets = [(w[3:], d) for w, d in args if w.startswith("of=")]
-        else:
-            positional = _positional(args)
-            if name in WRITERS_ALL:
-                targets = positional
-            elif name in WRITERS_AFTER_FIRST:
-                targets = positional[1:]
-            elif name in WRITERS_LAST:
-                explicit = [(w.split("=", 1)[1], d) for w, d in args if w.startswith("--target-directory=")]
-                for i, (w, _) in enumerate(args[:-1]):
-                    if w == "-t":
-                        explicit.append(args[i + 1])
-                targets = explicit or (positional[-1:] if len(positional) >= 2 else [])
-        for target, is_dynamic in targets:
-            self.writes.append(Write(target, segment.text, self.cwd, is_dynamic, target.startswith("~")))
+    def assignment(self, word: str, text: str) -> None:
+        name = model.var_name(word)
+        if name == "CDPATH":
+            self.found.cdpath = True
+        if model.is_code_var(name):
+            self.concern(text, f"sets {name}, which changes what later commands run or where they write")
 
     def redirect(self, node: Any, text: str) -> None:
         output = node.output
         if not hasattr(output, "kind"):  # a file descriptor number: 2>&1, >&2
             return
-        is_dynamic = self.expansions(output)
         heredoc = getattr(node, "heredoc", None)
-        if heredoc is not None and ("$(" in heredoc.value or "`" in heredoc.value):
-            raise _Unanalysable("a here-document holds a command substitution, which cannot be checked")
+        if heredoc is not None:
+            quoted = any(node.pos[0] <= q < output.pos[0] for q in self.quoted)
+            if not quoted and ("$(" in heredoc.value or "`" in heredoc.value):
+                raise Unanalysable("a here-document holds a command substitution, which cannot be checked")
+            return
+        dynamic = self.expansions(output)
         if node.type in WRITE_REDIRECTS and output.word != "-":
-            tilde = output.word.startswith("~") or any(p.kind == "tilde" for p in getattr(output, "parts", ()))
-            self.writes.append(Write(output.word, text, self.cwd, is_dynamic, tilde))
+            for word in self.shell_words(output.word, self.text(output), dynamic, False):
+                self.add_write(word, text)
 
     def expansions(self, node: Any) -> bool:
-        """Analyse the substitutions inside a word; True if its value is known only at run time."""
+        """Walk the substitutions inside a word; True if its value is known only at run time."""
         dynamic = False
         for part in getattr(node, "parts", None) or ():
             if part.kind in ("commandsubstitution", "processsubstitution"):
                 dynamic = True
-                saved = self.cwd  # a substitution runs in a subshell: its cd does not leak
+                saved, moved = self.cwds, self.moved  # a substitution runs in a subshell: its cd does not leak
                 self.walk(part.command)
-                self.cwd = saved
+                self.cwds, self.moved = saved, moved
             elif part.kind == "parameter":
                 dynamic = True
                 if "$(" in part.value or "`" in part.value:
-                    raise _Unanalysable(
-                        "a command substitution inside a ${...} expansion cannot be checked; "
-                        "run the command on its own first"
-                    )
-            elif part.kind == "tilde":
-                continue
-            else:
-                raise _Unanalysable(f"the shell construct {part.kind!r} is not supported")
+                    raise Unanalysable("a command substitution inside a ${...} expansion cannot be checked; "
+                                       "run the command on its own first")
+            elif part.kind != "tilde":
+                raise Unanalysable(f"the shell construct {part.kind!r} is not supported")
         return dynamic
+
+    # ---- what commands do ----
+    def add_write(self, word: Word, text: str, mention: bool = False) -> None:
+        """Record that ``word`` names a file written (or, with ``mention``, maybe written)."""
+        target, dynamic = word.text, word.dynamic
+        if word.glob and not dynamic:
+            stand_in = glob_target(target)
+            dynamic = stand_in is None
+            target = stand_in or target
+        if not mention and not dynamic and ".git" in posixpath.normpath(target).split("/"):
+            self.concern(text, "writes into .git, whose hooks and configuration later git commands run")
+        into = self.found.mentions if mention else self.found.writes
+        relative = not (dynamic or target.startswith(("/", "~")))
+        for cwd in sorted(self.cwds, key=lambda c: (c is None, c or "")) if relative else [None]:
+            into.append(Write(target, text, cwd if relative else ".", dynamic, target.startswith("~")))
+
+    def change_dir(self, name: str, words: list[Word]) -> None:
+        if name == "popd":
+            self.cwds = self.cwds | {None}
+            return
+        args = [w for w in words[1:] if w.dynamic or not (w.text.startswith(("-", "+")) and len(w.text) > 1)]
+        target: str | None = None
+        if args and not (args[0].dynamic or args[0].glob or args[0].text.startswith("~") or args[0].text == "-"):
+            target = args[0].text
+            if self.found.cdpath and not target.startswith(("/", "./", "../")) and target not in (".", ".."):
+                target = None
+        moved = frozenset(_resolve(cwd, target) for cwd in self.cwds)
+        self.moved = moved  # where a successful cd leaves the shell (see walk_list)
+        self.cwds = self.cwds | moved  # a cd may fail: the shell may still be where it was
+
+    def nested(self, command: str, strict: bool, leak: bool, probe: bool = False) -> None:
+        """Walk ``command``, a string the shell runs (``bash -c``, ``eval``); ``leak``: its ``cd``
+        changes this shell; ``strict``: a string that does not parse makes the whole unanalysable."""
+        if self.depth >= MAX_DEPTH:
+            raise Unanalysable(f"commands nested more than {MAX_DEPTH} levels deep")
+        try:
+            trees, source, quoted = parse(command)
+            child = Walker(source, self.found, self.cwds, self.depth + 1, quoted, probe or self.probe)
+            for tree in trees:
+                child.walk(tree)
+        except Unanalysable:
+            if strict:
+                raise
+            return
+        if leak:
+            self.cwds = child.cwds
+
+    def concern(self, text: str, why: str) -> None:
+        self.found.concerns.append(Concern(text, why))
+
+    def segment(self, segment: Segment) -> None:
+        if len(self.found.segments) >= MAX_SEGMENTS:
+            raise Unanalysable("the command is too large to check")
+        self.found.segments.append(segment)
 
     def text(self, node: Any) -> str:
         start, end = node.pos
         return self.source[start:end]
 
 
-def _parse(command: str) -> list[Any]:
-    if not command.strip():
-        raise _Unanalysable("the command is empty")
-    try:
-        return list(bashlex.parse(command))
-    except bashlex.errors.ParsingError as exc:
-        raise _Unanalysable(f"shell syntax error: {exc.message} (position {exc.position})") from exc
-    except NotImplementedError as exc:
-        raise _Unanalysable(f"the parser does not support {exc}") from exc
-    except Exception as exc:  # bashlex raises plain errors on some malformed input
-        raise _Unanalysable(f"{type(exc).__name__}: {exc}") from exc
-
-
-def _positional(args: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
-    out, options_done = [], False
-    for word, is_dynamic in args:
-        if not options_done and word == "--":
-            options_done = True
-        elif options_done or not word.startswith("-") or word == "-":
-            out.append((word, is_dynamic))
-    return out
-
-
-def _unwrap(words: tuple[str, ...]) -> tuple[int, str] | None:
-    """(index of the wrapped command, wrapper name) when ``words`` starts with a wrapper."""
-    name = posixpath.basename(words[0])
-    if name not in WRAPPERS:
+def _resolve(cwd: str | None, target: str | None) -> str | None:
+    if target is None:
         return None
-    takes_value = WRAPPERS[name]
-    positionals = WRAPPER_POSITIONALS.get(name, 0)
-    i = 1
-    while i < len(words):
-        word = words[i]
-        if word == "--":
-            i += 1
-            break
-        if word.startswith("-"):
-            i += 2 if word in takes_value else 1
-        elif name == "env" and "=" in word:
-            i += 1
-        elif positionals:
-            positionals -= 1
-            i += 1
-        else:
-            break
-    return i, name
+    if target.startswith("/"):
+        return posixpath.normpath(target)
+    return None if cwd is None else posixpath.normpath(posixpath.join(cwd, target))
+
+
+_paramexpand = bashlex.subst._paramexpand
+
+
+def _bounded_paramexpand(parserobj: Any, string: str, sindex: int) -> Any:
+    """bashlex 0.18 loops forever on a word holding ``${`` without a ``}`` (``'${'x<}``: its
+    ``str.find`` returns -1 and the scan restarts); such a word is a bad substitution to bash."""
+    if string[sindex + 1 : sindex + 2] == "{" and string.find("}", sindex + 2) < 0:
+        raise bashlex.errors.ParsingError("bad substitution: no closing `}`", string, sindex)
+    return _paramexpand(parserobj, string, sindex)
+
+
+bashlex.subst._paramexpand = _bounded_paramexpand
+
+
+def parse(command: str) -> tuple[list[Any], str, frozenset[int]]:
+    """bashlex trees of ``command``, the text their positions point into, and the positions of
+    quoted here-documents. Raises :class:`Unanalysable`."""
+    if not command.strip():
+        raise Unanalysable("the command is empty")
+    if "\x00" in command:
+        raise Unanalysable("the command holds a NUL byte, which no shell command can")
+    source, quoted = normalise_heredocs(command)
+    try:
+        return list(bashlex.parse(source)), source, quoted
+    except bashlex.errors.ParsingError as exc:
+        raise Unanalysable(f"shell syntax error: {exc.message} (position {exc.position})") from exc
+    except NotImplementedError as exc:
+        raise Unanalysable(f"the parser does not support {exc}") from exc
+    except Exception as exc:  # bashlex raises plain errors on some malformed input
+        raise Unanalysable(f"{type(exc).__name__}: {exc}") from exc
 
 
 def analyse(command: str) -> CommandAnalysis:
-    """Segments and writes of ``command`` (see the module docstring). Never raises: what cannot be
-    analysed comes back with ``problem`` set."""
-    walker = _Walker(command)
+    """Segments, writes, mentions and concerns of ``command`` (see the module docstring). Never
+    raises: what cannot be analysed comes back with ``problem`` set."""
+    found = Found()
     try:
-        for tree in _parse(command):
+        trees, source, quoted = parse(command)
+        walker = Walker(source, found, frozenset({"."}), quoted=quoted)
+        for tree in trees:
             walker.walk(tree)
-    except _Unanalysable as exc:
+    except Unanalysable as exc:
         return CommandAnalysis(command, problem=str(exc))
     except RecursionError:
         return CommandAnalysis(command, problem="the command is nested too deeply to check")
-    return CommandAnalysis(command, tuple(walker.segments), tuple(walker.writes))
+    writes = list(found.writes)
+    for link_text, certain in found.links:
+        others = [w for w in found.writes if w.text != link_text]
+        if others and certain:
+            why = f"is written after `{link_text}` made a symbolic link in the same command, so where it lands " \
+                  "cannot be known here; make links in a separate call"
+            writes.extend(Write(w.target, w.text, w.cwd, w.dynamic, w.tilde, why) for w in others)
+        elif others:
+            found.concerns.append(Concern(link_text, "copies symbolic links, and this command writes after it "
+                                                     "through paths that may be links"))
+    concerns = tuple(dict.fromkeys(found.concerns))
+    return CommandAnalysis(command, tuple(found.segments), tuple(writes), concerns, tuple(found.mentions))

@@ -1,17 +1,25 @@
 """Deciding one call: ``allow``, ``ask`` or ``deny`` (the same code on the dispatcher and the worker).
 
+The policy decides what needs a person; it is not the boundary (the sandbox and the kernel-resolved
+file tools are, docs/policy.md "Which layer stops what"), and it fails closed: what it cannot
+account for asks, never allows.
+
 Order of the decision for a call of tool ``T``:
 
 1. The tool's verdict from the policy (``tools`` entry, else ``risk`` level, else ``default``).
    ``deny`` ends it.
 2. For a tool with a command argument (``run_command``), when the policy has command rules or the
-   tool's verdict is ``ask``: the command is parsed (:mod:`.commands`). Unparsable → deny. Any
-   segment matching a ``deny`` pattern → deny. Any write outside the workspace (a redirection, or
-   the target of ``tee``/``cp``/``mv``/...) → deny. Then each segment: an ``ask`` pattern → ask,
-   else an ``allow`` pattern → allow, else ``commands.unmatched`` (default: the tool's verdict).
-3. What is still ``ask`` is answered by the remembered rules of the workspace
+   tool's verdict is ``ask``: the command is analysed (:mod:`.commands`). Unparsable → deny. Any
+   segment (wrapped commands and probes included) matching a ``deny`` pattern → deny. Any write
+   outside the workspace or whose place cannot be known → deny. Any concern (a construct the
+   analysis cannot follow) or a path outside given to an unmodelled program → ask, and neither
+   patterns nor remembered allows answer it. Then each segment: an ``ask`` pattern → ask, else an
+   ``allow`` pattern → allow, else ``commands.unmatched`` (default: the tool's verdict).
+3. What is still ``ask`` (without concerns) is answered by the remembered rules of the workspace
    (:mod:`.rules`): a matching remembered deny → deny, a matching remembered allow → allow.
    Remembered rules never override a configured deny.
+
+Command text quoted in a reason is masked with :func:`toolfleet.tools.redact.redact_text`.
 """
 
 from __future__ import annotations
@@ -20,10 +28,11 @@ import os
 import posixpath
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import Any
 
+from ..tools.redact import redact_text
 from ..tools.spec import ToolSpec
 from .commands import CommandAnalysis, Segment, Write, analyse
 from .config import Action, CommandRules, Policy
@@ -34,6 +43,11 @@ _FD_PATH = re.compile(r"^/dev/fd/\d+$")
 UNPARSABLE_HINT = (
     "write it as plain commands joined by &&, ||, ; or | (no case, [[ ]], $(( )) or time), "
     "or split it into several calls"
+)
+MAX_REASONS = 6  # reasons listed in one verdict
+UNACCOUNTED_HINT = (
+    "a person must approve this call; to run without asking, write plain commands the policy can follow "
+    "(no eval, bash -c with a run-time string, interpreters with -c/-e, xargs or unknown wrappers)"
 )
 
 
@@ -73,7 +87,8 @@ def evaluate(
     command = arguments.get(spec.command_arg) if spec.command_arg else None
     if isinstance(command, str) and (policy.commands is not None or action == "ask"):
         rules = policy.commands or CommandRules()
-        return _command_verdict(rules, analyse(command), action, source, workspace, remembered)
+        verdict = _command_verdict(rules, analyse(command), action, source, workspace, remembered)
+        return replace(verdict, reason=redact_text(verdict.reason))  # command text is quoted in it
     if action == "allow":
         return Verdict("allow", f"{spec.name} is allowed ({source})", rule=source)
     for rule in _fetch(remembered):
@@ -96,7 +111,7 @@ def _command_verdict(
         return Verdict(
             "deny",
             f"the command could not be parsed by the shell parser, so it cannot be checked and was refused: "
-            f"{analysis.problem}",
+            f"{redact_text(analysis.problem)}",
             UNPARSABLE_HINT,
             "commands.unparsable",
         )
@@ -110,33 +125,47 @@ def _command_verdict(
                     f"commands.deny: {pattern}",
                 )
     for write in analysis.writes:
-        why = outside_workspace(write, workspace)
+        why = write.unknown or outside_workspace(write, workspace)
         if why is not None:
             return Verdict(
                 "deny",
-                f"`{write.text}` writes to {write.target!r}, {why}",
+                f"`{redact_text(write.text)}` writes to {redact_text(repr(write.target))}, {why}",
                 "write only to paths inside the workspace (relative paths, no .., no ~)",
                 "commands.workspace",
             )
+    concerns = [f"`{c.text}`: {c.why}" for c in analysis.concerns]
+    for mention in analysis.mentions:
+        why = outside_workspace(mention, workspace)
+        if why is not None:
+            concerns.append(f"`{redact_text(mention.text)}` is given {redact_text(repr(mention.target))}, {why}, "
+                            "where it may write")
     asks: list[tuple[Segment, str]] = []
     for segment in analysis.segments:
+        if segment.probe:
+            continue
         action, why = _segment_action(rules, segment, tool_action, source)
         if action == "deny":
             return Verdict("deny", f"{_shown(segment)} {why}", _denied_hint("deny"), "commands.unmatched")
         if action == "ask":
             asks.append((segment, why))
-    if not asks:
+    if not asks and not concerns:
         return Verdict("allow", "every part of the command is allowed", rule="commands.allow")
     fetched = _fetch(remembered)
-    still: list[tuple[Segment, str]] = []
-    for segment, why in asks:
+    checked = analysis.segments if concerns else [segment for segment, _ in asks]
+    for segment in checked:
         denial = next((r for r in fetched if r.action == "deny" and _remembered(r, segment, matches_denied)), None)
         if denial is not None:
             return Verdict(
                 "deny", f"{_shown(segment)}: {denial.describe()}", _denied_hint("deny"), f"remembered:{denial.id}"
             )
-        if not any(r.action == "allow" and _remembered(r, segment, matches_allowed) for r in fetched):
-            still.append((segment, why))
+    still = [(segment, why) for segment, why in asks
+             if not any(r.action == "allow" and _remembered(r, segment, matches_allowed) for r in fetched)]
+    if concerns:  # what the policy cannot account for always needs a person, call by call
+        items = list(dict.fromkeys(concerns + [f"{_shown(segment)} {why}" for segment, why in still]))
+        more = f"; and {len(items) - MAX_REASONS} more" if len(items) > MAX_REASONS else ""
+        reason = "; ".join(items[:MAX_REASONS]) + more
+        return Verdict("ask", f"needs a person's approval, the policy cannot account for it: {reason}",
+                       UNACCOUNTED_HINT, "commands.unaccounted")
     if not still:
         return Verdict("allow", "every part of the command is allowed (remembered rules)", rule="remembered")
     reason = "; ".join(f"{_shown(segment)} {why}" for segment, why in still)
@@ -213,6 +242,8 @@ def outside_workspace(write: Write, workspace: str | None) -> str | None:
         path = posixpath.normpath(posixpath.join(base, target))
     if not _within(path, root):
         return "outside the workspace"
+    if "\x00" in path:
+        return "a path holding a NUL byte, which cannot be checked"
     if workspace and os.path.isdir(workspace):
         real_root = os.path.realpath(workspace)
         if not _within(os.path.realpath(path), real_root):
@@ -225,9 +256,10 @@ def _within(path: str, root: str) -> bool:
 
 
 def _shown(segment: Segment) -> str:
+    """How a segment is quoted in a reason: secrets in it masked (tools.redact)."""
     if segment.wrapped_by:
-        return f"`{' '.join(segment.words)}` (run by {segment.wrapped_by})"
-    return f"`{segment.text}`"
+        return f"`{redact_text(' '.join(segment.words))}` (run by {segment.wrapped_by})"
+    return f"`{redact_text(segment.text)}`"
 
 
 def _remembered(rule: Rule, segment: Segment, match: Callable[[str, Segment], bool]) -> bool:

@@ -1,7 +1,7 @@
 """The tool catalog that each live worker publishes to Redis, with a heartbeat.
 
 Key ``<ns>:catalog:<worker>`` holds JSON ``{"worker", "queues", "tools": [describe()...],
-"heartbeat_at"}`` and expires after three missed heartbeats, so a dead worker's tools vanish.
+"sandbox", "heartbeat_at"}`` and expires after three missed heartbeats, so a dead worker's tools vanish.
 Its name is also kept in the set ``<ns>:workers`` so readers find the catalogs without scanning
 the key space (names whose catalog expired are dropped by the readers). Once a worker consumes, it
 also pushes its name on ``<ns>:workers:ready`` (tests and ``toolfleet up`` wait on that list
@@ -24,10 +24,14 @@ from ..settings import Settings
 
 
 def catalog_entry(runtime: Any, worker: str) -> dict[str, Any]:
+    """``sandbox``: what ``run_command`` runs in here, ``{"mode": "bwrap"|"none", "network"[, "error"]}``."""
+    from ..tools import sandbox
+
     return {
         "worker": worker,
         "queues": [runtime.keys.queue(q) for q in runtime.registry.queues()],
         "tools": [spec.describe() for spec in runtime.registry],
+        "sandbox": sandbox.current().describe(),
         "heartbeat_at": time.time(),
     }
 

@@ -1,0 +1,134 @@
+"""What the shell does to a word's raw text that bashlex leaves undone: quoted here-document
+delimiters, unquoted glob characters and brace expansion.
+
+bashlex gives each word with its quotes removed, so ``'{a,b}'`` and ``{a,b}`` look the same; these
+helpers read the raw source text of the word (``source[node.pos[0]:node.pos[1]]``) to tell them
+apart. They never raise.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from fnmatch import fnmatchcase
+
+# `<<'EOF'`, `<<"EOF"`, `<<\EOF`, `<<-'EOF'`: bashlex wants the delimiter unquoted
+_QUOTED_HEREDOC = re.compile(r"<<(-?)([ \t]*)(?:'([\w.-]+)'|\"([\w.-]+)\"|\\([\w.-]+))")
+MAX_BRACE_WORDS = 64
+
+
+def normalise_heredocs(command: str) -> tuple[str, frozenset[int]]:
+    """``command`` with quoted here-document delimiters unquoted (same length, so every position
+    bashlex reports still points into the original text) and the positions of the ``<<`` of those
+    here-documents, whose bodies the shell does not expand."""
+    quoted: set[int] = set()
+
+    def unquote(match: re.Match[str]) -> str:
+        quoted.add(match.start())
+        delimiter = match.group(3) or match.group(4) or match.group(5)
+        padding = len(match.group(0)) - 2 - len(match.group(1)) - len(match.group(2)) - len(delimiter)
+        return f"<<{match.group(1)}{match.group(2)}{' ' * padding}{delimiter}"
+
+    return _QUOTED_HEREDOC.sub(unquote, command), frozenset(quoted)
+
+
+def unquoted(raw: str) -> str:
+    """The characters of ``raw`` outside quotes and not escaped, in order (``$'...'`` counts as
+    quoted)."""
+    out: list[str] = []
+    i, quote = 0, ""
+    while i < len(raw):
+        ch = raw[i]
+        if quote == "'":
+            if ch == "'":
+                quote = ""
+        elif quote == '"':
+            if ch == "\\":
+                i += 1
+            elif ch == '"':
+                quote = ""
+        elif ch == "\\":
+            i += 1
+        elif ch in "'\"":
+            quote = ch
+        else:
+            out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def has_glob(raw: str) -> bool:
+    """True when the shell may expand ``raw`` as a file-name pattern (unquoted ``*``, ``?``, ``[``)."""
+    bare = unquoted(raw)
+    return "*" in bare or "?" in bare or ("[" in bare and "]" in bare[bare.index("[") + 2 :])
+
+
+def has_brace(raw: str) -> bool:
+    """True when ``raw`` holds an unquoted ``{...,...}`` or ``{a..b}`` the shell expands."""
+    bare = unquoted(raw)
+    start = bare.find("{")
+    return start >= 0 and "}" in bare[start:] and ("," in bare[start:] or ".." in bare[start:])
+
+
+def is_plain(raw: str) -> bool:
+    """True when ``raw`` has no quotes, escapes or expansions, so its text is what the shell sees."""
+    return not any(ch in raw for ch in "'\"\\$`")
+
+
+def brace_expand(word: str) -> list[str] | None:
+    """The words ``word`` (plain text, see :func:`is_plain`) expands to, or ``None`` when there
+    would be more than :data:`MAX_BRACE_WORDS`. Sequences ``{a..b}`` give their two ends."""
+    results = [word]
+    done: list[str] = []
+    while results:
+        current = results.pop()
+        parts = _first_brace(current)
+        if parts is None:
+            done.append(current)
+        else:
+            prefix, alternatives, suffix = parts
+            results.extend(prefix + alt + suffix for alt in alternatives)
+        if len(done) + len(results) > MAX_BRACE_WORDS:
+            return None
+    return list(reversed(done))
+
+
+def _first_brace(word: str) -> tuple[str, list[str], str] | None:
+    for start, ch in enumerate(word):
+        if ch != "{":
+            continue
+        depth, commas = 0, []
+        for end in range(start, len(word)):
+            if word[end] == "{":
+                depth += 1
+            elif word[end] == "}":
+                depth -= 1
+                if depth == 0:
+                    body = word[start + 1 : end]
+                    if commas:
+                        cuts = [start, *commas, end]
+                        alts = [word[a + 1 : b] for a, b in zip(cuts, cuts[1:], strict=False)]
+                        return word[:start], alts, word[end + 1 :]
+                    seq = re.fullmatch(r"(-?\w+)\.\.(-?\w+)(\.\.-?\d+)?", body)
+                    if seq:
+                        return word[:start], [seq.group(1), seq.group(2)], word[end + 1 :]
+                    break
+            elif word[end] == "," and depth == 1:
+                commas.append(end)
+    return None
+
+
+def glob_target(path: str) -> str | None:
+    """A stand-in for a write target holding glob characters, good for a lexical inside/outside
+    check: each pattern component becomes a plain name, or ``None`` when a component could match
+    ``.`` or ``..`` (so the pattern could climb out)."""
+    out = []
+    for part in path.split("/"):
+        if any(ch in part for ch in "*?["):
+            if fnmatchcase("..", part) or fnmatchcase(".", part):
+                return None
+            out.append("__glob__")
+        else:
+            out.append(part)
+    joined = "/".join(out)
+    return posixpath.normpath(joined) if joined else joined

@@ -1,0 +1,205 @@
+"""The OS sandbox that ``run_command`` runs its commands in: build it, and check once that it works.
+
+Built on bubblewrap (``bwrap``, the Debian package ``bubblewrap``), as the coding agents that run
+model-proposed commands on Linux do (OpenAI Codex CLI, Anthropic's sandbox-runtime). What a
+sandboxed command gets (docs/sandbox.md):
+
+- the root file system read-only (``--ro-bind / /``), a private ``/tmp`` (tmpfs), a minimal ``/dev``,
+  its own ``/proc``; the workspace bound read-write last, so it stays writable when it lies under
+  ``/tmp``: the only writable place that outlives the call;
+- its own user, PID, IPC, UTS and cgroup namespaces, every capability dropped, no nested user
+  namespaces (``--disable-userns``), a new session (no terminal to inject keystrokes into);
+- ``--die-with-parent`` plus the PID namespace: when the command's shell exits, or when the worker
+  kills the ``bwrap`` process (time limit, cancel), the kernel kills every process of the
+  namespace. Nothing the command started outlives the call;
+- network ``"none"`` (own network namespace: only its own loopback; ``/run`` is hidden so the host's
+  Unix sockets there are out of reach) or ``"host"``;
+- an environment built from an allow-list (:data:`ENV_ALLOW`), never the worker's secrets.
+
+Root of the worker or not, the command runs with no capability: as root, bwrap would otherwise keep
+them and a ``mount -o remount,rw /`` would undo the read-only root.
+
+State: :func:`configure` (called once at worker start-up, before the pool forks) records the
+configuration and the result of a probe (a trivial command run in the sandbox); :func:`current`
+gives it to the handler (probing the default configuration if nothing was configured, so a
+process that skipped start-up is never unsandboxed by omission).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import ToolFailure
+
+ENV_ALLOW = ("PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TERM", "TZ", "USER",
+             "LOGNAME", "SHELL")
+"""Variables of the worker's environment a command sees (when set); everything else is dropped."""
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PROBE_TIMEOUT_S = 10.0
+SANDBOXED_TOOLS = frozenset({"run_command"})
+"""Tools a worker does not serve when the sandbox cannot be created (and ``sandbox`` is not ``"none"``)."""
+UNSANDBOXED_NOTE = '[unsandboxed: this worker runs commands without a sandbox (sandbox = "none", set by the operator)]'
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """``mode``: ``"bwrap"`` or ``"none"``; ``network``: ``"none"`` or ``"host"``; ``bwrap``: the binary
+    (a name looked up on ``PATH`` or a path). Source: :class:`toolfleet.settings.Settings`."""
+
+    mode: str = "bwrap"
+    network: str = "none"
+    bwrap: str = "bwrap"
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> SandboxConfig:
+        return cls(mode=settings.sandbox, network=settings.sandbox_network, bwrap=settings.bwrap_path)
+
+
+@dataclass(frozen=True)
+class SandboxState:
+    """A configuration and whether it works here: ``error`` is ``None`` when the probe passed (or the
+    mode is ``"none"``), else why the sandbox cannot be created."""
+
+    config: SandboxConfig
+    error: str | None = None
+
+    @property
+    def unsandboxed(self) -> bool:
+        return self.config.mode == "none"
+
+    def describe(self) -> dict[str, Any]:
+        """For the tool catalog and ``toolfleet tools``: ``{"mode", "network"[, "error"]}``."""
+        out: dict[str, Any] = {"mode": self.config.mode, "network": self.config.network}
+        if self.error:
+            out["error"] = self.error
+        return out
+
+    def command(self, argv: Sequence[str], workspace: Path, network: str | None = None,
+                environ: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+        """The argv and environment to start ``argv`` with, in ``workspace``. Raises
+        :class:`ToolFailure` (``TOOL_UNAVAILABLE``) when the sandbox cannot be created, and
+        (``PERMISSION_DENIED``) when the workspace is ``/`` or not a directory. ``network``
+        overrides the configured one for this command."""
+        if self.error and not self.unsandboxed:
+            raise ToolFailure(f"run_command refused: the sandbox cannot be created on this worker ({self.error})",
+                              "the operator must install bubblewrap (apt-get install bubblewrap) or set "
+                              'sandbox = "none" explicitly', code="TOOL_UNAVAILABLE")
+        env = allowed_env(os.environ if environ is None else environ)
+        if self.unsandboxed:
+            return list(argv), env
+        return bwrap_argv(self.config, argv, workspace, network or self.config.network, env), env
+
+
+def allowed_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The allow-listed part of ``environ`` (:data:`ENV_ALLOW`), with ``PATH`` defaulted, ``TMPDIR=/tmp``
+    and ``XDG_CACHE_HOME=/tmp/.cache`` (``HOME`` is read-only in the sandbox; tools keep caches there)."""
+    env = {name: environ[name] for name in ENV_ALLOW if name in environ}
+    env.setdefault("PATH", DEFAULT_PATH)
+    env["TMPDIR"] = "/tmp"
+    env["XDG_CACHE_HOME"] = "/tmp/.cache"
+    return env
+
+
+def bwrap_argv(config: SandboxConfig, argv: Sequence[str], workspace: Path, network: str,
+               env: Mapping[str, str]) -> list[str]:
+    """The bubblewrap command line that runs ``argv`` confined to ``workspace`` (see the module doc).
+    Mount order matters: later mounts cover earlier ones, so the workspace comes after ``/tmp``."""
+    root = os.path.realpath(workspace)
+    if root == "/" or not os.path.isdir(root):
+        raise ToolFailure(f"run_command refused: the workspace {str(workspace)!r} is not a directory that can be "
+                          "confined (it must exist and not be /)", "give the turn a workspace directory",
+                          code="PERMISSION_DENIED")
+    if network not in ("none", "host"):
+        raise ToolFailure(f"unknown sandbox network {network!r}", 'use "none" or "host"', code="INVALID_ARGUMENT")
+    out = [config.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    if network == "none":
+        out += ["--tmpfs", "/run"]  # the host's Unix sockets (databases, docker) are reachable through a read-only bind
+    out += ["--bind", root, root, "--chdir", root,
+            "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
+    if network == "none":
+        out.append("--unshare-net")
+    for name, value in env.items():
+        out += ["--setenv", name, value]
+    return [*out, "--", *argv]
+
+
+def probe(config: SandboxConfig) -> str | None:
+    """Run ``true`` in the sandbox ``config`` describes, in a fresh directory; ``None`` when it ran,
+    else why not (binary missing, namespaces refused, ...). Bounded by ``PROBE_TIMEOUT_S``."""
+    if config.mode == "none":
+        return None
+    if config.mode != "bwrap":
+        return f'unknown sandbox mode {config.mode!r} (use "bwrap" or "none")'
+    binary = shutil.which(config.bwrap)
+    if binary is None:
+        return f"the bubblewrap binary {config.bwrap!r} was not found (apt-get install bubblewrap)"
+    with tempfile.TemporaryDirectory(prefix="toolfleet-probe-") as workspace:
+        try:
+            argv = bwrap_argv(config, ["/bin/sh", "-c", "echo ok > probe && test ! -w /usr"], Path(workspace),
+                              config.network, allowed_env(os.environ))
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=PROBE_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired, ToolFailure) as exc:
+            return f"{binary} could not be run: {exc}"
+        if done.returncode != 0:
+            detail = (done.stderr or done.stdout).decode("utf-8", "replace").strip()[:300]
+            return f"{binary} failed (exit status {done.returncode}): {detail or 'no message'}"
+        if (Path(workspace) / "probe").read_text().strip() != "ok":
+            return f"{binary} ran but the workspace was not writable in the sandbox"
+    return None
+
+
+_state: SandboxState | None = None
+
+
+def configure(config: SandboxConfig) -> SandboxState:
+    """Probe ``config`` and make it this process's sandbox (inherited by forked pool processes). The
+    bubblewrap binary is resolved on ``PATH`` here, once, so every command runs the one probed."""
+    found = shutil.which(config.bwrap) if config.mode == "bwrap" else None
+    if found:
+        config = replace(config, bwrap=found)
+    return install(SandboxState(config, probe(config)))
+
+
+def install(state: SandboxState) -> SandboxState:
+    """Make ``state`` (already probed, e.g. by an earlier :func:`configure`) this process's sandbox."""
+    global _state
+    _state = state
+    return state
+
+
+def current() -> SandboxState:
+    """This process's sandbox; the default configuration (bwrap, network none), probed, if
+    :func:`configure` was never called."""
+    return _state if _state is not None else configure(SandboxConfig())
+
+
+def start_up_message(state: SandboxState) -> str | None:
+    """What a worker says at start-up about its sandbox: a refusal, a warning, or ``None``."""
+    if state.unsandboxed:
+        return ('WARNING: sandbox = "none": run_command runs commands WITHOUT a sandbox (no confinement to the '
+                "workspace, processes may outlive calls); every result says so")
+    if state.error:
+        return (f"run_command is NOT served by this worker: the sandbox cannot be created: {state.error}. "
+                'Install bubblewrap (apt-get install bubblewrap), or run unsandboxed on purpose with --sandbox none '
+                "(TOOLFLEET_SANDBOX=none)")
+    return None
+
+
+def serve_sandboxed(registry: Any, settings: Any) -> tuple[Any, str | None]:
+    """At worker start-up: configure and probe the sandbox of ``settings``; returns the registry to
+    serve (without :data:`SANDBOXED_TOOLS` when the sandbox cannot be created) and what to tell the
+    operator (``None`` when all is well)."""
+    from .registry import Registry
+
+    state = configure(SandboxConfig.from_settings(settings))
+    if state.error and not state.unsandboxed:
+        registry = Registry([spec for spec in registry if spec.name not in SANDBOXED_TOOLS])
+    return registry, start_up_message(state)
