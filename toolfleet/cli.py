@@ -171,6 +171,8 @@ def run(
         dispatcher = Dispatcher(settings, default_registry(tools or []), _policy(policy))
         options = {"workspace": str(workspace.resolve()), "session_id": session}
         if adapter.streamed:
+            # a recorded stream that cannot be read is refused whole, before anything runs
+            adapter.replay(payload if isinstance(payload, list) else [payload])
             with dispatcher.open_stream(format=adapter.name, **options) as stream:
                 for event in payload if isinstance(payload, list) else [payload]:
                     stream.feed(event)
@@ -179,7 +181,8 @@ def run(
             turn = dispatcher.submit_response(payload, format=adapter.name, **options)
     except BatchRejected as exc:
         if as_json:
-            error = {"reason": exc.reason, "message": str(exc), "call_ids": list(exc.call_ids)}
+            error = {"reason": exc.reason, "message": str(exc), "call_ids": list(exc.call_ids),
+                     "pointer": getattr(exc, "pointer", "")}
             print(json.dumps({"turn_id": None, "error": error, "results": [], "messages": []}, indent=2))
         else:
             err.print(f"[bold red]batch refused:[/] {exc}")
@@ -235,24 +238,46 @@ def run(
 
 def _read_payload(path: Path) -> Any:
     """A .json file's one value, or a .jsonl file's events (one JSON value a line) as a list.
-    A .json file that holds several lines of JSON values is read as events too."""
+    A .json file that holds several lines of JSON values is read as events too, and so is a stream
+    saved as server-sent events (``data: {...}`` lines; comments, ``event:`` lines and ``[DONE]``
+    skipped). Exits with code 2 and says where for a file that cannot be read."""
     try:
-        text = path.read_text()
-    except OSError as exc:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
         _fail(ToolfleetError(f"cannot read {path}: {exc}"), 2)
-    lines = [line for line in text.splitlines() if line.strip()]
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if _event_text(line) is not None]
+    line_no = 0
     try:
-        if path.suffix == ".jsonl":
-            return [json.loads(line) for line in lines]
+        if path.suffix == ".jsonl" or text.lstrip().startswith(("data:", ":", "event:")):
+            events = []
+            for line_no, line in lines:  # noqa: B007 (line_no is read by the except below)
+                events.append(json.loads(_event_text(line)))
+            return events
         try:
             return json.loads(text)
         except json.JSONDecodeError:
             if len(lines) > 1:
-                return [json.loads(line) for line in lines]
+                events = []
+                for line_no, line in lines:  # noqa: B007 (line_no is read by the except below)
+                    events.append(json.loads(_event_text(line)))
+                return events
             raise
-    except json.JSONDecodeError as exc:
-        _fail(ToolfleetError(f"cannot read {path}: not JSON ({exc}); expected a provider response saved as "
+    except (ValueError, RecursionError) as exc:  # not JSON, a number past the digit limit, too deep
+        where = f" (line {line_no})" if line_no else ""
+        what = "nests too deep" if isinstance(exc, RecursionError) else f"is not JSON ({exc})"
+        _fail(ToolfleetError(f"cannot read {path}{where}: it {what}; expected a provider response saved as "
                              "JSON (chat completion, Responses or Anthropic message) or a .jsonl stream"), 2)
+
+
+def _event_text(line: str) -> str | None:
+    """The JSON text of one stream line, or None for a line that holds no event (blank, an SSE
+    comment or field other than ``data``, ``[DONE]``)."""
+    line = line.strip()
+    if not line or line.startswith(":") or line.startswith(("event:", "id:", "retry:")):
+        return None
+    if line.startswith("data:"):
+        line = line[5:].strip()
+    return None if line in ("", "[DONE]") else line
 
 
 @app.command()

@@ -30,13 +30,16 @@ class BatchRejected(ToolfleetError):
     """Raised when a batch cannot be run at all; nothing was submitted.
 
     ``reason`` is a short machine-readable word (``duplicate_call_id``, ``unreadable_payload``),
-    ``call_ids`` the ids involved, if any.
+    ``call_ids`` the ids involved, if any, and ``pointer`` where in the payload the problem is (a
+    JSON pointer, RFC 6901, e.g. ``/choices/0/message/tool_calls/2/id``; for a stream the first
+    token is the event's position), or ``""`` when it is not at one place.
     """
 
-    def __init__(self, message: str, *, reason: str, call_ids: tuple[str, ...] = ()) -> None:
+    def __init__(self, message: str, *, reason: str, call_ids: tuple[str, ...] = (), pointer: str = "") -> None:
         super().__init__(message)
         self.reason = reason
         self.call_ids = call_ids
+        self.pointer = pointer
 
 
 class BrokerUnavailable(ToolfleetError):

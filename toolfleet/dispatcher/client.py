@@ -121,12 +121,16 @@ class Dispatcher:
     def submit_response(self, payload: Any, *, format: str | None = None, **options: Any) -> Turn:
         """Parse a provider response (``format``, or told from its shape) and submit its calls.
 
-        A stream's events (a list) are accepted too and go through :meth:`submit_stream`.
-        ``turn.messages()`` then gives the tool results in the same provider's shape, and
-        ``turn.assistant_messages()`` the model's own message to put before them.
+        A stream's events (a list) are accepted too and go through :meth:`submit_stream`, once
+        all of them were read: a recorded stream that cannot be read is refused whole, before
+        anything runs. ``turn.messages()`` then gives the tool results in the same provider's
+        shape, and ``turn.assistant_messages()`` the model's own message to put before them.
+        Raises :class:`~toolfleet.errors.BatchRejected` (with the JSON ``pointer``) for a payload
+        that cannot be read.
         """
         adapter = get_adapter(format) if format else detect(payload)
         if adapter.streamed:
+            adapter.replay(payload)
             return self.submit_stream(as_dict(payload), format=adapter.name, **options)
         return self.submit(adapter.parse(payload), adapter=adapter, response=payload, **options)
 

@@ -15,9 +15,15 @@ immediately after"). A run that was interrupted, or a history edited by hand, le
 - ``moved_result``: a result not where the provider wants it (Chat: not in the tool messages right
   after its assistant message; Anthropic: not in the user message right after; Responses: before
   its call) is moved there;
+- ``empty_text_removed`` (Anthropic): a text block with no text but white space is dropped (the API
+  refuses one: "text content blocks must be non-empty");
+- ``arguments_normalized`` (Chat, Responses): a call's ``arguments`` that are not a JSON string
+  (``null``, an object) are written as one (``null`` as ``"{}"``), as the APIs require;
 - ``empty_message_removed``: a message left with no content by the above is removed.
 
-The input is never changed; messages may be plain dicts or SDK objects.
+The input is never changed; messages may be plain dicts or SDK objects. A history whose shape cannot
+be read (a message that is not an object, ``tool_calls`` that are not a list of objects, an id that
+is not a string) raises :class:`~toolfleet.errors.BatchRejected` with the JSON pointer of the field.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from ..errors import BatchRejected
 from ..models import ErrorCode, ToolResult
 from .adapters import as_dict, get_adapter
 from .adapters.anthropic import result_block
+from .adapters.wire import arguments_for_wire, need_list, need_object, need_text
 
 PLACEHOLDER_MESSAGE = ("this call has no result in the history: the run that made it was interrupted "
                        "or its result was lost")
@@ -73,14 +80,103 @@ def repair_history(history: Sequence[Any], format: str | None = None) -> Repaire
     names work too), or None to tell it from the history. Raises
     :class:`~toolfleet.errors.BatchRejected` for an unknown format or a history that is not a list.
     """
-    items = as_dict(list(history)) if not isinstance(history, (str, bytes, dict)) else None
-    if items is None:
-        raise BatchRejected("a history is a list of messages or items", reason="unreadable_payload")
-    items = [copy.deepcopy(i) for i in items]
+    try:
+        items = as_dict(list(history)) if not isinstance(history, (str, bytes, dict)) else None
+    except TypeError:
+        items = None
+    if items is None or (format is not None and not isinstance(format, str)):
+        raise BatchRejected("a history is a list of messages or items", reason="unreadable_payload", pointer="/")
+    try:
+        items = [copy.deepcopy(i) for i in items]
+    except RecursionError:
+        raise BatchRejected("the history nests too deep to be read", reason="unreadable_payload",
+                            pointer="/") from None
     name = get_adapter(format).name.removesuffix("_stream") if format else detect_history_format(items)
+    _check_shape(items, name)
     repairs: list[Repair] = []
-    fix = {"openai_chat": _chat, "openai_responses": _responses, "anthropic": _anthropic}[name]
+    if name == "anthropic":
+        return RepairedHistory(format=name, messages=_anthropic_text(items, repairs), repairs=repairs)
+    items = _normalize_arguments(items, name, repairs)
+    fix = {"openai_chat": _chat, "openai_responses": _responses}[name]
     return RepairedHistory(format=name, messages=fix(items, repairs), repairs=repairs)
+
+
+def _check_shape(items: list[Any], name: str) -> None:
+    """Raise BatchRejected (with the pointer) where the history cannot be read in format ``name``."""
+    for n, item in enumerate(items):
+        here = f"/{n}"
+        item = need_object(item, here, "a message or item")
+        if name == "openai_chat":
+            calls = need_list(item.get("tool_calls"), f"{here}/tool_calls", "tool_calls")
+            for k, call in enumerate(calls):
+                call = need_object(call, f"{here}/tool_calls/{k}", "a tool call")
+                need_text(call.get("id"), f"{here}/tool_calls/{k}/id", "a call id")
+                need_object(call.get("function"), f"{here}/tool_calls/{k}/function", "function", optional=True)
+            if item.get("role") == "tool":
+                need_text(item.get("tool_call_id"), f"{here}/tool_call_id", "tool_call_id")
+        elif name == "openai_responses":
+            if item.get("type") in ("function_call", "function_call_output"):
+                need_text(item.get("call_id"), f"{here}/call_id", "a call_id")
+        else:
+            content = item.get("content")
+            if not isinstance(content, str):
+                for k, block in enumerate(need_list(content, f"{here}/content", "content")):
+                    block = need_object(block, f"{here}/content/{k}", "a content block")
+                    if block.get("type") == "tool_use":
+                        need_text(block.get("id"), f"{here}/content/{k}/id", "a tool_use id")
+                    elif block.get("type") == "tool_result":
+                        need_text(block.get("tool_use_id"), f"{here}/content/{k}/tool_use_id", "a tool_use_id")
+
+
+def _normalize_arguments(items: list[Any], name: str, repairs: list[Repair]) -> list[Any]:
+    out = []
+    for position, item in enumerate(items):
+        if name == "openai_chat" and item.get("tool_calls"):
+            calls = []
+            for call in item["tool_calls"]:
+                function = call.get("function") or {}
+                if not isinstance(function.get("arguments"), str):
+                    repairs.append(Repair("arguments_normalized", str(call.get("id")), position,
+                                          "its arguments were not a JSON string; written as one"))
+                    written = arguments_for_wire(function.get("arguments"))
+                    call = {**call, "function": {**function, "arguments": written}}
+                calls.append(call)
+            item = {**item, "tool_calls": calls}
+        elif name == "openai_responses" and item.get("type") == "function_call" and not isinstance(
+                item.get("arguments"), str):
+            repairs.append(Repair("arguments_normalized", str(item.get("call_id")), position,
+                                  "its arguments were not a JSON string; written as one"))
+            item = {**item, "arguments": arguments_for_wire(item.get("arguments"))}
+        out.append(item)
+    return out
+
+
+def _anthropic_text(items: list[Any], repairs: list[Repair]) -> list[Any]:
+    """Anthropic: drop text blocks without text (``empty_text_removed``), mend calls and results,
+    then drop a message left with no content (``empty_message_removed``)."""
+    stripped, positions = [], {}
+    for position, message in enumerate(items):
+        content = message.get("content")
+        if isinstance(content, list):
+            kept = [b for b in content if not _empty_text(b)]
+            if len(kept) != len(content):
+                repairs.append(Repair("empty_text_removed", "", position,
+                                      "a text block without text was dropped (the API refuses one)"))
+                message = {**message, "content": kept}
+        positions[id(message)] = position
+        stripped.append(message)
+    out = []
+    for message in _anthropic(stripped, repairs):
+        if isinstance(message.get("content"), list) and not message["content"]:
+            repairs.append(Repair("empty_message_removed", "", positions.get(id(message), -1),
+                                  "a message left with no content was removed"))
+            continue
+        out.append(message)
+    return out
+
+
+def _empty_text(block: dict[str, Any]) -> bool:
+    return block.get("type") == "text" and not (isinstance(block.get("text"), str) and block["text"].strip())
 
 
 def detect_history_format(items: Sequence[Any]) -> str:

@@ -56,11 +56,12 @@ def parse_arguments(call: ToolCall) -> dict[str, Any] | ToolResult:
     """
     raw = call.arguments
     if isinstance(raw, dict):
-        return raw
+        return _readable(call, raw)
     if not raw.strip():
         return {}
     try:
-        value = json.loads(raw, parse_constant=_refuse_constant, object_pairs_hook=_no_duplicate_keys)
+        value = json.loads(raw, parse_constant=_refuse_constant, object_pairs_hook=_no_duplicate_keys,
+                           parse_int=_integer)
     except json.JSONDecodeError as exc:
         return _invalid(call, *_where_parsing_stopped(raw, exc))
     except _StrictJSONError as exc:
@@ -81,7 +82,44 @@ def parse_arguments(call: ToolCall) -> dict[str, Any] | ToolResult:
             f"arguments must be a JSON object, not {kind_of(value)}; given {shorten(mask_text(raw))}",
             'wrap them in an object keyed by parameter name, e.g. {"path": "README.md"}.',
         )
+    return _readable(call, value)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_MAX_DIGITS = 4300  # Python's default int_max_str_digits: a longer integer cannot be read
+
+
+def _integer(text: str) -> int:
+    if len(text.lstrip("-")) > _MAX_DIGITS:
+        raise _StrictJSONError(f"a number of {len(text.lstrip('-'))} digits (at most {_MAX_DIGITS}; send a longer "
+                               "one as a string)")
+    return int(text)
+
+
+def _readable(call: ToolCall, value: dict[str, Any]) -> dict[str, Any] | ToolResult:
+    """``value``, or INVALID_ARGUMENT when it nests past :data:`MAX_NESTING` or holds text
+    that is not Unicode (a lone UTF-16 surrogate, which no UTF-8 file, command or request can carry)."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 1)]
+    while stack:
+        item, pointer, depth = stack.pop()
+        if depth > MAX_NESTING:
+            return _too_deep(call)
+        pairs = item.items() if isinstance(item, dict) else enumerate(item)
+        for key, child in pairs:
+            where = f"{pointer}/{key}"
+            for text in (key, child) if isinstance(item, dict) else (child,):
+                if isinstance(text, str) and _LONE_SURROGATE.search(text):
+                    return _invalid(call, f"arguments hold text that is not Unicode at {where or '/'}: a lone "
+                                    f"UTF-16 surrogate (U+{ord(_LONE_SURROGATE.search(text).group()):04X})",
+                                    "send the whole character (both halves of a surrogate pair) or leave it out.")
+            if isinstance(child, (dict, list)):
+                stack.append((child, where, depth + 1))
     return value
+
+
+def _too_deep(call: ToolCall) -> ToolResult:
+    return _invalid(call, f"arguments are nested more than {MAX_NESTING} levels deep; nothing ran",
+                    "send flatter arguments, as the tool's schema describes them.")
 
 
 def unknown_tool(call: ToolCall, names: Iterable[str]) -> ToolResult:

@@ -63,7 +63,7 @@ def detect(payload: Any) -> Any:
             found = detect_event(event)
             if found is not None:
                 return found
-        if data and all(isinstance(i, dict) and i.get("type") for i in data):
+        if data and all(isinstance(i, dict) and isinstance(i.get("type"), str) and i["type"] for i in data):
             kinds = {i["type"] for i in data}
             if kinds & {"function_call", "function_call_output", "reasoning"}:
                 return ADAPTERS["openai_responses"]
@@ -88,13 +88,14 @@ def detect_event(event: Any) -> Any:
     if not isinstance(data, dict):
         return None
     kind = data.get("type")
-    if data.get("object") == "chat.completion.chunk" or any(
-        isinstance(c, dict) and "delta" in c for c in data.get("choices") or []
-    ):
+    choices = data.get("choices")
+    if data.get("object") == "chat.completion.chunk" or (isinstance(choices, list) and any(
+        isinstance(c, dict) and "delta" in c for c in choices
+    )):
         return ADAPTERS["openai_chat_stream"]
     if isinstance(kind, str) and kind.startswith("response."):
         return ADAPTERS["openai_responses_stream"]
-    if kind in _ANTHROPIC_EVENTS:
+    if isinstance(kind, str) and kind in _ANTHROPIC_EVENTS:
         return ADAPTERS["anthropic_stream"]
     return None
 

@@ -11,12 +11,15 @@ of one assistant turn go back in ONE ``user`` message whose content starts with 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from ...errors import BatchRejected
 from ...models import ToolCall, ToolResult
-from .base import arguments_text, as_dict, tool_descriptions
+from ...tools.validation import MAX_NESTING
+from .base import as_dict, tool_descriptions
+from .wire import at, call_arguments, depth_of, for_wire, need_object, need_text
 
 
 class AnthropicAdapter:
@@ -25,32 +28,43 @@ class AnthropicAdapter:
 
     def parse(self, payload: Any) -> list[ToolCall]:
         calls = []
-        for block in self.content_blocks(payload):
+        blocks, where = self._blocks(payload)
+        for n, block in enumerate(blocks):
+            here = at(where, n)
             if block.get("type") != "tool_use":
                 continue
             calls.append(
                 ToolCall(
-                    id=str(block.get("id") or ""),
-                    name=str(block.get("name") or ""),
-                    arguments=arguments_text(block.get("input")),
+                    id=need_text(block.get("id"), at(here, "id"), "a tool_use id"),
+                    name=need_text(block.get("name"), at(here, "name"), "a tool name"),
+                    arguments=call_arguments(block.get("input")),
                     index=len(calls),
                 )
             )
         return calls
 
-    def content_blocks(self, payload: Any) -> list[dict[str, Any]]:
-        """The content blocks of a message (or a list of blocks given directly)."""
-        data = as_dict(payload)
+    def _blocks(self, payload: Any) -> tuple[list[dict[str, Any]], str]:
+        data, where = as_dict(payload), ""
         if isinstance(data, dict):
-            data = data.get("content")
+            data, where = data.get("content"), "/content"
         if not isinstance(data, list):
             raise BatchRejected("expected a message with a content list, or a list of content blocks",
-                                reason="unreadable_payload")
-        return [block for block in (as_dict(b) for b in data) if isinstance(block, dict)]
+                                reason="unreadable_payload", pointer=where or "/")
+        return [need_object(b, at(where, n), "a content block") for n, b in enumerate(data)], where
+
+    def content_blocks(self, payload: Any) -> list[dict[str, Any]]:
+        """The content blocks of a message (or a list of blocks given directly); BatchRejected
+        (with the pointer) for a block that is not an object."""
+        return self._blocks(payload)[0]
 
     def assistant_messages(self, payload: Any) -> list[dict[str, Any]]:
-        """``[{"role": "assistant", "content": <the blocks, unchanged>}]``."""
-        return [{"role": "assistant", "content": self.content_blocks(payload)}]
+        """``[{"role": "assistant", "content": <the blocks>}]``: every block and field kept, except
+        what the API refuses: a text block with no text other than white space is dropped
+        ("text content blocks must be non-empty"), a ``tool_use`` whose ``input`` is not an object
+        (or nests past the argument depth limit) goes back with ``{}`` (its result says what was
+        wrong), and text that cannot be encoded (a lone surrogate) is cleaned."""
+        AnthropicAdapter.parse(self, payload)
+        return [{"role": "assistant", "content": blocks_for_wire(self.content_blocks(payload))}]
 
     def format_results(self, results: Sequence[ToolResult]) -> list[dict[str, Any]]:
         if not results:
@@ -70,3 +84,23 @@ def result_block(result: ToolResult) -> dict[str, Any]:
     if not result.ok:
         block["is_error"] = True
     return block
+
+
+def blocks_for_wire(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Assistant content blocks as the Messages API takes them back (see
+    :meth:`AnthropicAdapter.assistant_messages`)."""
+    out = []
+    for block in blocks:
+        if block.get("type") == "text" and not (isinstance(block.get("text"), str) and block["text"].strip()):
+            continue
+        if block.get("type") == "tool_use":
+            given = block.get("input")
+            if isinstance(given, str):  # input sent as JSON text: the object it holds, as it ran
+                try:
+                    given = json.loads(given) if given.strip() else {}
+                except (ValueError, RecursionError):
+                    given = None
+            fit = isinstance(given, dict) and depth_of(given, MAX_NESTING) <= MAX_NESTING
+            block = {**block, "input": given if fit else {}, "name": block.get("name") or ""}
+        out.append(for_wire(block))
+    return out

@@ -4,9 +4,15 @@
 Source: Anthropic API reference, "Streaming Messages": a ``content_block_start`` with a
 ``tool_use`` block opens a call (``id``, ``name``, ``input: {}``); ``content_block_delta`` events
 with ``input_json_delta`` carry ``partial_json`` fragments to be joined; ``content_block_stop``
-closes the block. Joined fragments that are empty mean ``{}`` (a tool called without input).
+closes the block. Joined fragments that are empty mean ``{}`` (a tool called without input), or
+the ``input`` of the start event when a gateway put the whole input there.
 
-A call is complete at its ``content_block_stop``.
+Blocks are keyed by their ``index``; a ``content_block_start`` at an index already used starts a
+new block (and a new call). A call is complete at its ``content_block_stop``. Block fields the
+parser does not interpret survive the rebuild; a text block left without text (``text: ""`` and
+no ``text_delta``) is dropped from it, as the API refuses one ("text content blocks must be
+non-empty"). A field of the wrong type raises BatchRejected with its JSON pointer, the event's
+position first (``/4/delta/partial_json``).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 from ...models import ToolCall
 from .anthropic import AnthropicAdapter
 from .base import CallAssembler, StreamFormat, as_dict
+from .wire import at, join_surrogates, kind, need_index, need_object, need_text
 
 
 class AnthropicStreamParser:
@@ -25,55 +32,80 @@ class AnthropicStreamParser:
         self.cut_off: list[str] = []
         self.warnings: list[str] = []
         self._message: dict[str, Any] = {}
-        self._blocks: dict[int, dict[str, Any]] = {}
+        self._blocks: list[dict[str, Any]] = []  # in stream order
+        self._at: dict[int | None, int] = {}  # block index -> position in _blocks (the latest block there)
         self._start_input: dict[int, Any] = {}
+        self._events = -1
 
     def feed(self, event: Any) -> list[ToolCall]:
+        self._events += 1
+        where = f"/{self._events}"
         data = as_dict(event)
-        kind = data.get("type") if isinstance(data, dict) else None
-        index = data.get("index") if isinstance(data, dict) else None
-        if kind == "message_start":
-            self._message = dict(as_dict(data.get("message")) or {})
-        elif kind == "content_block_start":
-            block = dict(as_dict(data.get("content_block")) or {})
-            self._blocks[index] = block
+        if not isinstance(data, dict):
+            self.warnings.append(f"ignored an event that is not an object: {str(data)[:60]}")
+            return []
+        kind_ = data.get("type")
+        if kind_ in ("content_block_start", "content_block_delta", "content_block_stop"):
+            index = need_index(data.get("index"), at(where, "index"))
+        if kind_ == "message_start":
+            self._message = dict(need_object(data.get("message"), at(where, "message"), "message", optional=True))
+        elif kind_ == "content_block_start":
+            block = dict(need_object(data.get("content_block"), at(where, "content_block"), "content_block"))
+            self._at[index] = len(self._blocks)
+            self._blocks.append(block)
             if block.get("type") == "tool_use":
-                self.calls.start(index, str(block.get("id") or ""), str(block.get("name") or ""))
-                self._start_input[index] = block.get("input")
-        elif kind == "content_block_delta":
-            self._delta(index, as_dict(data.get("delta")) or {})
-        elif kind == "content_block_stop":
-            slot = self.calls.get(index)
-            if slot is not None:
-                joined = "".join(slot.parts)
-                start = self._start_input.get(index)
-                final = joined if joined.strip() or not (isinstance(start, dict) and start) else start
-                self.calls.complete(index, final)
-        elif kind == "message_delta":
-            self._message.update(as_dict(data.get("delta")) or {})
-            if data.get("usage"):
-                self._message["usage"] = {**(self._message.get("usage") or {}), **as_dict(data["usage"])}
-        elif kind == "error":
+                here = at(where, "content_block")
+                self.calls.start(self._at[index], need_text(block.get("id"), at(here, "id"), "a tool_use id"),
+                                 need_text(block.get("name"), at(here, "name"), "a tool name"))
+                self._start_input[self._at[index]] = block.get("input")
+        elif kind_ == "content_block_delta":
+            self._delta(index, need_object(data.get("delta"), at(where, "delta"), "delta"), at(where, "delta"))
+        elif kind_ == "content_block_stop":
+            position = self._at.get(index)
+            slot = self.calls.get(position)
+            if slot is not None and not slot.done:
+                joined = join_surrogates("".join(slot.parts))
+                start = self._start_input.get(position)
+                whole = start if isinstance(start, dict) and start else None
+                self.calls.complete(position, joined if joined.strip() or whole is None else whole)
+        elif kind_ == "message_delta":
+            self._message.update(need_object(data.get("delta"), at(where, "delta"), "delta", optional=True))
+            usage = need_object(data.get("usage"), at(where, "usage"), "usage", optional=True)
+            if usage:
+                old = self._message.get("usage")
+                self._message["usage"] = {**(old if isinstance(old, dict) else {}), **usage}
+        elif kind_ == "error":
             self.warnings.append(f"the stream reported an error: {str(data.get('error') or data)[:120]}")
         return self.calls.release()
 
-    def _delta(self, index: Any, delta: dict[str, Any]) -> None:
-        kind = delta.get("type")
-        block = self._blocks.setdefault(index, {})
-        if kind == "input_json_delta":
-            slot = self.calls.get(index)
+    def _delta(self, index: int | None, delta: dict[str, Any], where: str) -> None:
+        kind_ = delta.get("type")
+        position = self._at.get(index)
+        if position is None:
+            self.warnings.append(f"{where}: a delta for block {index}, which never started, was ignored")
+            return
+        block = self._blocks[position]
+        if kind_ == "input_json_delta":
+            text = need_text(delta.get("partial_json"), at(where, "partial_json"), "partial_json")
+            slot = self.calls.get(position)
             if slot is None or slot.done:
                 self.warnings.append(f"input fragment for block {index} ignored (no open tool_use there)")
             else:
-                slot.parts.append(str(delta.get("partial_json") or ""))
-        elif kind == "text_delta":
-            block["text"] = block.get("text", "") + str(delta.get("text") or "")
-        elif kind == "thinking_delta":
-            block["thinking"] = block.get("thinking", "") + str(delta.get("thinking") or "")
-        elif kind == "signature_delta":
+                slot.parts.append(text)
+            return
+        for key, field in (("text_delta", "text"), ("thinking_delta", "thinking")):
+            if kind_ == key:
+                text = delta.get(field)
+                if isinstance(text, str):
+                    old = block.get(field)
+                    block[field] = (old if isinstance(old, str) else "") + text
+                elif text is not None:
+                    self.warnings.append(f"{at(where, field)}: ignored {kind(text)} (text expected)")
+        if kind_ == "signature_delta":
             block["signature"] = delta.get("signature")
-        elif kind == "citations_delta":
-            block.setdefault("citations", []).append(delta.get("citation"))
+        elif kind_ == "citations_delta":
+            citations = block.get("citations")
+            block["citations"] = [*(citations if isinstance(citations, list) else []), delta.get("citation")]
 
     def finish(self) -> list[ToolCall]:
         for slot in self.calls.open_slots():
@@ -83,11 +115,13 @@ class AnthropicStreamParser:
 
     def response(self) -> dict[str, Any]:
         content = []
-        for index in sorted(self._blocks, key=lambda k: k if isinstance(k, int) else -1):
-            block = dict(self._blocks[index])
-            slot = self.calls.get(index)
+        for position, block in enumerate(self._blocks):
+            block = dict(block)
+            slot = self.calls.get(position)
             if slot is not None:
-                block["input"] = _object(slot.arguments())
+                block.update(type="tool_use", id=slot.id, name=slot.name, input=_object(slot.arguments()))
+            if block.get("type") == "text" and not (isinstance(block.get("text"), str) and block["text"].strip()):
+                continue  # the API refuses an empty text block
             content.append(block)
         return {**self._message, "type": "message", "role": "assistant", "content": content}
 
@@ -99,7 +133,7 @@ def _object(arguments: Any) -> dict[str, Any]:
         return arguments
     try:
         value = json.loads(arguments) if str(arguments).strip() else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 

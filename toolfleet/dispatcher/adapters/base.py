@@ -91,13 +91,10 @@ def tool_descriptions(source: Any) -> list[dict[str, Any]]:
 
 
 def arguments_text(value: Any) -> str | dict[str, Any]:
-    """A call's arguments as :class:`ToolCall` takes them: a string as is, an object as is,
-    anything else JSON-encoded (so validation says what is wrong with it)."""
-    if isinstance(value, (str, dict)):
-        return value
-    if value is None:
-        return ""
-    return json.dumps(value)
+    """A call's arguments as :class:`ToolCall` takes them (see :func:`.wire.call_arguments`)."""
+    from .wire import call_arguments
+
+    return call_arguments(value)
 
 
 @dataclass
@@ -111,7 +108,13 @@ class _Slot:
     released: bool = False
 
     def arguments(self) -> str | dict[str, Any]:
-        return self.final if self.final is not None else "".join(self.parts)
+        """The final arguments if given, else the fragments joined (surrogate pairs cut between
+        two fragments joined too)."""
+        if self.final is not None:
+            return self.final
+        from .wire import join_surrogates
+
+        return join_surrogates("".join(self.parts))
 
     def call(self) -> ToolCall:
         return ToolCall(id=self.id, name=self.name, arguments=self.arguments(), index=self.index)
@@ -182,7 +185,7 @@ class StreamFormat:
         """A parser that has read every event of ``payload`` (a list of events) to its end."""
         events = as_dict(payload)
         if not isinstance(events, list):
-            raise BatchRejected("expected the stream's events as a list", reason="unreadable_payload")
+            raise BatchRejected("expected the stream's events as a list", reason="unreadable_payload", pointer="/")
         parser = self.parser()
         for event in events:
             parser.feed(event)
@@ -192,7 +195,7 @@ class StreamFormat:
     def parse(self, payload: Any) -> list[ToolCall]:
         events = as_dict(payload)
         if not isinstance(events, list):
-            raise BatchRejected("expected the stream's events as a list", reason="unreadable_payload")
+            raise BatchRejected("expected the stream's events as a list", reason="unreadable_payload", pointer="/")
         parser = self.parser()
         calls = [call for event in events for call in parser.feed(event)]
         return calls + parser.finish()
@@ -207,10 +210,28 @@ class StreamFormat:
 def parses_as_object(text: str) -> bool:
     """True when ``text`` is a complete JSON object: no later fragment can make it valid JSON
     again, so a streamed call's arguments are complete (the rule the Vercel AI SDK uses for
-    OpenAI-compatible streams)."""
+    OpenAI-compatible streams). Text too deep or with too long a number for Python's reader is
+    complete too when it ends with ``}`` and its brackets balance (validation then says why it
+    cannot be read)."""
     if not text.rstrip().endswith("}"):
         return False
     try:
         return isinstance(json.loads(text), dict)
-    except ValueError:
-        return False
+    except RecursionError:
+        return _balanced(text)
+    except ValueError as exc:
+        return not isinstance(exc, json.JSONDecodeError) and _balanced(text)
+
+
+def _balanced(text: str) -> bool:
+    depth, in_string, escaped = 0, False, False
+    for char in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+    return depth == 0 and not in_string

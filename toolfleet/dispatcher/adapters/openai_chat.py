@@ -14,7 +14,8 @@ from typing import Any
 
 from ...errors import BatchRejected
 from ...models import ToolCall, ToolResult
-from .base import arguments_text, as_dict, tool_descriptions
+from .base import as_dict, tool_descriptions
+from .wire import arguments_for_wire, at, call_arguments, for_wire, need_list, need_object, need_text, reject
 
 
 class OpenAIChatAdapter:
@@ -22,33 +23,45 @@ class OpenAIChatAdapter:
     streamed = False
 
     def parse(self, payload: Any) -> list[ToolCall]:
-        message = self.assistant_message(payload)
+        message, where = self._message(payload)
         calls = []
-        for index, raw in enumerate(message.get("tool_calls") or []):
-            raw = as_dict(raw)
-            function = raw.get("function") or {}
+        for index, raw in enumerate(need_list(message.get("tool_calls"), at(where, "tool_calls"), "tool_calls")):
+            here = at(at(where, "tool_calls"), index)
+            raw = need_object(raw, here, "a tool call")
+            function = need_object(raw.get("function"), at(here, "function"), "function", optional=True)
             calls.append(
                 ToolCall(
-                    id=str(raw.get("id") or ""),
-                    name=str(function.get("name") or ""),
-                    arguments=arguments_text(function.get("arguments")),
+                    id=need_text(raw.get("id"), at(here, "id"), "a call id"),
+                    name=need_text(function.get("name"), at(at(here, "function"), "name"), "a function name"),
+                    arguments=call_arguments(function.get("arguments")),
                     index=index,
                 )
             )
         return calls
 
-    def assistant_message(self, payload: Any) -> dict[str, Any]:
-        """The assistant message of a completion (or the message itself), unchanged, so the caller
-        can append it before the tool messages."""
+    def _message(self, payload: Any) -> tuple[dict[str, Any], str]:
         data = as_dict(payload)
         if isinstance(data, dict) and "choices" in data:
-            choices = data.get("choices") or []
+            choices = need_list(data.get("choices"), "/choices", "choices", optional=False)
             if not choices:
-                raise BatchRejected("the completion has no choices", reason="unreadable_payload")
-            data = as_dict(choices[0]).get("message") or {}
+                raise reject("/choices", "the completion has no choices")
+            choice = need_object(choices[0], "/choices/0", "a choice")
+            return need_object(choice.get("message"), "/choices/0/message", "message", optional=True), \
+                "/choices/0/message"
         if not isinstance(data, dict):
-            raise BatchRejected("expected a chat completion or an assistant message", reason="unreadable_payload")
-        return data
+            raise BatchRejected("expected a chat completion or an assistant message", reason="unreadable_payload",
+                                pointer="/")
+        return data, ""
+
+    def assistant_message(self, payload: Any) -> dict[str, Any]:
+        """The assistant message of a completion (or the message itself), to append before the tool
+        messages: every field kept as it came (``extra_content``, ``reasoning_content``, …), except
+        what the API would refuse: each call's ``arguments`` go back as a JSON string (``null`` as
+        ``"{}"``, how it ran), ``type`` as ``"function"`` when missing, and text that cannot be
+        encoded (a lone surrogate) cleaned. Raises BatchRejected as :meth:`parse` does."""
+        OpenAIChatAdapter.parse(self, payload)  # the same checks: what goes back is what was read
+        message, _ = self._message(payload)
+        return for_chat_wire(message)
 
     def assistant_messages(self, payload: Any) -> list[dict[str, Any]]:
         return [self.assistant_message(payload)]
@@ -58,3 +71,23 @@ class OpenAIChatAdapter:
 
     def tools(self, source: Any) -> list[dict[str, Any]]:
         return [{"type": "function", "function": d} for d in tool_descriptions(source)]
+
+
+def for_chat_wire(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message as the Chat API takes it back (see :meth:`OpenAIChatAdapter.assistant_message`)."""
+    out = for_wire(message)
+    out["role"] = "assistant"
+    calls = []
+    for raw in message.get("tool_calls") or []:
+        call = for_wire(as_dict(raw))
+        function = dict(call.get("function") or {})
+        function["name"] = function.get("name") or ""
+        function["arguments"] = arguments_for_wire(((as_dict(raw).get("function")) or {}).get("arguments"))
+        call["function"] = function
+        call["type"] = call.get("type") or "function"
+        calls.append(call)
+    if calls:
+        out["tool_calls"] = calls
+    else:
+        out.pop("tool_calls", None)
+    return out

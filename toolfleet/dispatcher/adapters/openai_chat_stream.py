@@ -3,12 +3,29 @@
 Source: OpenAI API reference, "Streaming" for Chat Completions: each chunk's
 ``choices[0].delta.tool_calls`` holds fragments keyed by ``index``; the first fragment of a call
 carries its ``id``, ``type`` and ``function.name``, the following ones pieces of
-``function.arguments`` to be joined in order; ``finish_reason`` ends the choice.
-
-A call is complete, and released at once, when the first of these happens: its joined arguments
-form a complete JSON object (nothing can be appended to one and stay valid JSON), a later call
-starts (calls are streamed one after another), or ``finish_reason`` arrives. Only choice 0 is
+``function.arguments`` to be joined in order; ``finish_reason`` ends the choice. Only choice 0 is
 read, as for the non-streamed format.
+
+What compatible servers do, and how each is read (docs/streams.md has the sources):
+
+- fragments of several calls interleaved: the ``index`` is the key, a later call starting never
+  closes an earlier one (OpenAI; vLLM);
+- the ``id`` (and ``type``, ``name``) repeated on every fragment (LiteLLM, SGLang): the same id
+  at the same index is the same call;
+- an ``index`` reused with a new ``id`` (vLLM with some tool parsers): a new call;
+- no ``index`` (Gemini's OpenAI-compatible endpoint, older Ollama): a fragment with a new id starts
+  a new call, one without an id continues the last one;
+- a whole call in one fragment (Ollama), ``arguments`` as an object instead of text: its JSON text;
+- provider fields the parser does not interpret (``extra_content.google.thought_signature`` of
+  Gemini, ``reasoning``/``reasoning_details`` of OpenRouter, ``reasoning_content`` of vLLM) are kept
+  in the rebuilt message: on a call, as they came; on the delta, text joined, lists extended
+  (items with the same ``index`` merged), objects merged.
+
+A call is complete, and released at once, when its joined arguments form a complete JSON object
+(nothing can be appended to one and stay valid JSON), when its index is reused by a new call, or at
+``finish_reason``. Text for a call after it was complete is ignored with a warning (white space
+silently). A fragment of the wrong type raises BatchRejected with the JSON pointer of the field,
+the event's position first (``/3/choices/0/delta/tool_calls/0/index``).
 """
 
 from __future__ import annotations
@@ -18,7 +35,12 @@ from typing import Any
 
 from ...models import ToolCall
 from .base import CallAssembler, StreamFormat, as_dict, parses_as_object
-from .openai_chat import OpenAIChatAdapter
+from .openai_chat import OpenAIChatAdapter, for_chat_wire
+from .wire import at, join_surrogates, kind, need_index, need_list, need_object, need_text
+
+_DELTA_READ = frozenset({"role", "content", "refusal", "tool_calls"})
+_CALL_READ = frozenset({"index", "id", "type", "function"})
+_META = ("id", "created", "model", "system_fingerprint", "service_tier")
 
 
 class OpenAIChatStreamParser:
@@ -29,58 +51,103 @@ class OpenAIChatStreamParser:
         self._meta: dict[str, Any] = {}
         self._content: list[str] = []
         self._refusal: list[str] = []
+        self._extra: dict[str, Any] = {}  # delta fields not interpreted, merged
+        self._call_extra: dict[int, dict[str, Any]] = {}  # slot index -> fields of its fragments
         self._finish: str | None = None
+        self._keys: dict[Any, Any] = {}  # index (or indexless position) -> assembler key
         self._last_key: Any = None
+        self._events = -1
 
     def feed(self, event: Any) -> list[ToolCall]:
+        self._events += 1
         chunk = as_dict(event)
         if not isinstance(chunk, dict):
             self.warnings.append(f"ignored an event that is not an object: {str(chunk)[:60]}")
             return []
-        for key in ("id", "created", "model", "system_fingerprint", "service_tier"):
+        where = f"/{self._events}"
+        for key in _META:
             if chunk.get(key) is not None:
                 self._meta.setdefault(key, chunk[key])
-        for choice in chunk.get("choices") or []:
-            choice = as_dict(choice)
+        for n, choice in enumerate(need_list(chunk.get("choices"), at(where, "choices"), "choices")):
+            here = at(at(where, "choices"), n)
+            choice = need_object(choice, here, "a choice")
             if choice.get("index", 0) != 0:
                 continue
-            delta = as_dict(choice.get("delta")) or {}
-            if delta.get("content"):
-                self._content.append(delta["content"])
-            if delta.get("refusal"):
-                self._refusal.append(delta["refusal"])
-            for fragment in delta.get("tool_calls") or []:
-                self._fragment(as_dict(fragment))
-            if choice.get("finish_reason"):
-                self._finish = choice["finish_reason"]
+            delta = need_object(choice.get("delta"), at(here, "delta"), "delta", optional=True)
+            self._delta(delta, at(here, "delta"))
+            finish = choice.get("finish_reason")
+            if finish is not None:
+                self._finish = need_text(finish, at(here, "finish_reason"), "finish_reason") or self._finish
                 for slot in self.calls.open_slots():
                     slot.done = True
         return self.calls.release()
 
-    def _fragment(self, fragment: dict[str, Any]) -> None:
-        function = as_dict(fragment.get("function")) or {}
-        key = fragment.get("index")
-        if key is None:  # some compatible servers leave out index: a new id starts a new call
-            key = len(self.calls.slots()) if fragment.get("id") or self._last_key is None else self._last_key
-        self._last_key = key
-        slot = self.calls.get(key)
-        if slot is None:
-            slot = self.calls.start(key, str(fragment.get("id") or ""), str(function.get("name") or ""))
-            for earlier in self.calls.open_before(slot.index):
-                earlier.done = True
-        else:
-            slot.id = slot.id or str(fragment.get("id") or "")
-            slot.name = slot.name or str(function.get("name") or "")
+    def _delta(self, delta: dict[str, Any], where: str) -> None:
+        for key, value in delta.items():
+            if key in ("content", "refusal"):
+                if isinstance(value, str):
+                    (self._content if key == "content" else self._refusal).append(value)
+                elif value is not None:
+                    self.warnings.append(f"{at(where, key)}: ignored {kind(value)} (text expected)")
+            elif key not in _DELTA_READ and value is not None:
+                self._extra[key] = _merge(self._extra.get(key), value)
+        fragments = need_list(delta.get("tool_calls"), at(where, "tool_calls"), "tool_calls")
+        for n, fragment in enumerate(fragments):
+            here = at(at(where, "tool_calls"), n)
+            self._fragment(need_object(fragment, here, "a tool call fragment"), here)
+
+    def _fragment(self, fragment: dict[str, Any], where: str) -> None:
+        function = need_object(fragment.get("function"), at(where, "function"), "function", optional=True)
+        call_id = need_text(fragment.get("id"), at(where, "id"), "a call id")
+        name = need_text(function.get("name"), at(at(where, "function"), "name"), "a function name")
         text = function.get("arguments")
+        if isinstance(text, dict):  # a whole call as an object (some servers)
+            text = json.dumps(text, ensure_ascii=False)
+        text = need_text(text, at(at(where, "function"), "arguments"), "arguments")
+        index = need_index(fragment.get("index"), at(where, "index"))
+        slot = self._slot(index, call_id, name)
+        slot.id = slot.id or call_id
+        slot.name = slot.name or name
+        extra = self._call_extra.setdefault(slot.index, {})
+        for key, value in fragment.items():
+            if key not in _CALL_READ and value is not None:
+                extra[key] = _merge(extra.get(key), value, join_text=False)
+        for key, value in function.items():
+            if key not in ("name", "arguments") and value is not None:
+                extra.setdefault("function", {})[key] = value
+        if fragment.get("type") is not None:
+            extra["type"] = fragment["type"]
         if not text:
             return
         if slot.done:
-            self.warnings.append(f"call {slot.id or slot.index}: argument text after its arguments were "
-                                 f"complete was ignored: {str(text)[:60]!r}")
+            if text.strip():
+                self.warnings.append(f"call {slot.id or slot.index}: argument text after its arguments were "
+                                     f"complete was ignored: {text[:60]!r}")
             return
-        slot.parts.append(str(text))
-        if parses_as_object("".join(slot.parts)):
+        slot.parts.append(text)
+        if parses_as_object(join_surrogates("".join(slot.parts))):
             slot.done = True
+
+    def _slot(self, index: int | None, call_id: str, name: str) -> Any:
+        if index is None:  # no index: a new id starts a new call, no id continues the last one
+            last = self.calls.get(self._last_key)
+            if last is not None and (not call_id or call_id == last.id):
+                return last
+            key = ("position", len(self.calls.slots()))
+            if last is not None:
+                last.done = True  # nothing can address it any more
+        else:
+            key = self._keys.get(index)
+            current = self.calls.get(key)
+            if current is not None and not (call_id and current.id and call_id != current.id):
+                self._last_key = key
+                return current
+            if current is not None:  # the index reused with a new id: a new call
+                current.done = True
+            key = ("index", index, len(self.calls.slots()))
+            self._keys[index] = key
+        self._last_key = key
+        return self.calls.start(key, call_id, name)
 
     def finish(self) -> list[ToolCall]:
         for slot in self.calls.open_slots():
@@ -90,22 +157,45 @@ class OpenAIChatStreamParser:
         return self.calls.release()
 
     def response(self) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(self._content) or None}
+        message: dict[str, Any] = {"role": "assistant", "content": join_surrogates("".join(self._content)) or None}
         if self._refusal:
-            message["refusal"] = "".join(self._refusal)
+            message["refusal"] = join_surrogates("".join(self._refusal))
+        message.update({k: v for k, v in self._extra.items() if k not in message})
         tool_calls = []
         for slot in self.calls.slots():
-            arguments = slot.arguments()
-            tool_calls.append({
-                "id": slot.id,
-                "type": "function",
-                "function": {"name": slot.name,
-                             "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)},
-            })
+            extra = dict(self._call_extra.get(slot.index, {}))
+            function = {**extra.pop("function", {}), "name": slot.name, "arguments": slot.arguments()}
+            tool_calls.append({"id": slot.id, "type": extra.pop("type", "function"), "function": function, **extra})
         if tool_calls:
             message["tool_calls"] = tool_calls
         return {**self._meta, "object": "chat.completion",
-                "choices": [{"index": 0, "message": message, "finish_reason": self._finish}]}
+                "choices": [{"index": 0, "message": for_chat_wire(message), "finish_reason": self._finish}]}
+
+
+def _merge(old: Any, new: Any, join_text: bool = True) -> Any:
+    """A delta field not interpreted, accumulated: text joined (``join_text``), lists extended
+    (dict items with the same ``index`` merged into one), objects merged, anything else replaced."""
+    if old is None:
+        return new
+    if join_text and isinstance(old, str) and isinstance(new, str):
+        return old + new
+    if isinstance(old, list) and isinstance(new, list):
+        out = list(old)
+        for item in new:
+            same = next((i for i, o in enumerate(out) if isinstance(o, dict) and isinstance(item, dict)
+                         and "index" in item and o.get("index") == item.get("index")
+                         and o.get("type") == item.get("type")), None)
+            out.append(item) if same is None else out.__setitem__(same, _merge(out[same], item))
+        return out
+    if isinstance(old, dict) and isinstance(new, dict):
+        merged = dict(old)
+        for key, value in new.items():
+            if key in ("index", "type", "id", "format") or value is None:
+                merged.setdefault(key, value)
+            else:
+                merged[key] = _merge(merged.get(key), value, join_text)
+        return merged
+    return new
 
 
 class OpenAIChatStreamAdapter(StreamFormat, OpenAIChatAdapter):

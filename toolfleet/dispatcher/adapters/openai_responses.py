@@ -15,7 +15,10 @@ from typing import Any
 
 from ...errors import BatchRejected
 from ...models import ToolCall, ToolResult
-from .base import arguments_text, as_dict, tool_descriptions
+from .base import as_dict, tool_descriptions
+from .wire import arguments_for_wire, at, call_arguments, for_wire, need_object, need_text
+
+_STATUSES = ("in_progress", "completed", "incomplete")
 
 
 class OpenAIResponsesAdapter:
@@ -24,33 +27,55 @@ class OpenAIResponsesAdapter:
 
     def parse(self, payload: Any) -> list[ToolCall]:
         calls = []
-        for item in self.output_items(payload):
+        items, where = self._items(payload)
+        for n, item in enumerate(items):
+            here = at(where, n)
             if item.get("type") != "function_call":
                 continue
             calls.append(
                 ToolCall(
-                    id=str(item.get("call_id") or ""),
-                    name=str(item.get("name") or ""),
-                    arguments=arguments_text(item.get("arguments")),
+                    id=need_text(item.get("call_id"), at(here, "call_id"), "a call_id"),
+                    name=need_text(item.get("name"), at(here, "name"), "a function name"),
+                    arguments=call_arguments(item.get("arguments")),
                     index=len(calls),
                 )
             )
         return calls
 
-    def output_items(self, payload: Any) -> list[dict[str, Any]]:
-        """The ``output`` items of a response (or a list of items given directly)."""
-        data = as_dict(payload)
+    def _items(self, payload: Any) -> tuple[list[dict[str, Any]], str]:
+        data, where = as_dict(payload), ""
         if isinstance(data, dict):
-            data = data.get("output")
+            data, where = data.get("output"), "/output"
         if not isinstance(data, list):
             raise BatchRejected("expected a response with an output list, or a list of output items",
-                                reason="unreadable_payload")
-        return [item for item in (as_dict(i) for i in data) if isinstance(item, dict)]
+                                reason="unreadable_payload", pointer=where or "/")
+        return [need_object(i, at(where, n), "an output item") for n, i in enumerate(data)], where
+
+    def output_items(self, payload: Any) -> list[dict[str, Any]]:
+        """The ``output`` items of a response (or a list of items given directly); BatchRejected
+        (with the pointer) for an item that is not an object."""
+        return self._items(payload)[0]
 
     def assistant_messages(self, payload: Any) -> list[dict[str, Any]]:
-        """The response's output items, unchanged: the next request's input repeats them before
-        the ``function_call_output`` items (reasoning items included, as the API asks)."""
-        return self.output_items(payload)
+        """The response's output items: the next request's input repeats them before the
+        ``function_call_output`` items (reasoning items included, as the API asks). Every field is
+        kept, except what the API refuses: a ``function_call``'s ``arguments`` go back as a JSON
+        string (``null`` as ``"{}"``), a missing ``name`` as ``""``, an ``id`` that is not a string
+        or a ``status`` the API does not know is left out, and text that cannot be encoded (a lone
+        surrogate) is cleaned."""
+        OpenAIResponsesAdapter.parse(self, payload)
+        out = []
+        for item in self.output_items(payload):
+            clean = for_wire(item)
+            if item.get("type") == "function_call":
+                clean["arguments"] = arguments_for_wire(item.get("arguments"))
+                clean["name"] = clean.get("name") or ""
+                if clean.get("status") not in _STATUSES:
+                    clean.pop("status", None)  # optional on input; the API takes only these
+                if not isinstance(clean.get("id"), str):
+                    clean.pop("id", None)
+            out.append(clean)
+        return out
 
     def format_results(self, results: Sequence[ToolResult]) -> list[dict[str, Any]]:
         return [{"type": "function_call_output", "call_id": r.call_id, "output": r.content} for r in results]

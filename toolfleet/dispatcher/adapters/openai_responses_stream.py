@@ -13,12 +13,13 @@ fragments.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ...models import ToolCall
 from .base import CallAssembler, StreamFormat, as_dict
 from .openai_responses import OpenAIResponsesAdapter
+from .wire import at, dumps, join_surrogates, need_index, need_list, need_object, need_text, reject, short
+from .wire import kind as kind_of
 
 _ENDS = ("response.completed", "response.incomplete", "response.failed")
 
@@ -30,64 +31,92 @@ class OpenAIResponsesStreamParser:
         self.warnings: list[str] = []
         self._base: dict[str, Any] = {}
         self._final: dict[str, Any] | None = None
-        self._items: dict[Any, dict[str, Any]] = {}  # output_index -> item
-        self._keys: dict[str, Any] = {}  # item id -> output_index
+        self._items: list[dict[str, Any]] = []  # output items in stream order
+        self._at: dict[Any, int] = {}  # output_index -> position in _items (the latest item there)
+        self._keys: dict[str, int] = {}  # item id -> position
+        self._events = -1
 
     def feed(self, event: Any) -> list[ToolCall]:
+        self._events += 1
+        where = f"/{self._events}"
         data = as_dict(event)
-        kind = data.get("type", "") if isinstance(data, dict) else ""
+        if not isinstance(data, dict):
+            self.warnings.append(f"ignored an event that is not an object: {str(data)[:60]}")
+            return []
+        kind = data.get("type", "")
         if kind in ("response.created", "response.in_progress"):
-            self._base = as_dict(data.get("response")) or {}
+            self._base = need_object(data.get("response"), at(where, "response"), "response", optional=True)
         elif kind in ("response.output_item.added", "response.output_item.done"):
-            self._item(data, done=kind.endswith(".done"))
+            self._item(data, where, done=kind.endswith(".done"))
         elif kind == "response.function_call_arguments.delta":
-            slot = self.calls.get(self._key(data))
+            text = need_text(data.get("delta"), at(where, "delta"), "delta")
+            slot = self.calls.get(self._key(data, where))
             if slot is None:
-                self.warnings.append(f"argument fragment for an unknown item {data.get('item_id')!r} ignored")
+                self.warnings.append(f"argument fragment for an unknown item {short(data.get('item_id'))} ignored")
             elif slot.done:
-                self.warnings.append(f"call {slot.id}: argument text after its arguments were done was ignored")
+                if text.strip():
+                    self.warnings.append(f"call {slot.id}: argument text after its arguments were done was ignored")
             else:
-                slot.parts.append(str(data.get("delta") or ""))
+                slot.parts.append(text)
         elif kind == "response.function_call_arguments.done":
-            key = self._key(data)
+            key = self._key(data, where)
             slot = self.calls.get(key)
             if slot is not None:
-                slot.name = slot.name or str(data.get("name") or "")
-                self.calls.complete(key, _text(data.get("arguments")))
+                slot.name = slot.name or need_text(data.get("name"), at(where, "name"), "name")
+                self.calls.complete(key, _text(data.get("arguments"), at(where, "arguments")))
         elif kind in _ENDS:
-            self._final = as_dict(data.get("response")) or None
-            for item in (self._final or {}).get("output") or []:
-                item = as_dict(item)
-                if item.get("type") == "function_call":
-                    for key, known in self._items.items():
-                        if known.get("call_id") == item.get("call_id"):
-                            self.calls.complete(key, _text(item.get("arguments")))
+            self._final = need_object(data.get("response"), at(where, "response"), "response", optional=True) or None
+            output = need_list((self._final or {}).get("output"), at(at(where, "response"), "output"), "output")
+            for n, item in enumerate(output):
+                here = at(at(at(where, "response"), "output"), n)
+                item = need_object(item, here, "an output item")
+                if item.get("type") != "function_call":
+                    continue
+                for position, known in enumerate(self._items):
+                    if known.get("call_id") == item.get("call_id"):
+                        self.calls.complete(position, _text(item.get("arguments"), at(here, "arguments")))
             if kind != "response.completed":
                 self.warnings.append(f"the response ended with {kind}")
         elif kind == "error":
             self.warnings.append(f"the stream reported an error: {str(data.get('message') or data)[:120]}")
         return self.calls.release()
 
-    def _item(self, data: dict[str, Any], done: bool) -> None:
-        item = as_dict(data.get("item")) or {}
-        key = data.get("output_index", item.get("id", len(self._items)))
-        self._items[key] = item
-        if item.get("id"):
-            self._keys[str(item["id"])] = key
+    def _item(self, data: dict[str, Any], where: str, done: bool) -> None:
+        here = at(where, "item")
+        item = dict(need_object(data.get("item"), here, "item"))
+        index = need_index(data.get("output_index"), at(where, "output_index"), "output_index")
+        item_id = need_text(item.get("id"), at(here, "id"), "an item id")
+        key = index if index is not None else item_id or len(self._items)
+        position = self._at.get(key)
+        known = self._items[position] if position is not None else None
+        if known is None or (item_id and known.get("id") and known.get("id") != item_id):
+            if known is not None:  # the index reused by a new item: a new call
+                self.calls.complete(position)
+            position = len(self._items)
+            self._items.append(item)
+            self._at[key] = position
+        else:
+            self._items[position] = {**known, **item}
+        if item_id:
+            self._keys[item_id] = position
         if item.get("type") != "function_call":
             return
-        slot = self.calls.start(key, str(item.get("call_id") or ""), str(item.get("name") or ""))
-        slot.id = slot.id or str(item.get("call_id") or "")
-        slot.name = slot.name or str(item.get("name") or "")
+        call_id = need_text(item.get("call_id"), at(here, "call_id"), "a call_id")
+        name = need_text(item.get("name"), at(here, "name"), "a function name")
+        slot = self.calls.start(position, call_id, name)
+        slot.id = slot.id or call_id
+        slot.name = slot.name or name
         if done:
-            self.calls.complete(key, _text(item.get("arguments")))
+            self.calls.complete(position, _text(item.get("arguments"), at(here, "arguments")))
         elif item.get("arguments"):
-            slot.parts.append(str(item["arguments"]))
+            slot.parts.append(need_text(item["arguments"], at(here, "arguments"), "arguments"))
 
-    def _key(self, data: dict[str, Any]) -> Any:
-        if "output_index" in data:
-            return data["output_index"]
-        return self._keys.get(str(data.get("item_id")))
+    def _key(self, data: dict[str, Any], where: str) -> Any:
+        index = need_index(data.get("output_index"), at(where, "output_index"), "output_index")
+        item_id = data.get("item_id")
+        if isinstance(item_id, str) and item_id in self._keys:
+            return self._keys[item_id]
+        return self._at.get(index)
 
     def finish(self) -> list[ToolCall]:
         for slot in self.calls.open_slots():
@@ -96,24 +125,30 @@ class OpenAIResponsesStreamParser:
         return self.calls.release()
 
     def response(self) -> dict[str, Any]:
-        if self._final and self._final.get("output"):
-            return self._final
         output = []
-        for key in sorted(self._items, key=lambda k: (not isinstance(k, int), k if isinstance(k, int) else 0)):
-            item = dict(self._items[key])
-            slot = self.calls.get(key)
-            if slot is not None:
-                arguments = slot.arguments()
-                item["arguments"] = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        for position, item in enumerate(self._items):
+            item = dict(item)
+            slot = self.calls.get(position)
+            if slot is not None:  # a call that started stays one, whatever a later event said
+                item.update(type="function_call", call_id=slot.id, name=slot.name)
+                item["arguments"] = slot.arguments()
                 item["status"] = "incomplete" if slot.id in self.cut_off else "completed"
             output.append(item)
+        final = self._final if self._final and self._final.get("output") else None
+        if final is not None and len(final["output"]) >= len(output):
+            return final
         return {**self._base, "object": "response", "output": output}
 
 
-def _text(value: Any) -> str | None:
+def _text(value: Any, pointer: str) -> str | None:
+    """Whole arguments given at the end: text as is, an object as its JSON text, None if missing."""
     if value is None:
         return None
-    return value if isinstance(value, str) else json.dumps(value)
+    if isinstance(value, str):
+        return join_surrogates(value)
+    if isinstance(value, dict):
+        return dumps(value) or "{}"
+    raise reject(pointer, f"arguments must be a string, not {kind_of(value)}")
 
 
 class OpenAIResponsesStreamAdapter(StreamFormat, OpenAIResponsesAdapter):

@@ -1,0 +1,291 @@
+"""Issue 12's cases at the adapter level: payloads and streams as providers and gateways really send
+them. (Case 7, grep over a file cut mid-UTF-8, is tools/files.py's and tested with it.) The same
+streams run end to end through real workers in tests/test_cases_gateway_streams.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from toolfleet.dispatcher.adapters import get_adapter
+from toolfleet.dispatcher.history import repair_history
+from toolfleet.errors import BatchRejected
+from toolfleet.models import ErrorCode, ToolCall
+from toolfleet.tools.validation import check_call, parse_arguments
+
+from .conftest import CASES, make_registry
+from .sdk_types import check_messages
+from .test_cases_gateway_streams import without_extensions
+
+STREAMS = CASES / "gateway_streams"
+
+
+def events(name: str) -> list[dict]:
+    return [json.loads(line) for line in (STREAMS / name).read_text().splitlines() if line.strip()]
+
+
+def rebuilt(format: str, payload) -> list[dict]:
+    adapter = get_adapter(format)
+    messages = adapter.assistant_messages(payload)
+    check_messages(adapter.name, without_extensions(messages))
+    return messages
+
+
+def test_case_1_interleaved_fragments_are_keyed_by_index():
+    stream = events("s01_interleaved_fragments.jsonl")
+    parser = get_adapter("openai_chat_stream").replay(stream)
+    calls = get_adapter("openai_chat_stream").parse(stream)
+    assert [(c.id, c.arguments) for c in calls] == [("call_A", '{"path": "README.md"}'), ("call_B", '{"path": "src"}')]
+    assert parser.warnings == []
+    assert [parse_arguments(c) for c in calls] == [{"path": "README.md"}, {"path": "src"}]
+    arguments = [c["function"]["arguments"] for c in rebuilt("openai_chat_stream", stream)[0]["tool_calls"]]
+    assert arguments == ['{"path": "README.md"}', '{"path": "src"}']
+
+
+def test_case_1_a_call_is_released_when_its_object_is_complete_not_when_another_starts():
+    stream = events("s01_interleaved_fragments.jsonl")
+    parser = get_adapter("openai_chat_stream").parser()
+    released = {i: [c.id for c in parser.feed(e)] for i, e in enumerate(stream)}
+    assert released == {0: [], 1: [], 2: [], 3: ["call_A"], 4: ["call_B"], 5: []}
+
+
+def test_case_2_provider_fields_survive_the_rebuild_in_every_format():
+    stream = events("s03_gemini_indexless.jsonl")
+    message = rebuilt("openai_chat_stream", stream)[0]
+    assert message["tool_calls"][0]["extra_content"] == {"google": {"thought_signature": "c2lnLTE="}}
+    assert "extra_content" not in message["tool_calls"][1]
+    assert [c.id for c in get_adapter("openai_chat_stream").parse(stream)] == ["function-call-1", "function-call-2"]
+    # the non-streamed formats keep fields they do not read, on calls and blocks
+    chat = {"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "list_dir", "arguments": "{}"},
+         "extra_content": {"google": {"thought_signature": "x"}}}]}}]}
+    assert get_adapter("chat").assistant_messages(chat)[0]["tool_calls"][0]["extra_content"]["google"]
+    block = {"type": "tool_use", "id": "t1", "name": "list_dir", "input": {}, "cache_control": {"type": "ephemeral"}}
+    assert get_adapter("anthropic").assistant_messages({"content": [block]})[0]["content"][0] == block
+    item = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "list_dir", "arguments": "{}",
+            "status": "completed"}
+    assert get_adapter("responses").assistant_messages({"output": [item]}) == [item]
+
+
+def test_case_2_anthropic_and_responses_streams_keep_block_and_item_fields():
+    anthropic = [
+        {"type": "message_start", "message": {"id": "m", "role": "assistant", "content": []}},
+        {"type": "content_block_start", "index": 0,
+         "content_block": {"type": "tool_use", "id": "t1", "name": "list_dir", "input": {}, "caller": {"x": 1}}},
+        {"type": "content_block_stop", "index": 0},
+    ]
+    assert get_adapter("anthropic_stream").assistant_messages(anthropic)[0]["content"][0]["caller"] == {"x": 1}
+    responses = [
+        {"type": "response.output_item.added", "output_index": 0,
+         "item": {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "list_dir", "arguments": "",
+                  "namespace": "fs"}},
+        {"type": "response.function_call_arguments.delta", "output_index": 0, "item_id": "fc_1", "delta": "{}"},
+        {"type": "response.function_call_arguments.done", "output_index": 0, "item_id": "fc_1", "arguments": "{}"},
+    ]
+    assert get_adapter("openai_responses_stream").assistant_messages(responses)[0]["namespace"] == "fs"
+
+
+def test_case_3_no_empty_text_block_goes_back_streamed_or_not_and_repair_history_drops_it():
+    stream = events("s06_anthropic_empty_text_and_input.jsonl")
+    content = rebuilt("anthropic_stream", stream)[0]["content"]
+    assert [b["type"] for b in content] == ["tool_use", "tool_use"]
+    assert content[0]["input"] == {}
+    message = {"role": "assistant", "content": [{"type": "text", "text": ""}, {"type": "text", "text": " \n"},
+                                                {"type": "tool_use", "id": "t1", "name": "list_dir", "input": {}}]}
+    assert [b["type"] for b in rebuilt("anthropic", message)[0]["content"]] == ["tool_use"]
+    history = [{"role": "user", "content": "hi"}, message,
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}]
+    repaired = repair_history(history, "anthropic")
+    assert [r.kind for r in repaired.repairs] == ["empty_text_removed"]
+    assert repaired.messages[1]["content"] == [message["content"][2]]
+    check_messages("anthropic", repaired.messages)
+    assert repair_history(repaired.messages, "anthropic").ok
+
+
+def test_case_4_a_surrogate_pair_cut_between_fragments_is_joined():
+    stream = events("s15_split_surrogate.jsonl")
+    assert stream[2]["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].endswith("\ud83d")
+    (call,) = get_adapter("openai_chat_stream").parse(stream)
+    assert call.arguments == '{"path": "notes/emoji.txt", "content": "ship it \U0001F600 today"}'
+    assert parse_arguments(call)["content"] == "ship it \U0001F600 today"
+    message = rebuilt("openai_chat_stream", stream)[0]
+    json.dumps(message, ensure_ascii=False).encode("utf-8")  # what the SDK sends: must encode
+
+
+def test_case_4_a_lone_surrogate_is_that_calls_invalid_argument_and_goes_back_escaped():
+    chat = {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "write_file", "arguments": '{"content": "a\ud83d"}'}}]}
+    (call,) = get_adapter("chat").parse(chat)
+    result = parse_arguments(call)
+    assert result.code == ErrorCode.INVALID_ARGUMENT and "surrogate" in result.content
+    echoed = rebuilt("chat", chat)[0]["tool_calls"][0]["function"]["arguments"]
+    assert echoed == '{"content": "a\\ud83d"}'  # the JSON escape: what the model wrote, encodable
+    echoed.encode("utf-8")
+
+
+@pytest.mark.parametrize("arguments", [None, "MISSING"])
+def test_case_5_null_or_missing_arguments_run_as_empty_and_go_back_as_a_string(arguments):
+    function = {"name": "list_dir"} if arguments == "MISSING" else {"name": "list_dir", "arguments": None}
+    chat = {"choices": [{"message": {"role": "assistant", "content": None,
+                                     "tool_calls": [{"id": "c1", "type": "function", "function": function}]}}]}
+    (call,) = get_adapter("chat").parse(chat)
+    assert parse_arguments(call) == {}
+    assert rebuilt("chat", chat)[0]["tool_calls"][0]["function"]["arguments"] == "{}"
+    item = {"type": "function_call", "call_id": "c1", "name": "list_dir"}
+    if arguments is None:
+        item["arguments"] = None
+    assert rebuilt("responses", {"output": [item]})[0]["arguments"] == "{}"
+    history = [{"role": "user", "content": "x"}, chat["choices"][0]["message"],
+               {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    repaired = repair_history(history, "openai_chat")
+    assert [r.kind for r in repaired.repairs] == ["arguments_normalized"]
+    check_messages("openai_chat", repaired.messages)
+
+
+def nested(depth: int, leaf=1):
+    value = leaf
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+WRONG_TYPES = [
+    ("chat", {"choices": [{"message": {"tool_calls": [None]}}]}, "/choices/0/message/tool_calls/0"),
+    ("chat", {"choices": "x"}, "/choices"),
+    ("chat", {"choices": [{"message": {"tool_calls": [{"id": ["x"], "function": {}}]}}]},
+     "/choices/0/message/tool_calls/0/id"),
+    ("chat", {"choices": [{"message": {"tool_calls": [{"id": "a", "function": "f"}]}}]},
+     "/choices/0/message/tool_calls/0/function"),
+    ("responses", {"output": [{"type": "function_call", "call_id": 7}]}, "/output/0/call_id"),
+    ("anthropic", {"content": [{"type": "tool_use", "id": "t", "name": {"x": 1}}]}, "/content/0/name"),
+    ("anthropic", {"content": ["text"]}, "/content/0"),
+    ("openai_chat_stream", [{"choices": [{"index": 0, "delta": "x"}]}], "/0/choices/0/delta"),
+    ("openai_chat_stream", [{"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {
+        "tool_calls": [{"index": [0], "id": "a", "function": {"name": "n", "arguments": ""}}]}}]}],
+     "/0/choices/0/delta/tool_calls/0/index"),
+    ("openai_chat_stream", [{"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": 5}}]}}]}],
+     "/0/choices/0/delta/tool_calls/0/function/arguments"),
+    ("anthropic_stream", [{"type": "message_start", "message": "x"}], "/0/message"),
+    ("anthropic_stream", [{"type": "content_block_start", "index": "0", "content_block": {}}], "/0/index"),
+    ("anthropic_stream", [{"type": "content_block_start", "index": 0,
+                           "content_block": {"type": "tool_use", "id": "t", "name": "n"}},
+                          {"type": "content_block_delta", "index": 0,
+                           "delta": {"type": "input_json_delta", "partial_json": ["{"]}}], "/1/delta/partial_json"),
+    ("openai_responses_stream", [{"type": "response.output_item.added", "output_index": 0, "item": "x"}], "/0/item"),
+    ("openai_responses_stream", [{"type": "response.output_item.added", "output_index": {}, "item": {}}],
+     "/0/output_index"),
+]
+
+
+@pytest.mark.parametrize("format, payload, pointer", WRONG_TYPES, ids=[p for _, _, p in WRONG_TYPES])
+def test_case_6_wrong_types_are_refused_with_a_json_pointer(format, payload, pointer):
+    adapter = get_adapter(format)
+    for read in (adapter.parse, adapter.assistant_messages):
+        with pytest.raises(BatchRejected) as refused:
+            read(payload)
+        assert refused.value.pointer == pointer and refused.value.reason == "unreadable_payload"
+        assert str(refused.value).startswith(pointer)
+
+
+@pytest.mark.parametrize("arguments, says", [
+    ('{"path": ' + "9" * 5001 + "}", "5001 digits"),
+    ("[" * 10_000 + "]" * 10_000, "more than 100 levels"),
+    (json.dumps(nested(101)), "more than 100 levels"),
+    (nested(900), "more than 100 levels"),
+    ('{"path": "\\ud800"}', "surrogate"),
+])
+def test_case_6_unreadable_arguments_are_that_calls_invalid_argument(arguments, says):
+    registry = make_registry()
+    payload = {"content": [{"type": "tool_use", "id": "t1", "name": "read_file", "input": arguments},
+                           {"type": "tool_use", "id": "t2", "name": "list_dir", "input": {"path": "."}}]}
+    if isinstance(arguments, str):
+        payload = {"role": "assistant", "tool_calls": [
+            {"id": "t1", "type": "function", "function": {"name": "read_file", "arguments": arguments}},
+            {"id": "t2", "type": "function", "function": {"name": "list_dir", "arguments": '{"path": "."}'}}]}
+    format = "anthropic" if isinstance(arguments, dict) else "chat"
+    first, second = get_adapter(format).parse(payload)
+    outcome = check_call(registry, first)
+    assert outcome.code == ErrorCode.INVALID_ARGUMENT and says in outcome.content
+    assert not hasattr(check_call(registry, second), "code")  # the other call runs
+    messages = rebuilt(format, payload)
+    json.dumps(messages).encode("utf-8")
+
+
+def test_case_6_a_stream_whose_arguments_are_too_deep_still_completes_the_call():
+    deep = '{"a": ' + "[" * 5000 + "]" * 5000 + "}"
+    chunks = [{"choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": 0, "id": "c1", "type": "function", "function": {"name": "read_file", "arguments": deep[:7]}}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": deep[7:]}}]}}]}]
+    parser = get_adapter("openai_chat_stream").parser()
+    released = [c for chunk in chunks for c in parser.feed(chunk)]
+    assert [c.id for c in released] == ["c1"] and released[0].arguments == deep
+    assert parse_arguments(released[0]).code == ErrorCode.INVALID_ARGUMENT
+
+
+def test_an_index_reused_with_a_new_id_starts_a_new_call_and_a_repeated_id_continues():
+    def fragment(index, id, arguments, name=None):
+        function = {"arguments": arguments, **({"name": name} if name else {})}
+        return {"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": index, "id": id, "type": "function", "function": function}]}}]}
+
+    stream = [fragment(0, "a", '{"path":', "read_file"), fragment(0, "a", ' "x"}'),  # LiteLLM: id repeated
+              fragment(0, "b", "", "list_dir"), fragment(0, "", '{"path": "."}'),  # vLLM: index 0 reused
+              {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}]
+    calls = get_adapter("openai_chat_stream").parse(stream)
+    assert [(c.id, c.name, c.arguments) for c in calls] == [("a", "read_file", '{"path": "x"}'),
+                                                          ("b", "list_dir", '{"path": "."}')]
+
+
+def test_call_ids_of_the_model_are_never_invented():
+    stream = [{"choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": 0, "type": "function", "function": {"name": "list_dir", "arguments": "{}"}}]}}]}]
+    (call,) = get_adapter("openai_chat_stream").parse(stream)
+    assert call == ToolCall(id="", name="list_dir", arguments="{}", index=0)  # check_ids refuses the batch
+
+
+def test_anthropic_and_responses_streams_start_a_new_call_when_an_index_is_reused():
+    def block(index, call_id, name):
+        return [{"type": "content_block_start", "index": index,
+                 "content_block": {"type": "tool_use", "id": call_id, "name": name, "input": {}}},
+                {"type": "content_block_delta", "index": index,
+                 "delta": {"type": "input_json_delta", "partial_json": '{"path": "."}'}},
+                {"type": "content_block_stop", "index": index}]
+
+    calls = get_adapter("anthropic_stream").parse(block(0, "t1", "list_dir") + block(0, "t2", "read_file"))
+    assert [(c.id, c.name, c.arguments) for c in calls] == [("t1", "list_dir", '{"path": "."}'),
+                                                          ("t2", "read_file", '{"path": "."}')]
+
+    def item(n, item_id, call_id):
+        added = {"type": "function_call", "id": item_id, "call_id": call_id, "name": "list_dir", "arguments": ""}
+        return [{"type": "response.output_item.added", "output_index": n, "item": added},
+                {"type": "response.function_call_arguments.delta", "output_index": n, "item_id": item_id,
+                 "delta": '{"path": "."}'}]
+
+    stream = item(0, "fc_1", "c1") + item(0, "fc_2", "c2")
+    calls = get_adapter("openai_responses_stream").parse(stream)
+    assert [(c.id, c.arguments) for c in calls] == [("c1", '{"path": "."}'), ("c2", '{"path": "."}')]
+    items = rebuilt("openai_responses_stream", stream)
+    assert [i["call_id"] for i in items] == ["c1", "c2"]
+
+
+def test_sse_lines_are_read_as_events(tmp_path):
+    """A stream saved as the raw server-sent-events body (comments, data: lines, [DONE])."""
+    from toolfleet.cli import _read_payload
+
+    path = tmp_path / "stream.sse"
+    path.write_text(": OPENROUTER PROCESSING\n\nevent: chunk\ndata: {\"a\": 1}\n\ndata: [DONE]\n\n")
+    assert _read_payload(path) == [{"a": 1}]
+
+
+def test_a_recorded_stream_that_cannot_be_read_is_refused_before_anything_runs(dispatcher, settings, tmp_path):
+    """submit_response reads a whole recorded stream first: call_A, complete before the bad event,
+    never becomes a turn."""
+    import redis
+
+    stream = events("s01_interleaved_fragments.jsonl")
+    stream.insert(4, {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": "x"}]})
+    with pytest.raises(BatchRejected) as refused:
+        dispatcher.submit_response(stream, workspace=str(tmp_path))
+    assert refused.value.pointer == "/4/choices/0/delta"
+    assert redis.Redis.from_url(settings.redis_url).keys(f"{settings.namespace}:*turn*") == []
