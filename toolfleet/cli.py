@@ -206,12 +206,23 @@ def run(
             "elapsed_s": round(finished - started, 3),
             "final_after_cancel_s": round(finished - cancelled_at[0], 3) if cancelled_at else None,
         }
-        print(json.dumps(doc, indent=2, ensure_ascii=False))
+        print(_json_text(doc))
     else:
         for warning in warnings:
             err.print(f"[yellow]warning:[/] {warning}")
         print_results(out, turn, results, finished - started, finished - cancelled_at[0] if cancelled_at else None)
     dispatcher.close()
+
+
+def _json_text(doc: Any) -> str:
+    """``doc`` as JSON text that stdout can always write: non-ASCII kept as is, unless some text
+    (from the response file: a lone surrogate) is not valid Unicode; then everything is escaped."""
+    text = json.dumps(doc, indent=2, ensure_ascii=False, default=str)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(doc, indent=2, ensure_ascii=True, default=str)
+    return text
 
 
 def _read_payload(path: Path) -> Any:
