@@ -296,6 +296,35 @@ class Ledger:
         raw = self.retrying(lambda: self.redis.hget(self.keys.turn_attempts(turn_id), call_id))
         return int(raw or 1)
 
+    def with_run_facts(self, turn_id: str, result: ToolResult) -> ToolResult:
+        """``result`` with ``attempts``, ``worker`` and ``run_ms`` filled from the call's claim when
+        a handler began it (the ledger's ``started`` record: worker and start time; the attempts
+        count) and ``result`` lacks them: a result decided outside the handler (killed at the hard
+        limit, presumed lost) still says who ran it and for how long. Unchanged if never started."""
+        k = self.keys
+
+        def read() -> list[Any]:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hget(k.turn_started(turn_id), result.call_id)
+            pipe.hget(k.turn_attempts(turn_id), result.call_id)
+            return pipe.execute()
+
+        started_raw, attempts_raw = self.retrying(read)
+        if started_raw is None:
+            return result
+        try:
+            started = json.loads(started_raw)
+        except ValueError:
+            started = {}
+        update: dict[str, Any] = {}
+        if not result.attempts:
+            update["attempts"] = int(attempts_raw or 1)
+        if result.worker is None and started.get("worker"):
+            update["worker"] = str(started["worker"])
+        if result.run_ms is None and isinstance(started.get("started_at"), (int, float)):
+            update["run_ms"] = round(max(time.time() - started["started_at"], 0.0) * 1000, 3)
+        return result.model_copy(update=update) if update else result
+
     def is_cancelled(self, turn_id: str) -> bool:
         return bool(self.redis.exists(self.keys.turn_cancelled(turn_id)))
 
