@@ -38,7 +38,7 @@ import redis
 
 from ..errors import BatchRejected, BrokerUnavailable, ToolfleetError
 from ..ledger import Ledger
-from ..models import ToolCall, ToolResult
+from ..models import ErrorCode, ToolCall, ToolResult
 from ..settings import Settings
 from ..tools.registry import Registry
 from ..tools.resources import resolve
@@ -50,6 +50,7 @@ from .submit import Submitter
 from .turn_approvals import TurnApprovals
 from .turn_driver import _WAKE, TurnDriver
 from .watchdog import Watchdog
+from .wire import argument_problem, call_id_problem, clean_call
 
 if TYPE_CHECKING:
     from .approvals import PendingCall
@@ -171,9 +172,11 @@ class Turn(TurnApprovals, TurnDriver):
         :class:`BrokerUnavailable` if Redis does not answer (and, with ``raise_errors``, if the
         broker refuses a call; otherwise that call gets a ``TOOL_UNAVAILABLE`` result).
         """
-        calls = list(calls)
+        calls = [clean_call(call) for call in calls]
         failed = failed or {}
-        checked = [failed.get(call.id) or check_call(self._registry, call) for call in calls]
+        check_ids(calls)
+        checked = [failed.get(call.id) or argument_problem(call) or check_call(self._registry, call)
+                   for call in calls]
         with self._intake:
             with self._lock:
                 if self._closed:
@@ -183,40 +186,61 @@ class Turn(TurnApprovals, TurnDriver):
                     self._calls.append(call)
                     self._names[call.id] = call.name
             try:
-                refused = self._ledger.add_calls(self.turn_id, {c.id: c.name for c in calls})
-                screened = None
-                if self._guard is not None:
-                    screened = self._guard.screen(self.turn_id, calls, checked, workspace=self._workspace,
-                                                  session_id=self._session_id)
-                    checked = [screened.refused.get(c.id, outcome) for c, outcome in zip(calls, checked, strict=True)]
-                to_send, failures, planned = [], [], {}
-                for call, outcome in zip(calls, checked, strict=True):
-                    if call.id in refused:
-                        continue  # cancelled before it was taken: NOT_EXECUTED is recorded
-                    if isinstance(outcome, ToolResult):
-                        failures.append(outcome)
-                        continue
-                    spec, arguments = outcome
-                    item = PlanItem(call.id, spec.access, resolve(spec.resources, arguments))
-                    if spec.access == "write":
-                        self._sender.note_writes(item.resources)
-                    with self._lock:
-                        self._runnable[call.id] = Runnable(spec, arguments)
-                        deps = planned[call.id] = self._planner.add(item)
-                        if screened is not None and call.id in screened.held:
-                            self._held[call.id] = screened.held[call.id]
-                        elif self._cancelled_at is None and deps <= self._finished:
-                            self._scheduled.add(call.id)
-                            to_send.append(call.id)
-                if screened is not None:  # the audit's `planned` comes before any result or submission
-                    self._guard.record(self.turn_id, calls, checked, screened, planned,
-                                       workspace=self._workspace, session_id=self._session_id)
-                for failure in failures:
-                    self._ledger.record_result(self.turn_id, failure)
-                self._sender.take_locks()
-            except redis.RedisError as exc:
-                raise BrokerUnavailable(self._settings.redis_url, str(exc)) from exc
-            self._submit_ranked(to_send, raise_errors=raise_errors)
+                self._take(calls, checked, raise_errors)
+            except BaseException as exc:
+                self._intake_failed(calls, exc)
+                if isinstance(exc, redis.RedisError):
+                    raise BrokerUnavailable(self._settings.redis_url, str(exc)) from exc
+                raise
+
+    def _intake_failed(self, calls: Sequence[ToolCall], exc: BaseException) -> None:
+        """Taking ``calls`` failed part-way: each of them not sent and without a result gets a
+        final one here (a local ``TOOL_UNAVAILABLE``: Redis may be what failed), so the turn
+        still ends with one result per call instead of waiting for calls that will never run."""
+        with self._lock:
+            lost = [c for c in calls if c.id not in self._results and c.id not in self._submitted]
+        self._settle_locally([ToolResult.failure(
+            call.id, call.name, ErrorCode.TOOL_UNAVAILABLE,
+            f"the call could not be taken ({type(exc).__name__}: {exc}); it was not sent and did not run",
+            "retry when the broker answers") for call in lost])
+
+    def _take(self, calls: list[ToolCall], checked: list[Any], raise_errors: bool) -> None:
+        """Register, screen, plan and submit ``calls`` (see :meth:`add_calls`)."""
+        try:
+            refused = self._ledger.add_calls(self.turn_id, {c.id: c.name for c in calls})
+            screened = None
+            if self._guard is not None:
+                screened = self._guard.screen(self.turn_id, calls, checked, workspace=self._workspace,
+                                              session_id=self._session_id)
+                checked = [screened.refused.get(c.id, outcome) for c, outcome in zip(calls, checked, strict=True)]
+            to_send, failures, planned = [], [], {}
+            for call, outcome in zip(calls, checked, strict=True):
+                if call.id in refused:
+                    continue  # cancelled before it was taken: NOT_EXECUTED is recorded
+                if isinstance(outcome, ToolResult):
+                    failures.append(outcome)
+                    continue
+                spec, arguments = outcome
+                item = PlanItem(call.id, spec.access, resolve(spec.resources, arguments))
+                if spec.access == "write":
+                    self._sender.note_writes(item.resources)
+                with self._lock:
+                    self._runnable[call.id] = Runnable(spec, arguments)
+                    deps = planned[call.id] = self._planner.add(item)
+                    if screened is not None and call.id in screened.held:
+                        self._held[call.id] = screened.held[call.id]
+                    elif self._cancelled_at is None and deps <= self._finished:
+                        self._scheduled.add(call.id)
+                        to_send.append(call.id)
+            if screened is not None:  # the audit's `planned` comes before any result or submission
+                self._guard.record(self.turn_id, calls, checked, screened, planned,
+                                   workspace=self._workspace, session_id=self._session_id)
+            for failure in failures:
+                self._ledger.record_result(self.turn_id, failure)
+            self._sender.take_locks()
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(self._settings.redis_url, str(exc)) from exc
+        self._submit_ranked(to_send, raise_errors=raise_errors)
 
     def close(self) -> Turn:
         """No more calls: the turn is done once every call taken has its result. Idempotent."""
@@ -239,6 +263,17 @@ class Turn(TurnApprovals, TurnDriver):
         self._abandoned = True
         self._sender.release_locks()
         self.close()
+        with self._lock:
+            missing = [c for c in self._calls if c.id not in self._results]
+        self._settle_locally([ToolResult.failure(
+            c.id, c.name, ErrorCode.NOT_EXECUTED, "the submission of the turn failed; this call did not run",
+            "submit the calls again") for c in missing])
+        if self._error is None:
+            self._error = ToolfleetError(f"turn {self.turn_id} was abandoned: its submission failed")
+        self._done.set()  # the driver thread ends within one read (BLOCK_MS)
+        self._completed.put(_WAKE)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until the turn is closed and every call has its result (True), or ``timeout_s``
@@ -327,6 +362,13 @@ def check_ids(calls: Iterable[ToolCall], taken: Iterable[str] = ()) -> None:
     """Raise :class:`BatchRejected` if a call has no id, or an id repeats (among ``calls`` or with
     ``taken``): results could not be paired with their calls by id."""
     calls = list(calls)
+    bad = [(c.id, problem) for c in calls if c.id and (problem := call_id_problem(c.id))]
+    if bad:
+        raise BatchRejected(
+            f"{bad[0][1]}: results could not be paired with it, so the batch was refused and nothing ran",
+            reason="bad_call_id",
+            call_ids=tuple(cid.encode("utf-8", "backslashreplace").decode() for cid, _ in bad),
+        )
     missing = [c.index for c in calls if not c.id]
     if missing:
         raise BatchRejected(
