@@ -315,3 +315,21 @@ def returns(kind: str):
         kind: Which value (see odd_value).
     """
     return odd_value(kind)
+
+
+@tool(access="write", resources=lambda a: [f"tally:{a['text']}"], timeout_s=60, journal=False)
+def tally(ctx: ToolContext, text: str, seconds: float = 0.0) -> str:
+    """Append ``text`` to tally.txt in the workspace the moment it starts (one line per execution),
+    then wait (cooperatively).
+
+    Args:
+        text: The line.
+        seconds: How long to wait after writing it.
+    """
+    import os
+
+    with open(os.path.join(str(ctx.workspace), "tally.txt"), "a") as f:
+        f.write(text + "\n")
+    ctx.cancelled.wait(seconds)
+    ctx.check_cancelled()
+    return f"tallied {text}"

@@ -124,9 +124,27 @@ class Ledger:
             pipe.hset(k.turn_calls(turn_id), mapping=calls)
         if armed:
             pipe.set(k.turn_armed(turn_id), "1", ex=ttl)
+        pipe.set(k.turn_lease(turn_id), "1", px=int(self.settings.turn_lease_s * 1000))
         pipe.xadd(k.turn_events(turn_id), {"type": "open", "call_id": "", "data": str(time.time())})
         pipe.expire(k.turn_calls(turn_id), ttl)
         pipe.expire(k.turn_events(turn_id), ttl)
+        with translated(self.settings.redis_url):
+            pipe.execute()
+
+    def renew_lease(self, turn_id: str) -> None:
+        """The turn's dispatcher is alive: its lease runs ``turn_lease_s`` from now (Redis's clock).
+        Raises :class:`BrokerUnavailable` if Redis does not answer."""
+        with translated(self.settings.redis_url):
+            self.redis.set(self.keys.turn_lease(turn_id), "1", px=int(self.settings.turn_lease_s * 1000))
+
+    def end_turn(self, turn_id: str, reason: str) -> None:
+        """The turn is over (all results in, cancelled, given up or abandoned): from now on a
+        worker's claim refuses its calls, so nothing of it can run later. Idempotent. Raises
+        :class:`BrokerUnavailable` if Redis does not answer (the lease then lapses by itself)."""
+        k = self.keys
+        pipe = self.redis.pipeline()
+        pipe.set(k.turn_ended(turn_id), reason, ex=self.settings.result_ttl_s, nx=True)
+        pipe.delete(k.turn_lease(turn_id))
         with translated(self.settings.redis_url):
             pipe.execute()
 
@@ -249,7 +267,9 @@ class Ledger:
     # --- worker side ---
     def claim_start(self, turn_id: str, call_id: str, worker: str, *, arm_wait_s: float = ARM_WAIT_S) -> str:
         """Mark a call started. Returns ``ok``, ``restarted`` (started before: a redelivery),
-        ``cancelled`` (turn cancelled: do not run) or ``done`` (already has a result: do not run).
+        ``cancelled`` (turn cancelled: do not run), ``done`` (already has a result: do not run) or
+        ``ended`` (the turn is over: :meth:`end_turn` was called, or its lease lapsed because its
+        dispatcher vanished; checked against Redis's clock: do not run).
 
         A turn that is not armed yet is waited for (up to ``arm_wait_s``; normally the dispatcher
         arms it milliseconds after sending its first group); one that stays unarmed was abandoned
@@ -265,6 +285,8 @@ class Ledger:
             k.turn_audit(turn_id),
             k.turn_armed(turn_id),
             k.turn_attempts(turn_id),
+            k.turn_ended(turn_id),
+            k.turn_lease(turn_id),
         ]
         args = [call_id, started, self.settings.result_ttl_s, self.audit.plain(worker=worker)]
         claim = _s(self.retrying(lambda: self._claim(keys=keys, args=args)))

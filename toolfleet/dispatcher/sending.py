@@ -208,6 +208,7 @@ class Sender:
         if turn._abandoned:
             return
         lost = turn._ledger.reopen(turn.turn_id, turn._names, results, armed=turn.armed)
+        turn._ledger.renew_lease(turn.turn_id)
         if self._lock_names and self._locks_held:
             self.locks.acquire(turn.turn_id, self._lock_names)
         if not lost:

@@ -25,10 +25,12 @@ or any other process) releases it; a denial arrives as its ``PERMISSION_DENIED``
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -280,24 +282,40 @@ class Turn(TurnApprovals, TurnDriver):
         passes (False)."""
         return self._done.wait(timeout_s)
 
-    def results(self, timeout_s: float | None = None) -> list[ToolResult]:
+    def results(self, timeout_s: float | None = None, *, cancel_on_timeout: bool = True) -> list[ToolResult]:
         """Every call's result, in model order. Blocks until the turn is closed and all are in.
 
-        Raises ``TimeoutError`` if ``timeout_s`` passes first, :class:`BrokerUnavailable` if Redis
-        went away for good while waiting.
+        Giving up is the end of the turn: when ``timeout_s`` passes first, the turn is cancelled
+        (``cancel_on_timeout``, the default: calls not started never start, running ones are
+        stopped; see :meth:`cancel`) and ``TimeoutError`` is raised; the final results are then
+        in within ``cancel_grace_s`` (+ a little): read them with :meth:`result` or another
+        ``results()``. Pass ``cancel_on_timeout=False`` to only stop waiting (the turn runs on), or
+        poll with :meth:`wait`. Raises :class:`BrokerUnavailable` if Redis went away for good
+        while waiting (``REDIS_GIVE_UP_S``, :mod:`.turn_driver`).
         """
         if not self._done.wait(timeout_s):
-            waiting = [p.call_id for p in self.pending]
-            note = f"; {len(waiting)} call(s) wait for approval: {', '.join(waiting)}" if waiting else ""
-            raise TimeoutError(f"turn {self.turn_id} not finished after {timeout_s} s{note}")
+            self._give_up(timeout_s, cancel_on_timeout)
         if self._error is not None:
             raise self._error
         with self._lock:
             return [self._results[c.id] for c in self._calls]
 
-    def as_completed(self, timeout_s: float | None = None) -> Iterator[ToolResult]:
+    def _give_up(self, timeout_s: float | None, cancel: bool) -> None:
+        waiting = [p.call_id for p in self.pending]
+        note = f"; {len(waiting)} call(s) wait for approval: {', '.join(waiting)}" if waiting else ""
+        if cancel and not self._done.is_set():
+            note += "; the turn was cancelled (calls not started will not run)"
+            try:
+                self.cancel(f"the caller gave up after {timeout_s} s")
+            except ToolfleetError as exc:  # Redis gone: the turn's lease lapses by itself
+                note += f" as far as Redis answered ({exc})"
+        raise TimeoutError(f"turn {self.turn_id} not finished after {timeout_s} s{note}")
+
+    def as_completed(self, timeout_s: float | None = None, *, cancel_on_timeout: bool = True
+                     ) -> Iterator[ToolResult]:
         """Yield each result the moment it is recorded (completion order), every call once, until
-        the turn is closed and all are in. One consumer per turn."""
+        the turn is closed and all are in. One consumer per turn. ``timeout_s`` and
+        ``cancel_on_timeout`` as in :meth:`results` (giving up cancels the turn)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         yielded = 0
         while True:
@@ -311,7 +329,7 @@ class Turn(TurnApprovals, TurnDriver):
             try:
                 item = self._completed.get(timeout=remaining)
             except queue.Empty:
-                raise TimeoutError(f"turn {self.turn_id} not finished after {timeout_s} s") from None
+                self._give_up(timeout_s, cancel_on_timeout)
             if item is not _WAKE:
                 yielded += 1
                 yield item
@@ -349,6 +367,7 @@ class Turn(TurnApprovals, TurnDriver):
     # ---- driver ----
     def start(self) -> Turn:
         """Start the driver thread (calls are submitted as they are added)."""
+        _LIVE.add(self)
         self._thread.start()
         return self
 
@@ -356,6 +375,22 @@ class Turn(TurnApprovals, TurnDriver):
         """The plan's rank of each of ``call_ids`` (:meth:`Planner.ranks`)."""
         with self._lock:
             return self._planner.ranks(call_ids)
+
+
+_LIVE: weakref.WeakSet[Turn] = weakref.WeakSet()
+
+
+@atexit.register
+def _cancel_live_turns() -> None:
+    """The dispatcher process exits (normally, or by an exception such as Ctrl-C): every turn it
+    still drives is cancelled, so nothing of it runs later. (A process killed outright cannot do
+    this: its turns' leases in Redis lapse within ``turn_lease_s`` and workers refuse them.)"""
+    for turn in list(_LIVE):
+        if not turn.done:
+            try:
+                turn.cancel("the dispatcher process exited")
+            except Exception as exc:  # noqa: BLE001 - exiting anyway; the lease covers it
+                log.warning("turn %s: could not cancel at exit (%s)", turn.turn_id, exc)
 
 
 def check_ids(calls: Iterable[ToolCall], taken: Iterable[str] = ()) -> None:

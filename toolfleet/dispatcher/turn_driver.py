@@ -53,6 +53,7 @@ class TurnDriver:
         failures = 0
         trouble_since: float | None = None
         logged_at = 0.0
+        lease_renewed_at = time.monotonic()  # open_turn set it
         try:
             while not self._done.is_set():
                 try:
@@ -61,6 +62,9 @@ class TurnDriver:
                         self._on_event(event)
                     if trouble_since is not None or self._sender.redis_lost_the_turn():
                         self._sender.reconcile()
+                    if time.monotonic() - lease_renewed_at >= self._settings.turn_lease_s / 6:
+                        self._ledger.renew_lease(self.turn_id)
+                        lease_renewed_at = time.monotonic()
                     self._sender.pump()
                     self._watch.tick()
                     if trouble_since is not None:
@@ -84,6 +88,23 @@ class TurnDriver:
                     time.sleep(min(0.05 * 2 ** min(failures, 5), 1.0))
         finally:
             self._sender.release_locks()
+            self._end()
+
+    def _end(self) -> None:
+        """The turn is over: mark it ended in the ledger (a worker's claim then refuses its calls,
+        so nothing of it runs later). Best effort: if Redis does not answer, the turn's lease
+        lapses within ``turn_lease_s`` with the same effect."""
+        if self.cancelled:
+            why = "cancelled"
+        elif self._error is not None:
+            why = f"ended by an error: {self._error}"
+        else:
+            why = "every call has its result"
+        try:
+            self._ledger.end_turn(self.turn_id, why)
+        except Exception as exc:  # noqa: BLE001 - the lease covers it
+            log.warning("turn %s: could not mark the turn ended (%s); its lease lapses within %g s",
+                        self.turn_id, exc, self._settings.turn_lease_s)
 
     def _fail(self, exc: Exception, for_s: float, redis_trouble: bool = True) -> None:
         """End the turn after persistent trouble: the caller's ``results()`` raises

@@ -60,10 +60,18 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResu
     ledger = runtime.ledger
     with runtime.watcher.track(ctx):
         claim = ledger.claim_start(env.turn_id, env.call_id, worker, arm_wait_s=arm_wait_s(env))
-        if claim in ("cancelled", "done"):
+        if claim in ("cancelled", "done", "ended"):
             recorded = ledger.results(env.turn_id).get(env.call_id)
             if recorded is not None:
                 return recorded
+            if claim == "ended":  # its dispatcher ended the turn or vanished (lease lapsed)
+                result = ToolResult.failure(
+                    env.call_id, env.name, ErrorCode.NOT_EXECUTED,
+                    "the turn was already over when a worker took this call (its dispatcher gave it up or went "
+                    "away); it was not run",
+                    "ask again if the call is still wanted",
+                )
+                return _record(runtime, env, result, worker, picked_at, picked_at)
             # Redelivered after it had started once, and the turn is cancelled: do not run again.
             result = ToolResult.failure(
                 env.call_id,
