@@ -29,6 +29,13 @@ TROUBLE_LOG_EVERY_S = 5.0  # while failing, one warning this often (not one per 
 _WAKE = object()  # put on the completion queue when the turn closes or fails
 
 
+def after_trouble_quiet_s(settings: Any) -> float:
+    """After Redis answers again: how long the watchdog waits before judging calls lost. Three
+    heartbeats (a worker's catalog comes back within one) + 2 s (a worker retries a result with
+    a backoff of at most 1 s)."""
+    return 3 * settings.heartbeat_s + 2.0
+
+
 class TurnDriver:
     """``_drive`` (the driver thread's loop) and what it does per event."""
 
@@ -37,7 +44,12 @@ class TurnDriver:
         first (:meth:`Sender.send_group`), their ``submitted`` audit events written first."""
         if not call_ids:
             return
-        self._submitter.announce(self.turn_id, [(c, self._runnable[c].spec) for c in call_ids])
+        try:
+            self._submitter.announce(self.turn_id, [(c, self._runnable[c].spec) for c in call_ids])
+        except (BrokerUnavailable, redis.RedisError) as exc:
+            if raise_errors:
+                raise
+            log.warning("turn %s: could not write the `submitted` audit events (%s)", self.turn_id, exc)
         self._sender.send_group(call_ids, raise_errors=raise_errors)
 
     def _submit(self, call_id: str, raise_errors: bool = False) -> None:
@@ -54,6 +66,7 @@ class TurnDriver:
         trouble_since: float | None = None
         logged_at = 0.0
         lease_renewed_at = time.monotonic()  # open_turn set it
+        quiet_until = 0.0  # the watchdog waits until then after Redis trouble
         try:
             while not self._done.is_set():
                 try:
@@ -66,10 +79,14 @@ class TurnDriver:
                         self._ledger.renew_lease(self.turn_id)
                         lease_renewed_at = time.monotonic()
                     self._sender.pump()
-                    self._watch.tick()
+                    if time.monotonic() >= quiet_until:
+                        self._watch.tick()
                     if trouble_since is not None:
                         log.warning("turn %s: Redis answers again after %.1f s", self.turn_id,
                                     time.monotonic() - trouble_since)
+                        # workers retry their results and heartbeats with backoff: give them time
+                        # to land before the watchdog judges a call lost (a finished call keeps its result)
+                        quiet_until = time.monotonic() + after_trouble_quiet_s(self._settings)
                     failures, trouble_since = 0, None
                 except Exception as exc:  # Redis trouble: retry for a while, then give up loudly
                     now = time.monotonic()
