@@ -127,3 +127,27 @@ def test_dispatcher_killed_outright_its_lease_lapses(settings, dispatcher, start
     zero_executions_after(dispatcher, start_worker, workspace, turn_id)
     results = dispatcher.ledger.results(turn_id)
     assert {results[c].code.value for c in ("t2", "t3", "t4")} == {"NOT_EXECUTED"}, results
+
+
+def test_messages_carry_an_expiry(settings, workspace):
+    """Each call's message expires max_queue_wait_s + its hard limit after it was sent: a worker
+    that gets it later discards it unrun (Celery: REVOKED, "expired")."""
+    from datetime import datetime
+
+    from toolfleet import Dispatcher
+    from toolfleet.dispatcher.submit import message_expiry_s
+
+    from .conftest import make_registry
+
+    settings = settings.model_copy(update={"require_live_worker": False, "max_queue_wait_s": 30.0})
+    with Dispatcher(settings, make_registry()) as dispatcher:
+        sent_at = time.time()
+        turn = dispatcher.submit([call("q", "tally", text="x")], workspace=str(workspace))
+        client = dispatcher.ledger.redis
+        queued = [k for k in client.scan_iter(match=f"{settings.namespace}.tally*") if client.type(k) == b"list"]
+        messages = [json.loads(m) for k in queued for m in client.lrange(k, 0, -1)]
+        assert len(messages) == 1
+        expires = datetime.fromisoformat(messages[0]["headers"]["expires"]).timestamp()
+        spec = dispatcher.registry.get("tally")
+        assert abs(expires - (sent_at + message_expiry_s(settings, spec.timeout_s))) < 5
+        turn.cancel()

@@ -3,8 +3,9 @@
 Both sides write through it. Each operation is one Lua script (:mod:`toolfleet.ledger_scripts`), so it
 is atomic against the others:
 
-- ``claim_start`` (worker, before a handler runs): refuses when the turn is cancelled or the call
-  already has a result; waits while the turn is not *armed* (a batch submitted at once is armed
+- ``claim_start`` (worker, before a handler runs): refuses when the turn is cancelled, over
+  (``end_turn``) or abandoned by a dispatcher that vanished (its lease, renewed by ``renew_lease``,
+  lapsed: Redis's clock), or when the call already has a result; waits while the turn is not *armed* (a batch submitted at once is armed
   only after every call that waits for nothing was sent, so a half-submitted batch never runs; a
   turn that takes calls as they come is armed when opened); otherwise marks the call started,
   counts the attempt and appends a ``started`` event.
