@@ -31,6 +31,7 @@ if redis.call('EXISTS', KEYS[8]) == 1 or redis.call('EXISTS', KEYS[9]) == 0 then
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 'done' end
 if redis.call('EXISTS', KEYS[6]) == 0 then return 'unarmed' end
 local before = redis.call('HGET', KEYS[3], ARGV[1])
+if before == ARGV[2] then return 'ok' end  -- this same claim, retried after its reply was lost
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 redis.call('HINCRBY', KEYS[7], ARGV[1], 1)
 redis.call('XADD', KEYS[2], '*', 'type', 'started', 'call_id', ARGV[1], 'data', ARGV[2])

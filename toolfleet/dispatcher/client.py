@@ -150,7 +150,8 @@ class Dispatcher:
         return get_adapter(format).tools(self.registry)
 
     def run(self, calls: Sequence[ToolCall], *, timeout_s: float | None = None, **options: Any) -> list[ToolResult]:
-        """Submit and wait: every call's result, in model order."""
+        """Submit and wait: every call's result, in model order. When ``timeout_s`` passes first the
+        turn is cancelled and ``TimeoutError`` raised (giving up ends the turn: :meth:`Turn.results`)."""
         return self.submit(calls, **options).results(timeout_s)
 
     def cancel(self, turn_id: str, reason: str = "cancelled by caller") -> int:
