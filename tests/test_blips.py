@@ -155,3 +155,37 @@ def test_a_heartbeat_lost_in_a_blip_is_waited_for_not_refused(settings, workspac
               f"(grace {unserved_grace_s(settings):g} s)")
         assert result.code is ErrorCode.TOOL_UNAVAILABLE and "no live worker" in result.content
         assert unserved_grace_s(settings) - 0.5 <= waited <= unserved_grace_s(settings) + 3
+
+
+@pytest.mark.slow
+def test_redis_restarted_1_s_mid_chain_10_times(private_settings, start_worker, workspace):
+    """The 1 s restart (with its data) ten times in a row, one worker and one Redis throughout:
+    every call one result, every write run exactly once, no turn past its bound."""
+    settings, server = private_settings(persistent=True)
+    start_worker(settings=settings, concurrency=2)
+    dispatcher = Dispatcher(settings, make_registry())
+    codes: Counter[str] = Counter()
+    longest = 0.0
+    bound_s = 60.0
+    for rep in range(10):
+        before = lines(workspace)
+        began = time.monotonic()
+        turn = dispatcher.submit([call(f"r{rep}w{i}", "tally", text=f"r{rep}", seconds=STEP_S) for i in range(CHAIN)],
+                                 workspace=str(workspace))
+        wait_started(dispatcher, turn.turn_id, f"r{rep}w1")
+
+        def restart():
+            server.kill()
+            time.sleep(1.0)  # the outage itself
+            server.start()
+
+        injector = threading.Thread(target=restart)
+        injector.start()
+        results = turn.results(timeout_s=bound_s)
+        injector.join()
+        longest = max(longest, time.monotonic() - began)
+        codes.update(r.code.value if r.code else "ok" for r in results)
+        assert len(results) == CHAIN and lines(workspace) - before == CHAIN
+    print(f"\nRedis restarted 1 s mid-chain, 10 repetitions of {CHAIN} chained writes: results {dict(codes)}; "
+          f"executions {lines(workspace)} for {10 * CHAIN} calls; longest turn {longest:.1f} s (bound {bound_s:g} s)")
+    assert codes == {"ok": 10 * CHAIN}
