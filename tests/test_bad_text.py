@@ -114,3 +114,18 @@ def test_a_driver_fault_ends_the_turn_instead_of_looping(dispatcher, worker, wor
     turn._thread.join(5)
     assert not turn._thread.is_alive()
     turn.cancel()
+
+
+def test_a_submit_the_broker_refuses_leaves_no_thread(dispatcher, worker, workspace, monkeypatch):
+    """The broker refuses the batch (BrokerUnavailable): the caller gets the error, every call of
+    the abandoned turn a final result, and its driver thread is gone."""
+    before = set(driver_threads())
+
+    def refuse(**kwargs):
+        raise BrokerUnavailable(dispatcher.settings.redis_url, "refused (test)")
+
+    monkeypatch.setattr(dispatcher.submitter, "send", refuse)
+    with pytest.raises(BrokerUnavailable):
+        dispatcher.submit([call("a", "wait_read", label="a"), call("b", "wait_read", label="b")],
+                          workspace=str(workspace), turn_id="refused-turn")
+    assert set(driver_threads()) <= before, "a failed submit left its driver thread behind"
