@@ -139,12 +139,12 @@ def run(
     model's own message(s) to put before them in the next request. Calls the policy asks about
     wait until approved or denied from another terminal (`toolfleet approve TURN CALL`); the
     commands to do so are printed."""
+    import signal
+
     from .dispatcher import Dispatcher
     from .dispatcher.adapters import detect, detect_event, get_adapter
     from .tools.registry import default_registry
     from .view import print_results, progress
-
-    import signal
 
     # SIGTERM ends the process through SystemExit, so the exit hook cancels the turn (nothing of
     # it runs later); a process killed outright leaves that to the turn's lease (turn_lease_s).

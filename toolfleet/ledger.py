@@ -4,11 +4,12 @@ Both sides write through it. Each operation is one Lua script (:mod:`toolfleet.l
 is atomic against the others:
 
 - ``claim_start`` (worker, before a handler runs): refuses when the turn is cancelled, over
-  (``end_turn``) or abandoned by a dispatcher that vanished (its lease, renewed by ``renew_lease``,
-  lapsed: Redis's clock), or when the call already has a result; waits while the turn is not *armed* (a batch submitted at once is armed
-  only after every call that waits for nothing was sent, so a half-submitted batch never runs; a
-  turn that takes calls as they come is armed when opened); otherwise marks the call started,
-  counts the attempt and appends a ``started`` event.
+  (``end_turn``) or abandoned by a dispatcher that vanished (its lease, renewed by
+  ``renew_lease``, lapsed: Redis's clock), or when the call already has a result; waits while the
+  turn is not *armed* (a batch submitted at once is armed only after every call that waits for
+  nothing was sent, so a half-submitted batch never runs; a turn that takes calls as they come is
+  armed when opened); otherwise marks the call started, counts the attempt and appends a
+  ``started`` event.
 - ``record_result`` (worker or dispatcher): stores the result only if the call has none yet
   (``HSETNX``) and appends a ``result`` event; a later result for the same call is dropped. This is
   what makes "exactly one result per call" hold even when a worker and the dispatcher's watchdog race.

@@ -25,7 +25,8 @@ RECORD_UNSTARTED = """
 if redis.call('HEXISTS', KEYS[4], ARGV[1]) == 1 then return 0 end""" + _STORE_RESULT
 
 CLAIM = """
--- KEYS: results, events, started, cancelled, audit, armed, attempts, ended, lease ; ARGV: call_id, started_json, ttl, audit
+-- KEYS: results, events, started, cancelled, audit, armed, attempts, ended, lease
+-- ARGV: call_id, started_json, ttl, audit
 if redis.call('EXISTS', KEYS[4]) == 1 then return 'cancelled' end
 if redis.call('EXISTS', KEYS[8]) == 1 or redis.call('EXISTS', KEYS[9]) == 0 then return 'ended' end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 'done' end

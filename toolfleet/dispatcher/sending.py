@@ -10,13 +10,14 @@
   is open, gets ``TOOL_UNAVAILABLE`` instead of being sent.
 - **Broker trouble**: a call that cannot be sent is retried every tick (the driver backs off while
   Redis fails) for ``SEND_RETRY_S``, then gets ``NOT_EXECUTED`` naming the broker URL (issue 11:
-  a call never sent is sent when the broker is back, or ``NOT_EXECUTED``).
+  a call never sent is sent when the broker is back, or ``NOT_EXECUTED``). A batch submitted at
+  once is not retried: it goes all or none (:meth:`toolfleet.Dispatcher.submit`, with the
+  ledger's arming).
 - **Blips**: a tool this dispatcher saw served that is missing from the catalog is waited for
   (its calls queued) for ``unserved_grace_s`` (three heartbeats + 1 s) before its calls get
   ``TOOL_UNAVAILABLE``: a worker whose heartbeats Redis could not take during a restart or pause
   is alive. Before each group is sent, a turn Redis lost (a restart without its data) is
-  restored and settled first, so only calls sent into the old Redis count as lost with it. A batch submitted at once is not retried: it
-  goes all or none (:meth:`toolfleet.Dispatcher.submit`, with the ledger's arming).
+  restored and settled first, so only calls sent into the old Redis count as lost with it.
 - **Redis came back** (:meth:`Sender.reconcile`): the turn is restored in the ledger; if Redis lost
   its data, calls that were queued and never started will never be delivered and get
   ``TOOL_UNAVAILABLE`` (atomically "unless started", so a call a worker just took keeps running).

@@ -124,10 +124,10 @@ class TurnDriver:
                         self.turn_id, exc, self._settings.turn_lease_s)
 
     def _fail(self, exc: Exception, for_s: float, redis_trouble: bool = True) -> None:
-        """End the turn after persistent trouble: the caller's ``results()`` raises
-        :class:`BrokerUnavailable` (:class:`ToolfleetError` for a fault of ours); every call without a result gets a final one here (local: Redis
-        is not answering) so ``as_completed`` and ``result()`` account for every call. A call
-        never sent: ``TOOL_UNAVAILABLE`` (it cannot run later: its turn's lease in Redis lapses,
+        """End the turn after persistent trouble: the caller's ``results()`` raises :class:`BrokerUnavailable`
+        (:class:`ToolfleetError` for a fault of ours); every call without a result gets a final one here
+        (local: Redis may not be answering) so ``as_completed`` and ``result()`` account for every call. A
+        call never sent: ``TOOL_UNAVAILABLE`` (it cannot run later: its turn's lease in Redis lapses,
         :meth:`~toolfleet.ledger.Ledger.claim_start` refuses it); one sent: ``OUTCOME_UNKNOWN``."""
         detail = f"{type(exc).__name__}: {exc} (for {for_s:.1f} s)"
         self._error = (BrokerUnavailable(self._settings.redis_url, detail) if redis_trouble
