@@ -340,7 +340,7 @@ class Turn(TurnApprovals, TurnDriver):
 
     def messages(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
         """The tool-result messages for the model's next request, in the batch's provider format
-        (waits for every result)."""
+        (waits for every result; a ``timeout_s`` that passes cancels the turn, as in :meth:`results`)."""
         if self.adapter is None:
             raise ToolfleetError("this turn was submitted without a provider format")
         return self.adapter.format_results(self.results(timeout_s))
