@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
 from toolfleet.keys import Keys
@@ -151,3 +152,22 @@ def test_messages_carry_an_expiry(settings, workspace):
         spec = dispatcher.registry.get("tally")
         assert abs(expires - (sent_at + message_expiry_s(settings, spec.timeout_s))) < 5
         turn.cancel()
+
+
+def test_results_timeout_cancels_the_turn(dispatcher, worker, workspace):
+    """Turn.results(timeout_s) that times out is the caller giving up: the turn is cancelled (the
+    running call stopped, the one waiting for it never started) and final soon after; with
+    cancel_on_timeout=False the turn runs on."""
+    turn = dispatcher.submit([call("slow", "wait_write", label="k", seconds=20),
+                              call("next", "wait_write", label="k")], workspace=str(workspace))
+    wait_started(dispatcher, turn.turn_id, "slow")
+    with pytest.raises(TimeoutError, match="cancelled"):
+        turn.results(timeout_s=0.5)
+    assert dispatcher.ledger.is_cancelled(turn.turn_id)
+    final = {r.call_id: r for r in turn.results(timeout_s=dispatcher.settings.cancel_grace_s + 3)}
+    assert final["slow"].code.value == "CANCELLED"
+    assert final["next"].code.value == "NOT_EXECUTED"  # it waited for "slow" (same resource)
+    kept = dispatcher.submit([call("w", "wait_read", label="w", seconds=1.0)], workspace=str(workspace))
+    with pytest.raises(TimeoutError):
+        kept.results(timeout_s=0.1, cancel_on_timeout=False)
+    assert kept.results(timeout_s=30)[0].ok
