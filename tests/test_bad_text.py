@@ -129,3 +129,9 @@ def test_a_submit_the_broker_refuses_leaves_no_thread(dispatcher, worker, worksp
         dispatcher.submit([call("a", "wait_read", label="a"), call("b", "wait_read", label="b")],
                           workspace=str(workspace), turn_id="refused-turn")
     assert set(driver_threads()) <= before, "a failed submit left its driver thread behind"
+
+
+def test_surrogates_in_turn_options_are_a_clear_error(dispatcher, workspace):
+    for options in ({"session_id": "s\ud800"}, {"turn_id": "t\udc00"}, {"workspace": str(workspace) + "\ud800"}):
+        with pytest.raises(ToolfleetError, match="lone surrogate"):
+            dispatcher.submit([call("a", "wait_read", label="a")], **options)
