@@ -138,7 +138,11 @@ class WorkerProcess:
         # redis-py 8 reads with a 5 s socket timeout by default: longer than that, BLPOP would fail
         client = redis.Redis.from_url(self.settings.redis_url, socket_timeout=READY_TIMEOUT_S + 10)
         key = Keys(self.settings.namespace).workers_ready
-        reply = client.blpop([key], timeout=READY_TIMEOUT_S)
+        # redis-py 8 reads with a 5 s socket timeout by default: block in short steps
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        reply = None
+        while reply is None and time.monotonic() < deadline and self.proc.poll() is None:
+            reply = client.blpop([key], timeout=2)
         if reply is None:
             self.stop()
             raise RuntimeError(f"worker {self.name} did not become ready in {READY_TIMEOUT_S} s")

@@ -37,7 +37,7 @@ def test_caller_timeout_then_retry_waits_for_the_running_refund_and_replays_it(d
     ws = str(workspace)
     slow = dispatcher.submit([call("r1", "refund", order_id="B2", amount_cents=500, post_s=1.5)], workspace=ws)
     with pytest.raises(TimeoutError):
-        slow.results(timeout_s=0.3)
+        slow.results(timeout_s=0.3, cancel_on_timeout=False)
     retry = dispatcher.run([call("r2", "refund", order_id="B2", amount_cents=500)], workspace=ws, timeout_s=60)[0]
     assert retry.ok and retry.content == OK_TEXT.format(order="B2"), retry.content
     assert slow.results(timeout_s=30)[0].ok

@@ -80,6 +80,9 @@ def test_hard_time_limit_kills_a_handler_that_swallows_the_soft_one(dispatcher, 
     # swallowing_sleep has timeout_s=1 and catches every Exception; kill_grace_s=1 in tests
     results = dispatcher.run([call("s", "swallowing_sleep", seconds=30)], timeout_s=30)
     assert results[0].code is ErrorCode.TIMEOUT
+    # the handler ran (issue 11, case 6): the claim in the ledger tells who ran it and for how long
+    assert results[0].attempts == 1 and results[0].worker == worker.name, results[0]
+    assert results[0].run_ms is not None and results[0].run_ms >= 2000  # hard limit 1 + 0.5 + 1 s
 
 
 def test_cancel_mid_batch(dispatcher, worker, workspace):

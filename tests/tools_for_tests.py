@@ -247,3 +247,89 @@ def settle_note(ctx: ToolContext, text: str, seconds: float = 0.0) -> str:
     time.sleep(seconds)
     refund_store.add_note(ctx.workspace, text)
     return f"noted {text}"
+
+
+PNG_1PX = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360000002000001e221bc330000000049454e44ae426082")
+
+
+def odd_value(kind: str):
+    """The value :func:`returns` hands back for ``kind`` (also used by the tests to compare)."""
+    import dataclasses
+    import decimal
+    import uuid
+
+    from pydantic import BaseModel
+
+    class Model(BaseModel):
+        name: str
+        blob: bytes = b""
+
+    @dataclasses.dataclass
+    class Point:
+        x: float
+        y: float
+        tags: frozenset = frozenset()
+
+    class Opaque:
+        __slots__ = ()
+
+        def __str__(self) -> str:
+            return "an opaque object"
+
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("no text for you")
+
+    cyclic: list = [1]
+    cyclic.append(cyclic)
+    return {
+        "png": PNG_1PX,
+        "big_bytes": b"\x00" * (1024 * 1024 + 1),
+        "surrogate": "Launch day \ud83d",
+        "pair": "party \ud83c\udf89",
+        "model": Model(name="m\ud800", blob=b"\xff\x00"),
+        "dataclass": Point(1.5, float("nan"), frozenset({"b", "a"})),
+        "dict": {1: "one", (2, 3): {"nested": {4, 5}}, "f": float("inf")},
+        "set": {3, 1, 2},
+        "tuple": (1, "two", None),
+        "opaque": Opaque(),
+        "unprintable": Unprintable(),
+        "nan": float("nan"),
+        "huge_int": 10**5000,
+        "big_int": 2**70,
+        "none": None,
+        "decimal": decimal.Decimal("1.10"),
+        "uuid": uuid.UUID(int=1),
+        "cycle": cyclic,
+        "generator": (i for i in range(2)),
+    }[kind]
+
+
+@tool(access="read", resources=lambda a: [], timeout_s=10)
+def returns(kind: str):
+    """Return a value of an awkward kind (bytes, a lone surrogate, a model, NaN, ...).
+
+    Args:
+        kind: Which value (see odd_value).
+    """
+    return odd_value(kind)
+
+
+@tool(access="write", resources=lambda a: [f"tally:{a['text']}"], timeout_s=60, journal=False)
+def tally(ctx: ToolContext, text: str, seconds: float = 0.0) -> str:
+    """Append ``text`` to tally.txt in the workspace the moment it starts (one line per execution),
+    then wait (cooperatively).
+
+    Args:
+        text: The line.
+        seconds: How long to wait after writing it.
+    """
+    import os
+
+    with open(os.path.join(str(ctx.workspace), "tally.txt"), "a") as f:
+        f.write(text + "\n")
+    ctx.cancelled.wait(seconds)
+    ctx.check_cancelled()
+    return f"tallied {text}"

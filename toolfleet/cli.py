@@ -140,7 +140,9 @@ def run(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
     fmt: Annotated[Optional[str], typer.Option("--format", help="Provider format (default: from the file).")] = None,
-    timeout_s: Annotated[Optional[float], typer.Option("--timeout", help="Give up waiting after S seconds.")] = None,
+    timeout_s: Annotated[Optional[float], typer.Option(
+        "--timeout", help="Give up after S seconds: the turn is cancelled (nothing of it runs later), its results "
+        "so far are printed, and the exit status is 1.")] = None,
     redis_url: RedisOpt = None,
     namespace: NamespaceOpt = None,
     tools: ToolsOpt = None,
@@ -156,11 +158,16 @@ def run(
     model's own message(s) to put before them in the next request. Calls the policy asks about
     wait until approved or denied from another terminal (`toolfleet approve TURN CALL`); the
     commands to do so are printed."""
+    import signal
+
     from .dispatcher import Dispatcher
     from .dispatcher.adapters import detect, detect_event, get_adapter
     from .tools.registry import default_registry
     from .view import print_results, progress
 
+    # SIGTERM ends the process through SystemExit, so the exit hook cancels the turn (nothing of
+    # it runs later); a process killed outright leaves that to the turn's lease (turn_lease_s).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     settings = _settings(redis_url, namespace, broker_url)
     payload = _read_payload(response)
     warnings: list[str] = []
@@ -204,16 +211,23 @@ def run(
         timer = threading.Timer(cancel_after, _cancel)
         timer.daemon = True
         timer.start()
+    gave_up: str | None = None
     try:
         if as_json:
             results = turn.results(timeout_s)
         else:
             results = progress(turn, out, timeout_s)
     except TimeoutError as exc:
-        _fail(ToolfleetError(f"{exc}; is a worker serving these tools running in namespace "
-                             f"{settings.namespace!r}? `toolfleet tools` lists what the live workers serve"))
+        # Giving up cancels the turn (Turn.results): nothing of it runs later. Print its results
+        # as they are once the cancel has settled (final within cancel_grace_s), then exit 1.
+        gave_up = (f"{exc}; is a worker serving these tools running in namespace {settings.namespace!r}? "
+                   "`toolfleet tools` lists what the live workers serve")
+        results = _results_after_giving_up(turn, settings)
     except ToolfleetError as exc:
-        _fail(exc)
+        results = _recorded(turn)
+        if not results:
+            _fail(exc)
+        gave_up = str(exc)
     finished = time.monotonic()
     if as_json:
         plan = turn.plan
@@ -228,12 +242,41 @@ def run(
             "elapsed_s": round(finished - started, 3),
             "final_after_cancel_s": round(finished - cancelled_at[0], 3) if cancelled_at else None,
         }
-        print(json.dumps(doc, indent=2, ensure_ascii=False))
+        if gave_up is not None:
+            doc["error"] = {"reason": "gave_up", "message": gave_up}
+        print(_json_text(doc))
     else:
         for warning in warnings:
             err.print(f"[yellow]warning:[/] {warning}")
         print_results(out, turn, results, finished - started, finished - cancelled_at[0] if cancelled_at else None)
     dispatcher.close()
+    if gave_up is not None:
+        _fail(ToolfleetError(gave_up))
+
+
+def _recorded(turn: Any) -> list[Any]:
+    """The results the turn holds now, in model order (calls without one are left out)."""
+    return [r for r in (turn.result(c.id) for c in turn.calls) if r is not None]
+
+
+def _results_after_giving_up(turn: Any, settings: Settings) -> list[Any]:
+    """After a give-up (the turn was cancelled): its final results, waiting at most
+    ``cancel_grace_s`` + 3 s for the cancel to settle; else those recorded so far."""
+    try:
+        return turn.results(settings.cancel_grace_s + 3.0, cancel_on_timeout=False)
+    except (TimeoutError, ToolfleetError):
+        return _recorded(turn)
+
+
+def _json_text(doc: Any) -> str:
+    """``doc`` as JSON text that stdout can always write: non-ASCII kept as is, unless some text
+    (from the response file: a lone surrogate) is not valid Unicode; then everything is escaped."""
+    text = json.dumps(doc, indent=2, ensure_ascii=False, default=str)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(doc, indent=2, ensure_ascii=True, default=str)
+    return text
 
 
 def _read_payload(path: Path) -> Any:

@@ -38,6 +38,16 @@ class Keys:
         """String: set when the turn is cancelled (value: reason)."""
         return f"{self.ns}:turn:{turn_id}:cancelled"
 
+    def turn_ended(self, turn_id: str) -> str:
+        """String: set when the turn is over (all results in, cancelled, given up, abandoned): a
+        worker's claim refuses its calls from then on (value: why)."""
+        return f"{self.ns}:turn:{turn_id}:ended"
+
+    def turn_lease(self, turn_id: str) -> str:
+        """String with a TTL of ``turn_lease_s`` (Redis's clock), renewed by the turn's live
+        dispatcher: once it lapses (the dispatcher vanished) a worker's claim refuses the turn's calls."""
+        return f"{self.ns}:turn:{turn_id}:lease"
+
     def turn_events(self, turn_id: str) -> str:
         """Stream of the turn's events (started, result, cancel), read by the dispatcher."""
         return f"{self.ns}:turn:{turn_id}:events"

@@ -3,11 +3,13 @@
 Both sides write through it. Each operation is one Lua script (:mod:`toolfleet.ledger_scripts`), so it
 is atomic against the others:
 
-- ``claim_start`` (worker, before a handler runs): refuses when the turn is cancelled or the call
-  already has a result; waits while the turn is not *armed* (a batch submitted at once is armed
-  only after every call that waits for nothing was sent, so a half-submitted batch never runs; a
-  turn that takes calls as they come is armed when opened); otherwise marks the call started,
-  counts the attempt and appends a ``started`` event.
+- ``claim_start`` (worker, before a handler runs): refuses when the turn is cancelled, over
+  (``end_turn``) or abandoned by a dispatcher that vanished (its lease, renewed by
+  ``renew_lease``, lapsed: Redis's clock), or when the call already has a result; waits while the
+  turn is not *armed* (a batch submitted at once is armed only after every call that waits for
+  nothing was sent, so a half-submitted batch never runs; a turn that takes calls as they come is
+  armed when opened); otherwise marks the call started, counts the attempt and appends a
+  ``started`` event.
 - ``record_result`` (worker or dispatcher): stores the result only if the call has none yet
   (``HSETNX``) and appends a ``result`` event; a later result for the same call is dropped. This is
   what makes "exactly one result per call" hold even when a worker and the dispatcher's watchdog race.
@@ -124,9 +126,27 @@ class Ledger:
             pipe.hset(k.turn_calls(turn_id), mapping=calls)
         if armed:
             pipe.set(k.turn_armed(turn_id), "1", ex=ttl)
+        pipe.set(k.turn_lease(turn_id), "1", px=int(self.settings.turn_lease_s * 1000))
         pipe.xadd(k.turn_events(turn_id), {"type": "open", "call_id": "", "data": str(time.time())})
         pipe.expire(k.turn_calls(turn_id), ttl)
         pipe.expire(k.turn_events(turn_id), ttl)
+        with translated(self.settings.redis_url):
+            pipe.execute()
+
+    def renew_lease(self, turn_id: str) -> None:
+        """The turn's dispatcher is alive: its lease runs ``turn_lease_s`` from now (Redis's clock).
+        Raises :class:`BrokerUnavailable` if Redis does not answer."""
+        with translated(self.settings.redis_url):
+            self.redis.set(self.keys.turn_lease(turn_id), "1", px=int(self.settings.turn_lease_s * 1000))
+
+    def end_turn(self, turn_id: str, reason: str) -> None:
+        """The turn is over (all results in, cancelled, given up or abandoned): from now on a
+        worker's claim refuses its calls, so nothing of it can run later. Idempotent. Raises
+        :class:`BrokerUnavailable` if Redis does not answer (the lease then lapses by itself)."""
+        k = self.keys
+        pipe = self.redis.pipeline()
+        pipe.set(k.turn_ended(turn_id), reason, ex=self.settings.result_ttl_s, nx=True)
+        pipe.delete(k.turn_lease(turn_id))
         with translated(self.settings.redis_url):
             pipe.execute()
 
@@ -249,7 +269,9 @@ class Ledger:
     # --- worker side ---
     def claim_start(self, turn_id: str, call_id: str, worker: str, *, arm_wait_s: float = ARM_WAIT_S) -> str:
         """Mark a call started. Returns ``ok``, ``restarted`` (started before: a redelivery),
-        ``cancelled`` (turn cancelled: do not run) or ``done`` (already has a result: do not run).
+        ``cancelled`` (turn cancelled: do not run), ``done`` (already has a result: do not run) or
+        ``ended`` (the turn is over: :meth:`end_turn` was called, or its lease lapsed because its
+        dispatcher vanished; checked against Redis's clock: do not run).
 
         A turn that is not armed yet is waited for (up to ``arm_wait_s``; normally the dispatcher
         arms it milliseconds after sending its first group); one that stays unarmed was abandoned
@@ -265,6 +287,8 @@ class Ledger:
             k.turn_audit(turn_id),
             k.turn_armed(turn_id),
             k.turn_attempts(turn_id),
+            k.turn_ended(turn_id),
+            k.turn_lease(turn_id),
         ]
         args = [call_id, started, self.settings.result_ttl_s, self.audit.plain(worker=worker)]
         claim = _s(self.retrying(lambda: self._claim(keys=keys, args=args)))
@@ -295,6 +319,35 @@ class Ledger:
         """How many times workers began the call (1 on the first run)."""
         raw = self.retrying(lambda: self.redis.hget(self.keys.turn_attempts(turn_id), call_id))
         return int(raw or 1)
+
+    def with_run_facts(self, turn_id: str, result: ToolResult) -> ToolResult:
+        """``result`` with ``attempts``, ``worker`` and ``run_ms`` filled from the call's claim when
+        a handler began it (the ledger's ``started`` record: worker and start time; the attempts
+        count) and ``result`` lacks them: a result decided outside the handler (killed at the hard
+        limit, presumed lost) still says who ran it and for how long. Unchanged if never started."""
+        k = self.keys
+
+        def read() -> list[Any]:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hget(k.turn_started(turn_id), result.call_id)
+            pipe.hget(k.turn_attempts(turn_id), result.call_id)
+            return pipe.execute()
+
+        started_raw, attempts_raw = self.retrying(read)
+        if started_raw is None:
+            return result
+        try:
+            started = json.loads(started_raw)
+        except ValueError:
+            started = {}
+        update: dict[str, Any] = {}
+        if not result.attempts:
+            update["attempts"] = int(attempts_raw or 1)
+        if result.worker is None and started.get("worker"):
+            update["worker"] = str(started["worker"])
+        if result.run_ms is None and isinstance(started.get("started_at"), (int, float)):
+            update["run_ms"] = round(max(time.time() - started["started_at"], 0.0) * 1000, 3)
+        return result.model_copy(update=update) if update else result
 
     def is_cancelled(self, turn_id: str) -> bool:
         return bool(self.redis.exists(self.keys.turn_cancelled(turn_id)))

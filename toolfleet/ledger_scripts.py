@@ -25,11 +25,14 @@ RECORD_UNSTARTED = """
 if redis.call('HEXISTS', KEYS[4], ARGV[1]) == 1 then return 0 end""" + _STORE_RESULT
 
 CLAIM = """
--- KEYS: results, events, started, cancelled, audit, armed, attempts ; ARGV: call_id, started_json, ttl, audit
+-- KEYS: results, events, started, cancelled, audit, armed, attempts, ended, lease
+-- ARGV: call_id, started_json, ttl, audit
 if redis.call('EXISTS', KEYS[4]) == 1 then return 'cancelled' end
+if redis.call('EXISTS', KEYS[8]) == 1 or redis.call('EXISTS', KEYS[9]) == 0 then return 'ended' end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 'done' end
 if redis.call('EXISTS', KEYS[6]) == 0 then return 'unarmed' end
 local before = redis.call('HGET', KEYS[3], ARGV[1])
+if before == ARGV[2] then return 'ok' end  -- this same claim, retried after its reply was lost
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 redis.call('HINCRBY', KEYS[7], ARGV[1], 1)
 redis.call('XADD', KEYS[2], '*', 'type', 'started', 'call_id', ARGV[1], 'data', ARGV[2])

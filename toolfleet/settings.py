@@ -46,6 +46,10 @@ class Settings(BaseModel):
     - ``breaker_failures`` / ``breaker_cooldown_s``: a tool's circuit opens after that many
       consecutive failures (crashes, time-outs, lost workers) and stays open that long before a
       health check may close it.
+    - ``turn_lease_s``: a turn's lease in Redis, renewed by its dispatcher every
+      ``turn_lease_s / 6``; when the dispatcher vanishes without ending the turn, the lease lapses
+      and workers refuse the turn's calls (a turn that is over leaves nothing that can run later).
+      Longer than any Redis outage a live turn should ride out.
     - ``lock_lease_s`` / ``lock_wait_s``: resource locks across turns: the lease a turn holds on the
       paths it writes (renewed while it runs, so a dead dispatcher frees them within a lease) and
       how long a turn waits for another turn's lock before its writes get ``TOOL_UNAVAILABLE``.
@@ -79,9 +83,10 @@ class Settings(BaseModel):
     sandbox: Literal["bwrap", "none"] = "bwrap"
     sandbox_network: Literal["host", "none"] = "none"
     bwrap_path: str = "bwrap"
+    turn_lease_s: float = 60.0
 
     @field_validator("heartbeat_s", "max_queue_wait_s", "breaker_cooldown_s", "lock_lease_s", "lock_wait_s",
-                     "cancel_grace_s", "kill_grace_s")
+                     "cancel_grace_s", "kill_grace_s", "turn_lease_s")
     @classmethod
     def _positive_s(cls, value: float) -> float:
         if value <= 0:
@@ -113,8 +118,8 @@ class Settings(BaseModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Settings from ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``, ``TOOLFLEET_NAMESPACE``,
-        ``TOOLFLEET_HEARTBEAT_S``, ``TOOLFLEET_SANDBOX``, ``TOOLFLEET_SANDBOX_NETWORK``,
-        ``TOOLFLEET_BWRAP``; keyword overrides that are not ``None`` win."""
+        ``TOOLFLEET_HEARTBEAT_S``, ``TOOLFLEET_TURN_LEASE_S``, ``TOOLFLEET_SANDBOX``,
+        ``TOOLFLEET_SANDBOX_NETWORK``, ``TOOLFLEET_BWRAP``; keyword overrides that are not ``None`` win."""
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
         if env.get("REDIS_URL"):
@@ -129,5 +134,7 @@ class Settings(BaseModel):
                             ("TOOLFLEET_BWRAP", "bwrap_path")):
             if env.get(name):
                 values[field] = env[name]
+        if env.get("TOOLFLEET_TURN_LEASE_S"):
+            values["turn_lease_s"] = float(env["TOOLFLEET_TURN_LEASE_S"])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

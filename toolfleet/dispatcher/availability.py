@@ -33,6 +33,7 @@ from ..worker.catalog import live_catalog
 log = logging.getLogger(__name__)
 CATALOG_CACHE_S = 1.0
 LIVENESS_CACHE_S = 0.5
+NO_LIVE_WORKER = "no live worker serves the tool"  # how a refusal for that reason begins
 DEAD_CONFIRM_S = 1.0  # a worker's catalog must stay missing this long before it is declared dead
 
 
@@ -47,6 +48,7 @@ class Availability:
         self.breakers = Breakers(settings, client)
         self._lock = threading.Lock()
         self._served: set[str] = set()
+        self._ever_served: set[str] = set()  # tools this dispatcher has seen a live worker serve
         self._served_at = -1e9
         self._alive: dict[str, tuple[float, bool]] = {}  # worker -> (checked at, catalog present)
         self._missing_since: dict[str, float] = {}
@@ -72,7 +74,7 @@ class Availability:
         if self.settings.require_live_worker and not self._is_served(spec.name):
             return ToolResult.failure(
                 call_id, spec.name, ErrorCode.TOOL_UNAVAILABLE,
-                f"no live worker serves the tool {spec.name!r} (queue {self.keys.queue(spec.queue)}); it did not run",
+                f"{NO_LIVE_WORKER} {spec.name!r} (queue {self.keys.queue(spec.queue)}); it did not run",
                 "start a worker that serves it (`toolfleet worker --tools <module>`), or use another tool",
             )
         closed = getattr(self._group, "closed", None)
@@ -100,7 +102,14 @@ class Availability:
                 entries = live_catalog(self.settings, self.redis)
                 self._served = {tool["name"] for entry in entries for tool in entry.get("tools", ())}
                 self._served_at = time.monotonic()
+                self._ever_served |= self._served
             return set(self._served)
+
+    def ever_served(self, name: str) -> bool:
+        """Whether this dispatcher has seen a live worker serve ``name`` (then a missing catalog
+        may be a heartbeat Redis could not take during a blip: :class:`Sender` waits a little)."""
+        with self._lock:
+            return name in self._ever_served
 
     def worker_dead(self, worker: str) -> bool:
         """True once ``worker``'s catalog has been missing for ``DEAD_CONFIRM_S``."""

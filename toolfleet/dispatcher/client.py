@@ -30,6 +30,7 @@ from .locks import ResourceLocks
 from .streaming import TurnStream
 from .submit import Submitter
 from .turn import Turn, check_ids
+from .wire import encodable
 
 
 class Dispatcher:
@@ -73,11 +74,15 @@ class Dispatcher:
         ``workspace`` is the directory the file tools and commands work in (as the workers see
         it); ``session_id`` ties the turns of one conversation together for loop detection. Calls
         the policy asks about are held (``turn.pending``) until approved or denied. Raises
-        :class:`~toolfleet.errors.BrokerUnavailable` if Redis does not answer. ``armed=False``:
+        :class:`~toolfleet.errors.BrokerUnavailable` if Redis does not answer,
+        :class:`~toolfleet.errors.ToolfleetError` if an id or the workspace is not valid Unicode. ``armed=False``:
         workers run none of its calls until :meth:`~toolfleet.ledger.Ledger.arm` (what
         :meth:`submit` does once the whole batch is sent).
         """
         turn_id = turn_id or uuid.uuid4().hex
+        for what, text in (("turn_id", turn_id), ("workspace", workspace), ("session_id", session_id)):
+            if text is not None and not encodable(text):  # Redis and JSON could not carry it
+                raise ToolfleetError(f"{what} {ascii(text)} holds a lone surrogate (not valid Unicode)")
         self.ledger.open_turn(turn_id, {}, armed=armed)
         turn = Turn(
             turn_id=turn_id,
@@ -154,7 +159,8 @@ class Dispatcher:
         return get_adapter(format).tools(self.registry)
 
     def run(self, calls: Sequence[ToolCall], *, timeout_s: float | None = None, **options: Any) -> list[ToolResult]:
-        """Submit and wait: every call's result, in model order."""
+        """Submit and wait: every call's result, in model order. When ``timeout_s`` passes first the
+        turn is cancelled and ``TimeoutError`` raised (giving up ends the turn: :meth:`Turn.results`)."""
         return self.submit(calls, **options).results(timeout_s)
 
     def cancel(self, turn_id: str, reason: str = "cancelled by caller") -> int:

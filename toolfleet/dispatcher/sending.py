@@ -8,9 +8,16 @@
   orders wait until ``lock_wait_s``.
 - **Availability** (:mod:`.availability`): a call no live worker serves, or whose tool's circuit
   is open, gets ``TOOL_UNAVAILABLE`` instead of being sent.
-- **Broker trouble**: a call that cannot be sent is retried every tick for ``SEND_RETRY_S``, then
-  gets ``TOOL_UNAVAILABLE`` naming the broker URL. A batch submitted at once is not retried: it
-  goes all or none (:meth:`toolfleet.Dispatcher.submit`, with the ledger's arming).
+- **Broker trouble**: a call that cannot be sent is retried every tick (the driver backs off while
+  Redis fails) for ``SEND_RETRY_S``, then gets ``NOT_EXECUTED`` naming the broker URL (issue 11:
+  a call never sent is sent when the broker is back, or ``NOT_EXECUTED``). A batch submitted at
+  once is not retried: it goes all or none (:meth:`toolfleet.Dispatcher.submit`, with the
+  ledger's arming).
+- **Blips**: a tool this dispatcher saw served that is missing from the catalog is waited for
+  (its calls queued) for ``unserved_grace_s`` (three heartbeats + 1 s) before its calls get
+  ``TOOL_UNAVAILABLE``: a worker whose heartbeats Redis could not take during a restart or pause
+  is alive. Before each group is sent, a turn Redis lost (a restart without its data) is
+  restored and settled first, so only calls sent into the old Redis count as lost with it.
 - **Redis came back** (:meth:`Sender.reconcile`): the turn is restored in the ledger; if Redis lost
   its data, calls that were queued and never started will never be delivered and get
   ``TOOL_UNAVAILABLE`` (atomically "unless started", so a call a worker just took keeps running).
@@ -23,8 +30,11 @@ import time
 from contextlib import AbstractContextManager, nullcontext, suppress
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from ..errors import BrokerUnavailable
 from ..models import ErrorCode, ToolResult
+from .availability import NO_LIVE_WORKER
 from .locks import lock_names
 
 if TYPE_CHECKING:
@@ -33,6 +43,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 SEND_RETRY_S = 30.0
 ALIVE_CHECK_S = 1.0
+
+
+def unserved_grace_s(settings: Any) -> float:
+    """How long a tool a worker served before may be missing from the catalog before its calls get
+    ``TOOL_UNAVAILABLE``: three heartbeats (the catalog's expiry) + 1 s."""
+    return 3 * settings.heartbeat_s + 1.0
 
 
 class Sender:
@@ -55,6 +71,7 @@ class Sender:
         self._lock_holder = ""
         self._released = False
         self._checked_at = time.monotonic()
+        self._unserved_since: dict[str, float] = {}  # tool -> when a send found no live worker
 
     # ---- locks ----
     def note_writes(self, resources: frozenset[str]) -> None:
@@ -102,30 +119,44 @@ class Sender:
         the moment it arrives. If the broker refuses, every one of them is queued for a retry (or,
         with ``raise_errors``, the :class:`BrokerUnavailable` is raised and none was sent)."""
         turn = self.turn
-        with self.group():
-            sendable = [c for c in call_ids if self._may_send(c, resend)]
-            if not sendable:
-                return
-            ranks = turn.ranks(sendable)
-            if len(sendable) > 1:
-                order = {c.id: i for i, c in enumerate(turn._calls)}
-                sendable.sort(key=lambda c: (-ranks[c], order[c]))
-            sent: list[tuple[str, str]] = []
-            together = turn._submitter.batch(len(sendable)) if len(sendable) > 1 else nullcontext()
-            try:
-                with together:
-                    for call_id in sendable:
-                        run = turn._runnable[call_id]
-                        sent.append((call_id, turn._submitter.send(
-                            turn_id=turn.turn_id, call_id=call_id, spec=run.spec, arguments=run.arguments,
-                            workspace=turn._workspace, session_id=turn._session_id, rank=ranks[call_id],
-                        )))
-            except BrokerUnavailable as exc:
-                if raise_errors:
-                    raise
+        try:
+            self._settle_if_redis_lost()
+            with self.group():
+                sendable = [c for c in call_ids if self._may_send(c, resend)]
+        except (BrokerUnavailable, redis.RedisError) as exc:
+            # Redis failed while checking (availability, locks): nothing was sent; every call
+            # not settled yet is queued for the next tick, never dropped (a dropped call would
+            # leave its turn waiting for a result that cannot come)
+            if raise_errors:
+                raise BrokerUnavailable(turn._settings.redis_url, str(exc)) from exc
+            for call_id in call_ids:
+                if call_id not in turn._finished:
+                    self._queue(call_id)
+            return
+        if not sendable:
+            return
+        ranks = turn.ranks(sendable)
+        if len(sendable) > 1:
+            order = {c.id: i for i, c in enumerate(turn._calls)}
+            sendable.sort(key=lambda c: (-ranks[c], order[c]))
+        sent: list[tuple[str, str]] = []
+        together = turn._submitter.batch(len(sendable)) if len(sendable) > 1 else nullcontext()
+        try:
+            with together:
                 for call_id in sendable:
-                    self._send_failed(call_id, exc)
-                return
+                    run = turn._runnable[call_id]
+                    sent.append((call_id, turn._submitter.send(
+                        turn_id=turn.turn_id, call_id=call_id, spec=run.spec, arguments=run.arguments,
+                        workspace=turn._workspace, session_id=turn._session_id, rank=ranks[call_id],
+                    )))
+        except (BrokerUnavailable, redis.RedisError) as exc:  # a Redis error: the audit's `submitted`
+            if not isinstance(exc, BrokerUnavailable):
+                exc = BrokerUnavailable(turn._settings.redis_url, str(exc))
+            if raise_errors:
+                raise exc from None
+            for call_id in sendable:
+                self._send_failed(call_id, exc)
+            return
         now = time.monotonic()
         with turn._lock:
             for call_id, tid in sent:
@@ -151,9 +182,28 @@ class Sender:
         if self.availability is not None and not resend:
             refusal = self.availability.refusal(run.spec, call_id)
             if refusal is not None:
-                self._record(call_id, refusal)
+                if refusal.error is not None and refusal.error.message.startswith(NO_LIVE_WORKER) \
+                        and self._worker_may_be_back(run.spec.name):
+                    self._queue(call_id)
+                else:
+                    self._record(call_id, refusal)
                 return False
+            self._unserved_since.pop(run.spec.name, None)
         return True
+
+    def _worker_may_be_back(self, tool: str) -> bool:
+        """The catalog shows no live worker for ``tool``, but this dispatcher saw one serve it: a
+        worker whose heartbeats Redis could not take during a blip (a restart, a pause) looks like
+        this until its next heartbeat. Wait (the call is queued) until the tool has been missing
+        for ``unserved_grace_s`` (three heartbeats + 1 s, the catalog's own expiry + a beat)."""
+        availability = self.availability
+        settings = self.turn._settings
+        if tool in availability.served_tools(fresh=True):
+            return True  # its heartbeat came back just now: send it next tick
+        if not availability.ever_served(tool):
+            return False  # never seen served: TOOL_UNAVAILABLE at once
+        since = self._unserved_since.setdefault(tool, time.monotonic())
+        return time.monotonic() - since < unserved_grace_s(settings)
 
     def _send_failed(self, call_id: str, exc: BrokerUnavailable) -> None:
         """The broker refused ``call_id``: retry it every tick for ``SEND_RETRY_S``, then give up."""
@@ -162,8 +212,9 @@ class Sender:
             self._queue(call_id)
             return
         self._record(call_id, ToolResult.failure(
-            call_id, self.turn._runnable[call_id].spec.name, ErrorCode.TOOL_UNAVAILABLE,
-            f"{exc} The call was not sent; it did not run.", "retry when the broker is back"))
+            call_id, self.turn._runnable[call_id].spec.name, ErrorCode.NOT_EXECUTED,
+            f"{exc} The broker refused the call for {SEND_RETRY_S:g} s; it was not sent and did not run.",
+            "retry when the broker is back"))
 
     def pump(self) -> None:
         """Each tick: retry the locks and the queued calls, renew the held locks."""
@@ -199,6 +250,17 @@ class Sender:
         self._checked_at = now
         return not self.turn._ledger.redis.exists(self.turn._ledger.keys.turn_armed(self.turn.turn_id))
 
+    def _settle_if_redis_lost(self) -> None:
+        """Right before sending: if Redis lost the turn (restarted without its data), restore it
+        and settle the calls lost with the old queues first, so a call sent now into the new
+        Redis is never taken for one of them. One EXISTS per group sent."""
+        turn = self.turn
+        if not turn.armed or turn._abandoned:
+            return
+        if not turn._ledger.redis.exists(turn._ledger.keys.turn_armed(turn.turn_id)):
+            self._checked_at = time.monotonic()
+            self.reconcile()
+
     def reconcile(self) -> None:
         """Redis answers again after trouble: restore the turn, and settle what Redis lost."""
         turn = self.turn
@@ -208,6 +270,7 @@ class Sender:
         if turn._abandoned:
             return
         lost = turn._ledger.reopen(turn.turn_id, turn._names, results, armed=turn.armed)
+        turn._ledger.renew_lease(turn.turn_id)
         if self._lock_names and self._locks_held:
             self.locks.acquire(turn.turn_id, self._lock_names)
         if not lost:

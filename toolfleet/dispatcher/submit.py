@@ -41,6 +41,16 @@ def priority_of(rank: int, broker_url: str) -> int:
     return 3 * urgency
 
 
+def message_expiry_s(settings: Settings, limit_s: float) -> float:
+    """Seconds after sending at which a call's message expires (Celery ``expires``): a worker that
+    receives it later, or takes it from the queue later, discards it without running it (state
+    REVOKED, reason "expired"). ``max_queue_wait_s`` (after which the dispatcher has reported the
+    call ``TOOL_UNAVAILABLE``) plus the call's hard limit. The expiry is an absolute time from the
+    dispatcher's clock, compared with the worker's: keep the clocks in sync (NTP). The ledger's
+    claim (turn ended, cancelled, lease lapsed) is the check that does not depend on clocks."""
+    return settings.max_queue_wait_s + limit_s + SOFT_LIMIT_MARGIN_S + settings.kill_grace_s
+
+
 def task_id(turn_id: str, call_id: str) -> str:
     """The Celery task id of a call: derived, so any process can revoke a turn's tasks."""
     return f"{turn_id}:{call_id}"
@@ -145,6 +155,10 @@ class Submitter:
                 # the result is the ledger's, not Celery's (the task has ignore_result): without
                 # this, Celery's Redis backend subscribes to each task's result channel at send
                 ignore_result=True,
+                # a message no worker took by then is discarded unrun (Celery revokes it as
+                # "expired"): the dispatcher has given the call TOOL_UNAVAILABLE by then, and the
+                # worst late start (taken at the deadline, lost, redelivered) is covered by the hard limit
+                expires=message_expiry_s(self.settings, limit_s),
             )
         except (OperationalError, OSError) as exc:
             raise BrokerUnavailable(self.settings.broker, str(exc)) from exc

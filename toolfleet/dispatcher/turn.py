@@ -25,10 +25,12 @@ or any other process) releases it; a denial arrives as its ``PERMISSION_DENIED``
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,7 +40,7 @@ import redis
 
 from ..errors import BatchRejected, BrokerUnavailable, ToolfleetError
 from ..ledger import Ledger
-from ..models import ToolCall, ToolResult
+from ..models import ErrorCode, ToolCall, ToolResult
 from ..settings import Settings
 from ..tools.registry import Registry
 from ..tools.resources import resolve
@@ -50,6 +52,7 @@ from .submit import Submitter
 from .turn_approvals import TurnApprovals
 from .turn_driver import _WAKE, TurnDriver
 from .watchdog import Watchdog
+from .wire import argument_problem, call_id_problem, clean_call
 
 if TYPE_CHECKING:
     from .approvals import PendingCall
@@ -171,9 +174,11 @@ class Turn(TurnApprovals, TurnDriver):
         :class:`BrokerUnavailable` if Redis does not answer (and, with ``raise_errors``, if the
         broker refuses a call; otherwise that call gets a ``TOOL_UNAVAILABLE`` result).
         """
-        calls = list(calls)
+        calls = [clean_call(call) for call in calls]
         failed = failed or {}
-        checked = [failed.get(call.id) or check_call(self._registry, call) for call in calls]
+        check_ids(calls)
+        checked = [failed.get(call.id) or argument_problem(call) or check_call(self._registry, call)
+                   for call in calls]
         with self._intake:
             with self._lock:
                 if self._closed:
@@ -183,40 +188,61 @@ class Turn(TurnApprovals, TurnDriver):
                     self._calls.append(call)
                     self._names[call.id] = call.name
             try:
-                refused = self._ledger.add_calls(self.turn_id, {c.id: c.name for c in calls})
-                screened = None
-                if self._guard is not None:
-                    screened = self._guard.screen(self.turn_id, calls, checked, workspace=self._workspace,
-                                                  session_id=self._session_id)
-                    checked = [screened.refused.get(c.id, outcome) for c, outcome in zip(calls, checked, strict=True)]
-                to_send, failures, planned = [], [], {}
-                for call, outcome in zip(calls, checked, strict=True):
-                    if call.id in refused:
-                        continue  # cancelled before it was taken: NOT_EXECUTED is recorded
-                    if isinstance(outcome, ToolResult):
-                        failures.append(outcome)
-                        continue
-                    spec, arguments = outcome
-                    item = PlanItem(call.id, spec.access, resolve(spec.resources, arguments, self._workspace))
-                    if spec.access == "write":
-                        self._sender.note_writes(item.resources)
-                    with self._lock:
-                        self._runnable[call.id] = Runnable(spec, arguments)
-                        deps = planned[call.id] = self._planner.add(item)
-                        if screened is not None and call.id in screened.held:
-                            self._held[call.id] = screened.held[call.id]
-                        elif self._cancelled_at is None and deps <= self._finished:
-                            self._scheduled.add(call.id)
-                            to_send.append(call.id)
-                if screened is not None:  # the audit's `planned` comes before any result or submission
-                    self._guard.record(self.turn_id, calls, checked, screened, planned,
-                                       workspace=self._workspace, session_id=self._session_id)
-                for failure in failures:
-                    self._ledger.record_result(self.turn_id, failure)
-                self._sender.take_locks()
-            except redis.RedisError as exc:
-                raise BrokerUnavailable(self._settings.redis_url, str(exc)) from exc
-            self._submit_ranked(to_send, raise_errors=raise_errors)
+                self._take(calls, checked, raise_errors)
+            except BaseException as exc:
+                self._intake_failed(calls, exc)
+                if isinstance(exc, redis.RedisError):
+                    raise BrokerUnavailable(self._settings.redis_url, str(exc)) from exc
+                raise
+
+    def _intake_failed(self, calls: Sequence[ToolCall], exc: BaseException) -> None:
+        """Taking ``calls`` failed part-way: each of them not sent and without a result gets a
+        final one here (a local ``TOOL_UNAVAILABLE``: Redis may be what failed), so the turn
+        still ends with one result per call instead of waiting for calls that will never run."""
+        with self._lock:
+            lost = [c for c in calls if c.id not in self._results and c.id not in self._submitted]
+        self._settle_locally([ToolResult.failure(
+            call.id, call.name, ErrorCode.TOOL_UNAVAILABLE,
+            f"the call could not be taken ({type(exc).__name__}: {exc}); it was not sent and did not run",
+            "retry when the broker answers") for call in lost])
+
+    def _take(self, calls: list[ToolCall], checked: list[Any], raise_errors: bool) -> None:
+        """Register, screen, plan and submit ``calls`` (see :meth:`add_calls`)."""
+        try:
+            refused = self._ledger.add_calls(self.turn_id, {c.id: c.name for c in calls})
+            screened = None
+            if self._guard is not None:
+                screened = self._guard.screen(self.turn_id, calls, checked, workspace=self._workspace,
+                                              session_id=self._session_id)
+                checked = [screened.refused.get(c.id, outcome) for c, outcome in zip(calls, checked, strict=True)]
+            to_send, failures, planned = [], [], {}
+            for call, outcome in zip(calls, checked, strict=True):
+                if call.id in refused:
+                    continue  # cancelled before it was taken: NOT_EXECUTED is recorded
+                if isinstance(outcome, ToolResult):
+                    failures.append(outcome)
+                    continue
+                spec, arguments = outcome
+                item = PlanItem(call.id, spec.access, resolve(spec.resources, arguments, self._workspace))
+                if spec.access == "write":
+                    self._sender.note_writes(item.resources)
+                with self._lock:
+                    self._runnable[call.id] = Runnable(spec, arguments)
+                    deps = planned[call.id] = self._planner.add(item)
+                    if screened is not None and call.id in screened.held:
+                        self._held[call.id] = screened.held[call.id]
+                    elif self._cancelled_at is None and deps <= self._finished:
+                        self._scheduled.add(call.id)
+                        to_send.append(call.id)
+            if screened is not None:  # the audit's `planned` comes before any result or submission
+                self._guard.record(self.turn_id, calls, checked, screened, planned,
+                                   workspace=self._workspace, session_id=self._session_id)
+            for failure in failures:
+                self._ledger.record_result(self.turn_id, failure)
+            self._sender.take_locks()
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(self._settings.redis_url, str(exc)) from exc
+        self._submit_ranked(to_send, raise_errors=raise_errors)
 
     def close(self) -> Turn:
         """No more calls: the turn is done once every call taken has its result. Idempotent."""
@@ -239,30 +265,57 @@ class Turn(TurnApprovals, TurnDriver):
         self._abandoned = True
         self._sender.release_locks()
         self.close()
+        with self._lock:
+            missing = [c for c in self._calls if c.id not in self._results]
+        self._settle_locally([ToolResult.failure(
+            c.id, c.name, ErrorCode.NOT_EXECUTED, "the submission of the turn failed; this call did not run",
+            "submit the calls again") for c in missing])
+        if self._error is None:
+            self._error = ToolfleetError(f"turn {self.turn_id} was abandoned: its submission failed")
+        self._done.set()  # the driver thread ends within one read (BLOCK_MS)
+        self._completed.put(_WAKE)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until the turn is closed and every call has its result (True), or ``timeout_s``
         passes (False)."""
         return self._done.wait(timeout_s)
 
-    def results(self, timeout_s: float | None = None) -> list[ToolResult]:
+    def results(self, timeout_s: float | None = None, *, cancel_on_timeout: bool = True) -> list[ToolResult]:
         """Every call's result, in model order. Blocks until the turn is closed and all are in.
 
-        Raises ``TimeoutError`` if ``timeout_s`` passes first, :class:`BrokerUnavailable` if Redis
-        went away for good while waiting.
+        Giving up is the end of the turn: when ``timeout_s`` passes first, the turn is cancelled
+        (``cancel_on_timeout``, the default: calls not started never start, running ones are
+        stopped; see :meth:`cancel`) and ``TimeoutError`` is raised; the final results are then
+        in within ``cancel_grace_s`` (+ a little): read them with :meth:`result` or another
+        ``results()``. Pass ``cancel_on_timeout=False`` to only stop waiting (the turn runs on), or
+        poll with :meth:`wait`. Raises :class:`BrokerUnavailable` if Redis went away for good
+        while waiting (``REDIS_GIVE_UP_S``, :mod:`.turn_driver`).
         """
         if not self._done.wait(timeout_s):
-            waiting = [p.call_id for p in self.pending]
-            note = f"; {len(waiting)} call(s) wait for approval: {', '.join(waiting)}" if waiting else ""
-            raise TimeoutError(f"turn {self.turn_id} not finished after {timeout_s} s{note}")
+            self._give_up(timeout_s, cancel_on_timeout)
         if self._error is not None:
             raise self._error
         with self._lock:
             return [self._results[c.id] for c in self._calls]
 
-    def as_completed(self, timeout_s: float | None = None) -> Iterator[ToolResult]:
+    def _give_up(self, timeout_s: float | None, cancel: bool) -> None:
+        waiting = [p.call_id for p in self.pending]
+        note = f"; {len(waiting)} call(s) wait for approval: {', '.join(waiting)}" if waiting else ""
+        if cancel and not self._done.is_set():
+            note += "; the turn was cancelled (calls not started will not run)"
+            try:
+                self.cancel(f"the caller gave up after {timeout_s} s")
+            except ToolfleetError as exc:  # Redis gone: the turn's lease lapses by itself
+                note += f" as far as Redis answered ({exc})"
+        raise TimeoutError(f"turn {self.turn_id} not finished after {timeout_s} s{note}")
+
+    def as_completed(self, timeout_s: float | None = None, *, cancel_on_timeout: bool = True
+                     ) -> Iterator[ToolResult]:
         """Yield each result the moment it is recorded (completion order), every call once, until
-        the turn is closed and all are in. One consumer per turn."""
+        the turn is closed and all are in. One consumer per turn. ``timeout_s`` and
+        ``cancel_on_timeout`` as in :meth:`results` (giving up cancels the turn)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         yielded = 0
         while True:
@@ -276,7 +329,7 @@ class Turn(TurnApprovals, TurnDriver):
             try:
                 item = self._completed.get(timeout=remaining)
             except queue.Empty:
-                raise TimeoutError(f"turn {self.turn_id} not finished after {timeout_s} s") from None
+                self._give_up(timeout_s, cancel_on_timeout)
             if item is not _WAKE:
                 yielded += 1
                 yield item
@@ -287,7 +340,7 @@ class Turn(TurnApprovals, TurnDriver):
 
     def messages(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
         """The tool-result messages for the model's next request, in the batch's provider format
-        (waits for every result)."""
+        (waits for every result; a ``timeout_s`` that passes cancels the turn, as in :meth:`results`)."""
         if self.adapter is None:
             raise ToolfleetError("this turn was submitted without a provider format")
         return self.adapter.format_results(self.results(timeout_s))
@@ -314,6 +367,7 @@ class Turn(TurnApprovals, TurnDriver):
     # ---- driver ----
     def start(self) -> Turn:
         """Start the driver thread (calls are submitted as they are added)."""
+        _LIVE.add(self)
         self._thread.start()
         return self
 
@@ -323,10 +377,33 @@ class Turn(TurnApprovals, TurnDriver):
             return self._planner.ranks(call_ids)
 
 
+_LIVE: weakref.WeakSet[Turn] = weakref.WeakSet()
+
+
+@atexit.register
+def _cancel_live_turns() -> None:
+    """The dispatcher process exits (normally, or by an exception such as Ctrl-C): every turn it
+    still drives is cancelled, so nothing of it runs later. (A process killed outright cannot do
+    this: its turns' leases in Redis lapse within ``turn_lease_s`` and workers refuse them.)"""
+    for turn in list(_LIVE):
+        if not turn.done:
+            try:
+                turn.cancel("the dispatcher process exited")
+            except Exception as exc:  # noqa: BLE001 - exiting anyway; the lease covers it
+                log.warning("turn %s: could not cancel at exit (%s)", turn.turn_id, exc)
+
+
 def check_ids(calls: Iterable[ToolCall], taken: Iterable[str] = ()) -> None:
     """Raise :class:`BatchRejected` if a call has no id, or an id repeats (among ``calls`` or with
     ``taken``): results could not be paired with their calls by id."""
     calls = list(calls)
+    bad = [(c.id, problem) for c in calls if c.id and (problem := call_id_problem(c.id))]
+    if bad:
+        raise BatchRejected(
+            f"{bad[0][1]}: results could not be paired with it, so the batch was refused and nothing ran",
+            reason="bad_call_id",
+            call_ids=tuple(cid.encode("utf-8", "backslashreplace").decode() for cid, _ in bad),
+        )
     missing = [c.index for c in calls if not c.id]
     if missing:
         raise BatchRejected(

@@ -15,13 +15,25 @@ import logging
 import time
 from typing import Any
 
-from ..errors import BrokerUnavailable
-from ..models import ToolResult
+import redis
+
+from ..errors import BrokerUnavailable, ToolfleetError
+from ..ledger import REDIS_DOWN
+from ..models import ErrorCode, ToolResult
 
 log = logging.getLogger(__name__)
 BLOCK_MS = 100
-REDIS_GIVE_UP_FAILURES = 50  # consecutive failed reads (about 45 s) before the turn fails loudly
+REDIS_GIVE_UP_S = 60.0  # Redis failing this long without a good tick ends the turn (BrokerUnavailable)
+BUG_GIVE_UP_TICKS = 5  # a non-Redis exception this many ticks in a row ends the turn the same way
+TROUBLE_LOG_EVERY_S = 5.0  # while failing, one warning this often (not one per retry)
 _WAKE = object()  # put on the completion queue when the turn closes or fails
+
+
+def after_trouble_quiet_s(settings: Any) -> float:
+    """After Redis answers again: how long the watchdog waits before judging calls lost. Three
+    heartbeats (a worker's catalog comes back within one) + 2 s (a worker retries a result with
+    a backoff of at most 1 s)."""
+    return 3 * settings.heartbeat_s + 2.0
 
 
 class TurnDriver:
@@ -32,39 +44,131 @@ class TurnDriver:
         first (:meth:`Sender.send_group`), their ``submitted`` audit events written first."""
         if not call_ids:
             return
-        self._submitter.announce(self.turn_id, [(c, self._runnable[c].spec) for c in call_ids])
+        try:
+            self._submitter.announce(self.turn_id, [(c, self._runnable[c].spec) for c in call_ids])
+        except (BrokerUnavailable, redis.RedisError) as exc:
+            if raise_errors:
+                raise
+            log.warning("turn %s: could not write the `submitted` audit events (%s)", self.turn_id, exc)
         self._sender.send_group(call_ids, raise_errors=raise_errors)
 
     def _submit(self, call_id: str, raise_errors: bool = False) -> None:
         self._sender.submit(call_id, raise_errors=raise_errors)
 
     def _drive(self) -> None:
+        """The driver thread's loop, bounded: it ends when the turn is done, or when its ticks
+        have failed for ``REDIS_GIVE_UP_S`` in a row (Redis errors: the turn ends with
+        :class:`BrokerUnavailable` for the caller) or ``BUG_GIVE_UP_TICKS`` times in a row (any
+        other exception: a fault of ours, reported the same way rather than retried forever).
+        Only a tick that did all its work resets the count."""
         last = "0-0"
         failures = 0
+        trouble_since: float | None = None
+        logged_at = 0.0
+        lease_renewed_at = time.monotonic()  # open_turn set it
+        quiet_until = 0.0  # the watchdog waits until then after Redis trouble
         try:
             while not self._done.is_set():
                 try:
                     for event in self._ledger.events(self.turn_id, after=last, block_ms=BLOCK_MS):
                         last = event.stream_id
                         self._on_event(event)
-                    if failures or self._sender.redis_lost_the_turn():
+                    if trouble_since is not None or self._sender.redis_lost_the_turn():
                         self._sender.reconcile()
-                        failures = 0
+                    if time.monotonic() - lease_renewed_at >= self._settings.turn_lease_s / 6:
+                        self._ledger.renew_lease(self.turn_id)
+                        lease_renewed_at = time.monotonic()
                     self._sender.pump()
-                    self._watch.tick()
+                    if time.monotonic() >= quiet_until:
+                        self._watch.tick()
+                    if trouble_since is not None:
+                        log.warning("turn %s: Redis answers again after %.1f s", self.turn_id,
+                                    time.monotonic() - trouble_since)
+                        # workers retry their results and heartbeats with backoff: give them time
+                        # to land before the watchdog judges a call lost (a finished call keeps its result)
+                        quiet_until = time.monotonic() + after_trouble_quiet_s(self._settings)
+                    failures, trouble_since = 0, None
                 except Exception as exc:  # Redis trouble: retry for a while, then give up loudly
+                    now = time.monotonic()
                     failures += 1
-                    log.warning("turn %s: Redis trouble (%s)", self.turn_id, exc)
-                    if failures > REDIS_GIVE_UP_FAILURES:
-                        self._error = BrokerUnavailable(self._settings.redis_url, str(exc))
-                        self._done.set()
-                        self._completed.put(_WAKE)
-                        with self._changed:
-                            self._changed.notify_all()
+                    trouble_since = now if trouble_since is None else trouble_since
+                    redis_trouble = isinstance(exc, (*REDIS_DOWN, redis.RedisError, BrokerUnavailable))
+                    if failures == 1 or now - logged_at >= TROUBLE_LOG_EVERY_S:
+                        logged_at = now
+                        log.warning("turn %s: %s (%s: %s); failing for %.1f s", self.turn_id,
+                                    "Redis trouble" if redis_trouble else "driver fault", type(exc).__name__,
+                                    exc, now - trouble_since)
+                    if (now - trouble_since >= REDIS_GIVE_UP_S if redis_trouble
+                            else failures >= BUG_GIVE_UP_TICKS):
+                        self._fail(exc, now - trouble_since, redis_trouble)
                         return
-                    time.sleep(min(0.05 * failures, 1.0))
+                    time.sleep(min(0.05 * 2 ** min(failures, 5), 1.0))
         finally:
             self._sender.release_locks()
+            self._end()
+
+    def _end(self) -> None:
+        """The turn is over: mark it ended in the ledger (a worker's claim then refuses its calls,
+        so nothing of it runs later). Best effort: if Redis does not answer, the turn's lease
+        lapses within ``turn_lease_s`` with the same effect."""
+        if self.cancelled:
+            why = "cancelled"
+        elif self._error is not None:
+            why = f"ended by an error: {self._error}"
+        else:
+            why = "every call has its result"
+        try:
+            self._ledger.end_turn(self.turn_id, why)
+        except Exception as exc:  # noqa: BLE001 - the lease covers it
+            log.warning("turn %s: could not mark the turn ended (%s); its lease lapses within %g s",
+                        self.turn_id, exc, self._settings.turn_lease_s)
+
+    def _fail(self, exc: Exception, for_s: float, redis_trouble: bool = True) -> None:
+        """End the turn after persistent trouble: the caller's ``results()`` raises :class:`BrokerUnavailable`
+        (:class:`ToolfleetError` for a fault of ours); every call without a result gets a final one here
+        (local: Redis may not be answering) so ``as_completed`` and ``result()`` account for every call. A
+        call never sent: ``TOOL_UNAVAILABLE`` (it cannot run later: its turn's lease in Redis lapses,
+        :meth:`~toolfleet.ledger.Ledger.claim_start` refuses it); one sent: ``OUTCOME_UNKNOWN``."""
+        detail = f"{type(exc).__name__}: {exc} (for {for_s:.1f} s)"
+        self._error = (BrokerUnavailable(self._settings.redis_url, detail) if redis_trouble
+                       else ToolfleetError(f"turn {self.turn_id}: its driver failed: {detail}"))
+        with self._lock:
+            missing = [c for c in self._names if c not in self._results]
+            sent = set(self._submitted)
+        results = []
+        for call_id in missing:
+            name = self._names[call_id]
+            if call_id in sent:
+                result = ToolResult.failure(
+                    call_id, name, ErrorCode.OUTCOME_UNKNOWN,
+                    f"the turn's driver failed ({detail}) after the call was sent; whether it ran is unknown",
+                    "check the call's effect before repeating it")
+            else:
+                result = ToolResult.failure(
+                    call_id, name, ErrorCode.TOOL_UNAVAILABLE,
+                    f"the turn's driver failed ({detail}) before the call was sent; it did not run",
+                    "retry when Redis is back")
+            results.append(result)
+        self._settle_locally(results)
+        self._done.set()
+        self._completed.put(_WAKE)
+        with self._changed:
+            self._changed.notify_all()
+
+    def _settle_locally(self, results: list[ToolResult]) -> None:
+        """Final results decided by this process alone (Redis may be what failed): kept in the
+        handle, nothing scheduled from them; a call that already has a result keeps it."""
+        for result in results:
+            with self._lock:
+                if result.call_id in self._results:
+                    continue
+                self._results[result.call_id] = result
+                self._finished.add(result.call_id)
+                all_in = self._closed and len(self._results) == len(self._calls)
+                self._changed.notify_all()
+            self._completed.put(result)
+            if all_in:
+                self._done.set()
 
     def _on_event(self, event: Any) -> None:
         if event.type == "started":

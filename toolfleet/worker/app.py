@@ -219,4 +219,9 @@ def _finalize(runtime: Runtime, kwargs: dict[str, Any], code: ErrorCode, message
         env = CallEnvelope.model_validate(kwargs.get("envelope", {}))
     except Exception:
         return
-    runtime.ledger.record_result(env.turn_id, ToolResult.failure(env.call_id, env.name, code, message, hint))
+    result = ToolResult.failure(env.call_id, env.name, code, message, hint)
+    try:  # the handler ran: its claim tells the worker, the start time and the attempts
+        result = runtime.ledger.with_run_facts(env.turn_id, result)
+    except Exception as exc:  # best effort: the result itself matters more
+        log.warning("could not read the claim of call %s (%s)", env.call_id, exc)
+    runtime.ledger.record_result(env.turn_id, result)

@@ -9,14 +9,14 @@ result, never a raised exception, so the chains of the plan keep going.
 
 from __future__ import annotations
 
-import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from ..errors import CallCancelled, ToolFailure
+from ..errors import BrokerUnavailable, CallCancelled, ToolFailure
 from ..models import CallEnvelope, ErrorCode, ToolResult
 from ..tools.context import ToolContext
 from ..tools.output import fit_output
@@ -26,6 +26,9 @@ from .guard import screen_call
 from .redaction import mask_known_secrets
 from .runtime import Runtime
 from .side_effects import arm_wait_s, run_guarded
+from .values import safe_text, to_content_and_data, to_json
+
+log = logging.getLogger(__name__)
 
 
 def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResult:
@@ -58,10 +61,18 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResu
     ledger = runtime.ledger
     with runtime.watcher.track(ctx):
         claim = ledger.claim_start(env.turn_id, env.call_id, worker, arm_wait_s=arm_wait_s(env))
-        if claim in ("cancelled", "done"):
+        if claim in ("cancelled", "done", "ended"):
             recorded = ledger.results(env.turn_id).get(env.call_id)
             if recorded is not None:
                 return recorded
+            if claim == "ended":  # its dispatcher ended the turn or vanished (lease lapsed)
+                result = ToolResult.failure(
+                    env.call_id, env.name, ErrorCode.NOT_EXECUTED,
+                    "the turn was already over when a worker took this call (its dispatcher gave it up or went "
+                    "away); it was not run",
+                    "ask again if the call is still wanted",
+                )
+                return _record(runtime, env, result, worker, picked_at, picked_at)
             # Redelivered after it had started once, and the turn is cancelled: do not run again.
             result = ToolResult.failure(
                 env.call_id,
@@ -79,6 +90,11 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResu
 
 
 def _run_handler(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
+    """Run the handler; whatever it returns or raises becomes a result that can be stored."""
+    return storable(_handler_result(runtime, spec, ctx, arguments))
+
+
+def _handler_result(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
     kwargs = dict(arguments)
     if spec.context_param:
         kwargs[spec.context_param] = ctx
@@ -124,11 +140,16 @@ def _run_handler(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: 
             f"{type(exc).__name__}: {exc}",
             "the tool failed; read the message, fix the arguments or try another way",
         )
-    if isinstance(value, str):
-        return ToolResult(call_id=ctx.call_id, name=spec.name, status="ok", content=fit_output(value, budget, store))
-    text = json.dumps(value, ensure_ascii=False, indent=2, default=str)
+    try:
+        text, data = to_content_and_data(value)  # every value becomes a result (worker/values.py)
+    except Exception as exc:
+        return ToolResult.failure(
+            ctx.call_id, spec.name, ErrorCode.EXECUTION_ERROR,
+            f"the handler ran but its return value could not be made a result: {safe_text(str(exc))}",
+            "return text, JSON-like data, or bytes up to 1 MiB",
+        )
     return ToolResult(
-        call_id=ctx.call_id, name=spec.name, status="ok", content=fit_output(text, budget, store), data=value
+        call_id=ctx.call_id, name=spec.name, status="ok", content=fit_output(text, budget, store), data=data
     )
 
 
@@ -147,6 +168,35 @@ def _record(
         }
     )
     ledger = runtime.ledger
-    if ledger.record_result(env.turn_id, result, tool_worked=tool_worked):
+    try:
+        result = storable(result)
+        kept = ledger.record_result(env.turn_id, result, tool_worked=tool_worked)
+    except BrokerUnavailable:
+        raise
+    except Exception as exc:  # the result cannot be stored: that failure is the call's result
+        log.warning("call %s: its result could not be recorded (%s); recording EXECUTION_ERROR", env.call_id, exc)
+        result = ToolResult.failure(
+            env.call_id, safe_text(env.name), ErrorCode.EXECUTION_ERROR,
+            f"the handler ran but its result could not be recorded: {type(exc).__name__}: {safe_text(str(exc))[:500]}",
+            "the tool returned something that cannot be stored; fix the tool or ask for less",
+            attempts=result.attempts, worker=result.worker, queued_ms=result.queued_ms, run_ms=result.run_ms)
+        kept = ledger.record_result(env.turn_id, result)
+    if kept:
         return result
     return ledger.results(env.turn_id).get(env.call_id, result)
+
+
+def storable(result: ToolResult) -> ToolResult:
+    """``result`` with every text encodable as UTF-8 (lone surrogates replaced) and ``data``
+    JSON-safe (:mod:`.values`), so that recording it cannot fail on its content."""
+    try:
+        result.model_dump_json()
+        return result
+    except Exception:  # noqa: BLE001 - pydantic's serialization errors vary
+        pass
+    update: dict[str, Any] = {"content": safe_text(result.content), "name": safe_text(result.name),
+                              "data": to_json(result.data)}
+    if result.error is not None:
+        update["error"] = result.error.model_copy(update={"message": safe_text(result.error.message),
+                                                          "hint": safe_text(result.error.hint)})
+    return result.model_copy(update=update)

@@ -1,0 +1,98 @@
+"""Text a call brings in that Redis, Celery's JSON and the providers cannot carry (issue 11, case 4).
+
+Every field of a call reaches Redis (the ledger, the audit, the queue) and JSON (the message, the
+results). A ``str`` holding a lone surrogate (``"call_\\ud800"``: not valid Unicode, not encodable
+as UTF-8) makes redis-py raise ``UnicodeEncodeError`` at the first write, so it is stopped here,
+before anything is sent:
+
+- **call id**: a lone surrogate, a control character (NUL included) or more than
+  ``MAX_CALL_ID_CHARS`` characters refuse the whole batch (:class:`~toolfleet.errors.BatchRejected`,
+  reason ``bad_call_id``), as a missing or repeated id does: a result could not be paired with it.
+- **tool name**: lone surrogates are replaced by U+FFFD (the call then gets ``UNKNOWN_TOOL``, as
+  any name no tool has).
+- **arguments**: a lone surrogate anywhere in them (raw text, a key or a value) gives the call
+  ``INVALID_ARGUMENT`` saying where; the other calls run. NUL characters are valid Unicode and JSON:
+  they pass, and a tool that cannot use them says so in its own result.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from typing import Any
+
+from ..models import ErrorCode, ToolCall, ToolResult
+from ..worker.values import safe_text
+
+MAX_CALL_ID_CHARS = 256
+
+
+def encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def call_id_problem(call_id: Any) -> str | None:
+    """Why ``call_id`` cannot be a call id, or None."""
+    if not isinstance(call_id, str):
+        return f"a call id must be text, not {type(call_id).__name__}"
+    if not encodable(call_id):
+        return f"call id {ascii(call_id)} holds a lone surrogate (not valid Unicode)"
+    if any(unicodedata.category(ch) == "Cc" for ch in call_id):
+        return f"call id {ascii(call_id)} holds a control character"
+    if len(call_id) > MAX_CALL_ID_CHARS:
+        return f"a call id of {len(call_id)} characters is longer than {MAX_CALL_ID_CHARS}"
+    return None
+
+
+def clean_call(call: ToolCall) -> ToolCall:
+    """``call`` with lone surrogates in its name replaced (its id is checked by ``check_ids``)."""
+    if encodable(call.name):
+        return call
+    return call.model_copy(update={"name": safe_text(call.name)})
+
+
+def argument_problem(call: ToolCall) -> ToolResult | None:
+    """``INVALID_ARGUMENT`` for a call whose arguments hold text that is not valid Unicode, else None."""
+    raw = call.arguments
+    where = None
+    if isinstance(raw, str):
+        if not encodable(raw):
+            where = "the argument text"
+        else:
+            try:
+                raw = json.loads(raw)  # "\\ud800" escapes decode to lone surrogates
+            except ValueError:
+                return None  # check_call says what is wrong with it
+    if where is None:
+        where = _bad_path(raw, "")
+    if where is None:
+        return None
+    return ToolResult.failure(
+        call.id, call.name, ErrorCode.INVALID_ARGUMENT,
+        f"{where or 'the arguments'} hold(s) a lone surrogate (an unpaired \\ud800-\\udfff), which is not valid "
+        "Unicode text; the call did not run",
+        "send the arguments as valid UTF-8 text",
+    )
+
+
+def _bad_path(value: Any, path: str) -> str | None:
+    if isinstance(value, str):
+        return None if encodable(value) else (f"argument {path}" if path else "the argument text")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{path}/{safe_text(str(key))}"
+            if isinstance(key, str) and not encodable(key):
+                return f"argument key {here}"
+            found = _bad_path(item, here)
+            if found:
+                return found
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _bad_path(item, f"{path}/{i}")
+            if found:
+                return found
+    return None
