@@ -1,0 +1,129 @@
+"""The asyncio API against a real Redis and real prefork workers: awaitable submit, ``async for``
+over results as they finish, and cancelling the awaiting task cancels the turn."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from toolfleet import ErrorCode, Policy, ToolCall
+from toolfleet.aio import AsyncDispatcher
+
+from .conftest import make_registry
+
+WAIT_S = 60
+
+
+def call(cid: str, name: str, index: int, **arguments) -> ToolCall:
+    return ToolCall(id=cid, name=name, arguments=json.dumps(arguments), index=index)
+
+
+@pytest.fixture
+def fleet(settings, start_worker):
+    start_worker(concurrency=2)
+    fleet = AsyncDispatcher(settings, make_registry())
+    yield fleet
+    fleet.close()
+
+
+def test_async_for_gives_each_result_once_and_results_keep_model_order(fleet):
+    calls = [call("slow", "wait_read", 0, label="a", seconds=0.5), call("fast", "wait_read", 1, label="b"),
+             call("bad", "no_such_tool", 2)]
+
+    async def main():
+        turn = await fleet.submit(calls)
+        seen = [r.call_id async for r in turn.as_completed(WAIT_S)]
+        return seen, await turn.results(WAIT_S)
+
+    seen, results = asyncio.run(main())
+    assert sorted(seen) == ["bad", "fast", "slow"]
+    assert seen.index("fast") < seen.index("slow")  # completion order, not model order
+    assert [r.call_id for r in results] == ["slow", "fast", "bad"]
+    assert [r.status for r in results] == ["ok", "ok", "error"]
+    assert results[2].error.code == ErrorCode.UNKNOWN_TOOL
+
+
+def test_cancelling_the_awaiting_task_cancels_the_turn(fleet):
+    calls = [call("w1", "count_until_cancelled", 0, seconds=30),
+             call("w2", "wait_write", 1, label="x", seconds=30),
+             call("w3", "wait_write", 2, label="x")]  # waits behind w2 in the plan
+
+    async def main():
+        turn = await fleet.submit(calls)
+        task = asyncio.create_task(turn.results())
+        done, _ = await asyncio.wait([task], timeout=0.3)
+        assert not done  # still running: 30 s calls
+        began = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        results = await turn.results(WAIT_S)
+        return turn, results, time.monotonic() - began
+
+    turn, results, elapsed = asyncio.run(main())
+    assert turn.turn.cancelled
+    codes = {r.call_id: r.error.code for r in results}
+    assert codes["w1"] in (ErrorCode.CANCELLED, ErrorCode.NOT_EXECUTED)
+    assert codes["w2"] in (ErrorCode.CANCELLED, ErrorCode.NOT_EXECUTED)
+    assert codes["w3"] == ErrorCode.NOT_EXECUTED  # never started
+    assert elapsed < 20  # final promptly after the cancel, not after the 30 s calls
+
+
+def test_a_timeout_around_the_await_cancels_the_turn(fleet):
+    async def main():
+        turn = await fleet.submit([call("long", "count_until_cancelled", 0, seconds=30)])
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5):
+                await turn.results()
+        return turn, await turn.results(WAIT_S)
+
+    turn, results = asyncio.run(main())
+    assert turn.turn.cancelled
+    assert results[0].error.code in (ErrorCode.CANCELLED, ErrorCode.NOT_EXECUTED)
+
+
+def test_leaving_async_for_early_cancels_the_turn_unless_told_not_to(fleet):
+    calls = [call("quick", "wait_read", 0, label="q"), call("long", "count_until_cancelled", 1, seconds=30)]
+
+    async def main(cancel_turn: bool, cid_prefix: str):
+        turn = await fleet.submit([ToolCall(id=cid_prefix + c.id, name=c.name, arguments=c.arguments,
+                                            index=c.index) for c in calls])
+        stream = turn.as_completed(WAIT_S, cancel_turn=cancel_turn)
+        first = await anext(stream)
+        await stream.aclose()
+        return turn, first
+
+    turn, first = asyncio.run(main(True, "a-"))
+    assert first.call_id == "a-quick"
+    assert turn.turn.cancelled
+    assert turn.turn.results(WAIT_S)[1].error.code in (ErrorCode.CANCELLED, ErrorCode.NOT_EXECUTED)
+
+    kept, _ = asyncio.run(main(False, "b-"))
+    assert not kept.turn.cancelled
+    kept.cancel()  # end it here (the test does not wait 30 s)
+    kept.turn.results(WAIT_S)
+
+
+def test_a_call_held_for_approval_is_answered_by_its_call_id(settings, start_worker, workspace):
+    policy = Policy.from_dict({"tools": {"append_line": "ask"}})
+    start_worker(concurrency=2)
+    fleet = AsyncDispatcher(settings, make_registry(), policy)
+    calls = [call("r", "read_file", 0, path="README.md"),
+             call("a", "append_line", 1, path="notes.txt", line="approved")]
+
+    async def main():
+        turn = await fleet.submit(calls, workspace=str(workspace))
+        pending = await turn.wait_settled(WAIT_S)
+        assert [p.call_id for p in pending] == ["a"]
+        await turn.approve("a")
+        return await turn.results(WAIT_S)
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        fleet.close()
+    assert [r.status for r in results] == ["ok", "ok"]
+    assert (workspace / "notes.txt").read_text() == "approved\n"

@@ -1,0 +1,268 @@
+"""The asyncio API: awaitable submit, ``async for`` over results as they finish, awaitable results.
+
+It wraps the synchronous :class:`~toolfleet.Dispatcher` and :class:`~toolfleet.Turn` (whose
+driver is already a thread reading Redis by push), so every guarantee is theirs: the plan rule, one
+result per call, model order, approvals by call id. What it adds is the asyncio contract:
+
+- Nothing blocks the event loop. Blocking steps (submitting, which talks to Redis and the broker)
+  run in a worker thread; waiting for results is a daemon thread per wait that hands the outcome to
+  the loop with ``call_soon_threadsafe`` (not the loop's default executor, whose few threads many
+  waiting turns would exhaust).
+- **Cancelling the awaiting task cancels the turn.** When a task awaiting :meth:`AsyncTurn.results`,
+  :meth:`AsyncTurn.messages`, :meth:`AsyncTurn.wait_settled`, an ``async for`` over
+  :meth:`AsyncTurn.as_completed`, or :meth:`AsyncDispatcher.run` / ``submit`` is cancelled
+  (``task.cancel()``, ``asyncio.timeout``, ``wait_for``, a ``TaskGroup`` failing), the turn is
+  cancelled (:meth:`Turn.cancel`: calls not started never start, running calls are stopped, finished
+  calls keep their results) and ``CancelledError`` propagates as asyncio expects. A cancel during
+  ``submit`` cancels the turn as soon as its submission returns. Pass ``cancel_turn=False`` to a
+  wait to only stop waiting. Source: DESIGN.md, "Cancellation and time"; docs/integrations.md.
+- The waiter threads end when the turn is done; after a cancel that is within ``cancel_grace_s``
+  (+ a little), so no thread outlives the turn by more than that.
+
+Usage::
+
+    async with AsyncDispatcher(settings, registry) as fleet:
+        turn = await fleet.submit_response(response)
+        async for result in turn.as_completed():
+            ...
+        messages = await turn.messages()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, TypeVar
+
+from .dispatcher.approvals import PendingCall
+from .dispatcher.client import Dispatcher
+from .dispatcher.turn import Turn
+from .models import ToolCall, ToolResult
+from .policy.config import Policy
+from .policy.rules import Rule
+from .settings import Settings
+from .tools.registry import Registry
+
+T = TypeVar("T")
+
+_END = object()
+
+
+async def _in_thread(fn: Callable[[], T], *, on_cancel: Callable[[], None] | None = None,
+                     name: str = "toolfleet-aio") -> T:
+    """Run the blocking ``fn`` in a daemon thread and await its outcome. When the awaiting task is
+    cancelled, ``on_cancel`` runs (in the loop's thread, before ``CancelledError`` propagates)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(value: Any, exc: BaseException | None) -> None:
+        if future.done():
+            return
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(value)
+
+    def target() -> None:
+        try:
+            value, exc = fn(), None
+        except BaseException as error:  # noqa: BLE001 - handed to the awaiting task as is
+            value, exc = None, error
+        try:
+            loop.call_soon_threadsafe(settle, value, exc)
+        except RuntimeError:  # the loop closed meanwhile: nobody awaits it any more
+            pass
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    try:
+        return await future
+    except asyncio.CancelledError:
+        if on_cancel is not None:
+            on_cancel()
+        raise
+
+
+class AsyncTurn:
+    """The asyncio face of a :class:`~toolfleet.Turn` (``.turn`` is the synchronous handle).
+
+    Every wait takes ``timeout_s`` (None: until the turn is done) and ``cancel_turn`` (default
+    True: a cancelled awaiting task cancels the turn). A ``timeout_s`` that passes behaves as in
+    :meth:`Turn.results`: the turn is cancelled and ``TimeoutError`` raised.
+    """
+
+    def __init__(self, turn: Turn) -> None:
+        self.turn = turn
+
+    @property
+    def turn_id(self) -> str:
+        return self.turn.turn_id
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return self.turn.calls
+
+    @property
+    def done(self) -> bool:
+        return self.turn.done
+
+    @property
+    def pending(self) -> list[PendingCall]:
+        """The calls waiting for a person's approval, in model order."""
+        return self.turn.pending
+
+    def result(self, call_id: str) -> ToolResult | None:
+        """The result of ``call_id`` if it is in, else None (does not wait)."""
+        return self.turn.result(call_id)
+
+    def cancel(self, reason: str = "cancelled by caller") -> None:
+        """Cancel the turn (:meth:`Turn.cancel`); returns at once."""
+        self.turn.cancel(reason)
+
+    def _canceller(self, cancel_turn: bool) -> Callable[[], None] | None:
+        if not cancel_turn:
+            return None
+        return lambda: self.turn.cancel("the awaiting asyncio task was cancelled")
+
+    async def results(self, timeout_s: float | None = None, *, cancel_turn: bool = True) -> list[ToolResult]:
+        """Every call's result, in model order (:meth:`Turn.results`). Raises ``TimeoutError``
+        after ``timeout_s`` (the turn is cancelled), :class:`~toolfleet.errors.BrokerUnavailable`
+        if Redis went away for good."""
+        return await _in_thread(lambda: self.turn.results(timeout_s), on_cancel=self._canceller(cancel_turn),
+                                name=f"toolfleet-aio-{self.turn_id}")
+
+    async def messages(self, timeout_s: float | None = None, *, cancel_turn: bool = True) -> list[dict[str, Any]]:
+        """The tool-result messages in the batch's provider format (:meth:`Turn.messages`)."""
+        return await _in_thread(lambda: self.turn.messages(timeout_s), on_cancel=self._canceller(cancel_turn),
+                                name=f"toolfleet-aio-{self.turn_id}")
+
+    async def wait_settled(self, timeout_s: float | None = None, *, cancel_turn: bool = True) -> list[PendingCall]:
+        """Wait until every call has its result or waits on a person; the pending calls
+        (:meth:`Turn.wait_settled`; ``TimeoutError`` after ``timeout_s``, the turn left running)."""
+        return await _in_thread(lambda: self.turn.wait_settled(timeout_s), on_cancel=self._canceller(cancel_turn),
+                                name=f"toolfleet-aio-{self.turn_id}")
+
+    async def as_completed(self, timeout_s: float | None = None, *, cancel_turn: bool = True
+                           ) -> AsyncIterator[ToolResult]:
+        """``async for result in turn.as_completed()``: each result the moment it is recorded,
+        every call once (:meth:`Turn.as_completed`; one consumer per turn). Cancelling the task,
+        or leaving the loop early (``break``, an exception: the generator is closed), cancels the
+        turn unless ``cancel_turn=False``."""
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue[Any] = asyncio.Queue()
+
+        def pump() -> None:
+            try:
+                for result in self.turn.as_completed(timeout_s):
+                    loop.call_soon_threadsafe(inbox.put_nowait, result)
+                item: Any = _END
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the consuming task
+                item = exc
+            try:
+                loop.call_soon_threadsafe(inbox.put_nowait, item)
+            except RuntimeError:  # the loop closed: nobody consumes
+                pass
+
+        threading.Thread(target=pump, name=f"toolfleet-aio-{self.turn_id}", daemon=True).start()
+        finished = False
+        try:
+            while True:
+                item = await inbox.get()
+                if item is _END:
+                    finished = True
+                    return
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+        finally:
+            if not finished and cancel_turn:  # cancelled, or the consumer left early
+                self.turn.cancel("the awaiting asyncio task stopped consuming the results")
+
+    async def approve(self, call_id: str, *, by: str | None = None, remember: str | bool = False) -> Rule | None:
+        """Approve the held call ``call_id`` (:meth:`Turn.approve`; raises
+        :class:`~toolfleet.errors.NotPending`)."""
+        return await asyncio.to_thread(self.turn.approve, call_id, by=by, remember=remember)
+
+    async def deny(self, call_id: str, reason: str = "a person denied it", *, by: str | None = None,
+                   remember: str | bool = False) -> Rule | None:
+        """Deny the held call ``call_id`` (:meth:`Turn.deny`; raises
+        :class:`~toolfleet.errors.NotPending`)."""
+        return await asyncio.to_thread(self.turn.deny, call_id, reason, by=by, remember=remember)
+
+    def assistant_messages(self) -> list[dict[str, Any]]:
+        return self.turn.assistant_messages()
+
+
+class AsyncDispatcher:
+    """The asyncio face of :class:`~toolfleet.Dispatcher` (same arguments; ``.dispatcher`` is the
+    synchronous one). Raises :class:`~toolfleet.errors.BrokerUnavailable` at construction if Redis
+    does not answer (construction is a few blocking round trips: build it before the loop is busy,
+    or with ``await asyncio.to_thread(AsyncDispatcher, ...)``)."""
+
+    def __init__(self, settings: Settings | None = None, registry: Registry | None = None,
+                 policy: Policy | None = None, *, dispatcher: Dispatcher | None = None) -> None:
+        self.dispatcher = dispatcher if dispatcher is not None else Dispatcher(settings, registry, policy)
+
+    async def _submitting(self, fn: Callable[[], Turn]) -> AsyncTurn:
+        state: dict[str, Any] = {}
+
+        def submit() -> Turn:
+            turn = fn()
+            with lock:
+                state["turn"] = turn
+                late = state.get("cancelled", False)
+            if late:  # the awaiting task was cancelled while the batch was being sent
+                turn.cancel("the awaiting asyncio task was cancelled during submission")
+            return turn
+
+        def on_cancel() -> None:
+            with lock:
+                state["cancelled"] = True
+                turn = state.get("turn")
+            if turn is not None:
+                turn.cancel("the awaiting asyncio task was cancelled during submission")
+
+        lock = threading.Lock()
+        return AsyncTurn(await _in_thread(submit, on_cancel=on_cancel, name="toolfleet-aio-submit"))
+
+    async def submit(self, calls: Sequence[ToolCall], **options: Any) -> AsyncTurn:
+        """:meth:`Dispatcher.submit` without blocking the loop; same options and exceptions."""
+        return await self._submitting(lambda: self.dispatcher.submit(calls, **options))
+
+    async def submit_response(self, payload: Any, *, format: str | None = None, **options: Any) -> AsyncTurn:
+        """:meth:`Dispatcher.submit_response` without blocking the loop."""
+        return await self._submitting(lambda: self.dispatcher.submit_response(payload, format=format, **options))
+
+    async def submit_stream(self, events: Any, *, format: str | None = None, **options: Any) -> AsyncTurn:
+        """:meth:`Dispatcher.submit_stream` over an already-read iterable of events (an async
+        stream: feed ``open_stream()`` yourself, each ``feed`` is short)."""
+        return await self._submitting(lambda: self.dispatcher.submit_stream(events, format=format, **options))
+
+    async def run(self, calls: Sequence[ToolCall], *, timeout_s: float | None = None,
+                  **options: Any) -> list[ToolResult]:
+        """Submit and await every result in model order; cancelling the task cancels the turn."""
+        turn = await self.submit(calls, **options)
+        return await turn.results(timeout_s)
+
+    def tools(self, format: str = "openai_chat") -> list[dict[str, Any]]:
+        """The ``tools`` list of a request (:meth:`Dispatcher.tools`)."""
+        return self.dispatcher.tools(format)
+
+    async def cancel(self, turn_id: str, reason: str = "cancelled by caller") -> int:
+        return await asyncio.to_thread(self.dispatcher.cancel, turn_id, reason)
+
+    async def approve(self, turn_id: str, call_id: str, **options: Any) -> Rule | None:
+        return await asyncio.to_thread(self.dispatcher.approve, turn_id, call_id, **options)
+
+    async def deny(self, turn_id: str, call_id: str, reason: str = "a person denied it", **options: Any) -> Rule | None:
+        return await asyncio.to_thread(self.dispatcher.deny, turn_id, call_id, reason, **options)
+
+    def close(self) -> None:
+        self.dispatcher.close()
+
+    async def __aenter__(self) -> AsyncDispatcher:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
