@@ -1,0 +1,160 @@
+"""LangGraph with the real library, no network: a ``StateGraph`` driven by a scripted chat model from
+langchain-core's fake models, its tool calls run by :class:`FleetToolNode` on real prefork workers
+(plan rule, model order, approval interrupts resumed by call id, nothing re-run on resume)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+
+pytest.importorskip("langgraph")
+
+from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel  # noqa: E402
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa: E402
+from langchain_core.utils.function_calling import convert_to_openai_tool  # noqa: E402
+from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
+from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
+from langgraph.prebuilt import tools_condition  # noqa: E402
+from langgraph.types import Command  # noqa: E402
+
+from toolfleet import Dispatcher, Policy  # noqa: E402
+from toolfleet.audit import AuditLog  # noqa: E402
+from toolfleet.integrations.langgraph import FleetToolNode  # noqa: E402
+from toolfleet.keys import Keys  # noqa: E402
+
+from .conftest import make_registry  # noqa: E402
+
+WAIT_S = 60
+POLICY_TOML = '[tools]\nappend_line = "ask"\n'
+
+
+class ScriptedChatModel(FakeMessagesListChatModel):
+    """The fake model plus ``bind_tools`` as chat models implement it (OpenAI-format tools bound
+    as the ``tools`` keyword of every request)."""
+
+    def bind_tools(self, tools, **kwargs):
+        return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
+
+
+def tc(cid: str, name: str, **args) -> dict:
+    return {"name": name, "args": args, "id": cid, "type": "tool_call"}
+
+
+def build(node: FleetToolNode, responses: list[AIMessage]):
+    model = ScriptedChatModel(responses=responses).bind_tools(node.tools)
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+    graph.add_node("tools", node)
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", tools_condition)
+    graph.add_edge("tools", "agent")
+    return graph.compile(checkpointer=InMemorySaver()), model
+
+
+def audit(settings, turn_id: str):
+    return AuditLog(redis.Redis.from_url(settings.redis_url), Keys(settings.namespace), 60).read(turn_id)
+
+
+@pytest.fixture
+def fleet(settings, start_worker, tmp_path):
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text(POLICY_TOML)
+    start_worker(concurrency=2, args=["--policy", str(policy_file)])
+    with Dispatcher(settings, make_registry(), Policy.load(policy_file)) as dispatcher:
+        yield dispatcher
+
+
+def test_two_model_turns_parallel_reads_a_write_pair_and_an_approval_resumed_by_call_id(fleet, settings, workspace):
+    node = FleetToolNode(fleet, workspace=str(workspace), timeout_s=WAIT_S)
+    first = AIMessage(content="", id="ai-1", tool_calls=[
+        tc("r1", "wait_read", label="a", seconds=1.0),
+        tc("r2", "wait_read", label="b", seconds=1.0),
+        tc("w1", "write_file", path="notes/x.md", content="one"),
+        tc("w2", "write_file", path="notes/x.md", content="two"),  # conflicts with w1: runs after it
+        tc("r3", "read_file", path="notes/x.md"),  # after w2 in the plan: reads "two"
+    ], invalid_tool_calls=[{"name": "read_file", "args": "{not json", "id": "bad", "error": "unparsable"}])
+    second = AIMessage(content="", id="ai-2", tool_calls=[
+        tc("a1", "append_line", path="log.txt", line="approved line"),
+        tc("rd", "read_file", path="README.md"),
+        tc("a2", "append_line", path="log.txt", line="denied line"),
+    ])
+    app, model = build(node, [first, second, AIMessage(content="all done", id="ai-3")])
+    assert {t["function"]["name"] for t in model.kwargs["tools"]} == set(make_registry().names())
+    config = {"configurable": {"thread_id": "thread-1"}}
+
+    out = app.invoke({"messages": [HumanMessage("go")]}, config)
+    asked = out["__interrupt__"][0].value
+    assert [p["call_id"] for p in asked["pending"]] == ["a1", "a2"]
+    assert app.get_state(config).next == ("tools",)
+    tool_messages = [m for m in out["messages"] if isinstance(m, ToolMessage)]
+    assert [m.tool_call_id for m in tool_messages] == ["r1", "r2", "w1", "w2", "r3", "bad"]  # model order
+    assert [m.status for m in tool_messages] == ["success"] * 5 + ["error"]
+    assert tool_messages[5].artifact["error"]["code"] == "INVALID_ARGUMENT"
+    assert "two" in tool_messages[4].content
+    assert (workspace / "notes" / "x.md").read_text() == "two"
+
+    # the plan: r1 and r2 wait for nothing and ran at the same time; w2 after w1; r3 after w2
+    first_turn = tool_messages[0].artifact["turn_id"]
+    events = audit(settings, first_turn)
+    deps = next(e for e in events if e.type == "planned").data["deps"]
+    assert deps["r1"] == [] and deps["r2"] == [] and deps["w2"] == ["w1"] and "w2" in deps["r3"]
+    at = {(e.type, e.call_id): e.at_ms for e in events}
+    assert at[("started", "r2")] < at[("finished", "r1")] and at[("started", "r1")] < at[("finished", "r2")]
+
+    # the held calls: nothing ran; rd (not held) has its result inside the turn already
+    assert not (workspace / "log.txt").exists()
+    out = app.invoke(Command(resume={"a1": "approve", "a2": {"decision": "deny", "reason": "not this one"}}), config)
+    assert out["messages"][-1].content == "all done"
+    tool_messages = [m for m in out["messages"] if isinstance(m, ToolMessage)][6:]
+    assert [m.tool_call_id for m in tool_messages] == ["a1", "rd", "a2"]
+    assert [m.status for m in tool_messages] == ["success", "success", "error"]
+    assert tool_messages[2].artifact["error"]["code"] == "PERMISSION_DENIED"
+    assert "not this one" in tool_messages[2].content
+    assert (workspace / "log.txt").read_text() == "approved line\n"
+
+    # the resumed node re-ran from its start, and no call ran twice
+    second_turn = tool_messages[0].artifact["turn_id"]
+    assert second_turn == asked["turn_id"]
+    started = [e.call_id for e in audit(settings, second_turn) if e.type == "started"]
+    assert sorted(started) == ["a1", "rd"]
+    started = [e.call_id for e in audit(settings, first_turn) if e.type == "started"]
+    assert sorted(started) == ["r1", "r2", "r3", "w1", "w2"]
+
+
+def test_a_partial_answer_asks_again_for_the_rest_and_async_graphs_work(fleet, settings, workspace):
+    node = FleetToolNode(fleet, workspace=str(workspace), timeout_s=WAIT_S)
+    held = AIMessage(content="", id="ai-1", tool_calls=[
+        tc("p1", "append_line", path="log.txt", line="one"),
+        tc("p2", "append_line", path="log.txt", line="two"),
+    ])
+    app, _ = build(node, [held, AIMessage(content="done", id="ai-2")])
+    config = {"configurable": {"thread_id": "thread-2"}}
+
+    async def main():
+        out = await app.ainvoke({"messages": [HumanMessage("go")]}, config)
+        assert [p["call_id"] for p in out["__interrupt__"][0].value["pending"]] == ["p1", "p2"]
+        out = await app.ainvoke(Command(resume={"p1": True}), config)  # p2 not answered: asked again
+        assert [p["call_id"] for p in out["__interrupt__"][0].value["pending"]] == ["p2"]
+        return await app.ainvoke(Command(resume="maybe"), config)  # not understood: denied (fail closed)
+
+    out = asyncio.run(main())
+    tool_messages = [m for m in out["messages"] if isinstance(m, ToolMessage)]
+    assert [(m.tool_call_id, m.status) for m in tool_messages] == [("p1", "success"), ("p2", "error")]
+    assert "not understood" in tool_messages[1].content
+    assert (workspace / "log.txt").read_text() == "one\n"
+    turn_id = tool_messages[0].artifact["turn_id"]
+    assert [e.call_id for e in audit(settings, turn_id) if e.type == "started"] == ["p1"]
+
+
+def test_a_replayed_node_returns_the_recorded_results_without_running_anything(fleet, settings, workspace):
+    node = FleetToolNode(fleet, workspace=str(workspace), timeout_s=WAIT_S)
+    state = {"messages": [AIMessage(content="", id="ai-1", tool_calls=[
+        tc("x1", "write_file", path="once.txt", content="1")])]}
+    config = {"configurable": {"thread_id": "thread-3"}}
+    first = node.invoke(state, config)["messages"]
+    again = FleetToolNode(fleet, workspace=str(workspace)).invoke(state, config)["messages"]  # another node object
+    assert [m.content for m in again] == [m.content for m in first]
+    turn_id = first[0].artifact["turn_id"]
+    assert [e.call_id for e in audit(settings, turn_id) if e.type == "started"] == ["x1"]

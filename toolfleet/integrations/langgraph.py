@@ -1,0 +1,279 @@
+"""LangGraph: :class:`FleetToolNode`, a drop-in for ``ToolNode`` whose tool calls run on the fleet.
+
+::
+
+    fleet = Dispatcher(settings, registry, policy)
+    tools = FleetToolNode(fleet)
+    model = chat_model.bind_tools(tools.tools)              # the fleet's specs, declared once
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", lambda s: {"messages": [model.invoke(s["messages"])]})
+    graph.add_node("tools", tools)                          # instead of ToolNode([...])
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", tools_condition)   # routes to "tools" or END
+    graph.add_edge("tools", "agent")
+    app = graph.compile(checkpointer=InMemorySaver())
+
+What the node does with the last ``AIMessage``'s ``tool_calls`` (then its ``invalid_tool_calls``,
+which get ``INVALID_ARGUMENT`` results): one fleet turn (plan rule, every call one result, limits,
+policy), and one ``ToolMessage`` per call in model order, paired by ``tool_call_id``, ``status="error"``
+for an error result (``artifact`` carries the result's ``status``, ``error`` code/message/hint,
+``data``, ``run_ms`` and ``worker``).
+
+**Approvals.** Calls the policy holds for a person (docs/policy.md) surface as a LangGraph
+``interrupt`` whose value is ``{"turn_id": ..., "pending": [{"call_id", "name", "arguments",
+"reason"}, ...]}`` (arguments with secrets masked), once every other call has its result. Resume
+with ``Command(resume=answer)``; ``answer`` is a map by call id (``{"c2": "approve", "c4": {"decision":
+"deny", "reason": "not on Fridays"}}``) or one decision for every pending call (``"approve"``,
+``True``, ``"deny"``, ``False``, ``{"decision": ..., "reason": ...}``). A pending call the answer does
+not mention stays pending and is asked about again (a second interrupt). An answer that is not
+understood is a denial (fail closed), whose reason says so.
+
+**Resume never re-runs a call.** LangGraph re-executes an interrupted node from its start. The node's
+turn id is derived from the thread id, the AIMessage's id and its call ids, and the node keeps the
+live turn of each interrupted node in this process: the re-executed node takes that turn back
+(nothing is submitted again; finished calls keep their results) and applies the answer by call id.
+A resume in another process than the one that started the turn is refused with a clear
+:class:`~toolfleet.errors.ToolfleetError` (that process drove the turn; its held calls cannot be
+released from here); a turn already finished (e.g. replaying a checkpoint) returns its recorded
+results from the ledger, again without running anything.
+
+The thread id is also the turn's ``session_id`` (loop detection across the turns of one
+conversation), unless ``session_id`` is given. Needs ``pip install 'toolfleet[langgraph]'``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Sequence
+from contextlib import suppress
+from typing import Any
+
+import redis
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langgraph.types import interrupt
+
+from ..aio import AsyncTurn, _in_thread
+from ..dispatcher.approvals import PendingCall
+from ..dispatcher.client import Dispatcher
+from ..dispatcher.turn import Turn
+from ..errors import BrokerUnavailable, NotPending, ToolfleetError
+from ..models import ToolCall, ToolResult
+
+__all__ = ["FleetToolNode", "to_tool_messages"]
+
+_APPROVE = {"approve", "approved", "allow", "allowed", "accept", "yes", "y", "ok"}
+_DENY = {"deny", "denied", "reject", "rejected", "refuse", "no", "n"}
+
+
+class FleetToolNode(RunnableLambda):
+    """A LangGraph node (sync ``invoke`` and async ``ainvoke``) that runs the last AIMessage's tool
+    calls as one fleet turn and returns their ``ToolMessage``s in model order.
+
+    ``dispatcher``: the :class:`~toolfleet.Dispatcher` (its registry is what :attr:`tools` offers the
+    model; its policy decides what is held for approval). ``messages_key``: the state's messages
+    field. ``workspace``: the directory the file tools and commands work in, as workers see it.
+    ``timeout_s`` bounds each wait of the node (results, or the other calls while some are held): when
+    it passes the turn is cancelled and the calls' final results (``CANCELLED``/``NOT_EXECUTED``) are
+    returned. Raises :class:`~toolfleet.errors.BrokerUnavailable` when Redis does not answer.
+    """
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        *,
+        name: str = "tools",
+        messages_key: str = "messages",
+        workspace: str | None = None,
+        session_id: str | None = None,
+        timeout_s: float = 600.0,
+    ) -> None:
+        super().__init__(self._run, afunc=self._arun, name=name)
+        self.dispatcher = dispatcher
+        self.messages_key = messages_key
+        self.workspace = workspace
+        self.session_id = session_id
+        self.timeout_s = timeout_s
+        self._turns: dict[str, Turn] = {}  # turns interrupted for approval, by turn id
+        self._lock = threading.Lock()
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The fleet's tools in OpenAI format, for ``chat_model.bind_tools(node.tools)`` (one source:
+        the same specs validate, plan and run the calls)."""
+        return self.dispatcher.tools("openai_chat")
+
+    # ---- the node ----
+    def _run(self, state: Any, config: RunnableConfig) -> Any:
+        message, calls = self._calls(state)
+        if not calls:
+            return self._output(state, [])
+        turn_id = self._turn_id(config, message, calls)
+        recorded = self._recorded(turn_id, calls)
+        if recorded is not None:
+            return self._output(state, recorded, turn_id)
+        turn = self._turn(turn_id, calls, config)
+        try:
+            while pending := turn.wait_settled(self.timeout_s):
+                answer = interrupt(_ask(turn.turn_id, pending))  # raises GraphInterrupt the first time
+                self._answer(turn, pending, answer)
+            results = self._final(turn)
+        except TimeoutError:
+            turn.cancel(f"the LangGraph node gave up after {self.timeout_s} s")
+            results = self._final(turn)
+        return self._output(state, results, turn_id)
+
+    async def _arun(self, state: Any, config: RunnableConfig) -> Any:
+        """As :meth:`_run`, without blocking the loop; cancelling the awaiting task cancels the turn."""
+        message, calls = self._calls(state)
+        if not calls:
+            return self._output(state, [])
+        turn_id = self._turn_id(config, message, calls)
+        recorded = await _in_thread(lambda: self._recorded(turn_id, calls))
+        if recorded is not None:
+            return self._output(state, recorded, turn_id)
+        turn = AsyncTurn(await _in_thread(lambda: self._turn(turn_id, calls, config),
+                                          on_cancel=lambda: self._cancel_later(turn_id)))
+        try:
+            while pending := await turn.wait_settled(self.timeout_s):
+                answer = interrupt(_ask(turn.turn_id, pending))
+                await _in_thread(lambda a=answer, p=pending: self._answer(turn.turn, p, a))
+            results = await _in_thread(lambda: self._final(turn.turn), on_cancel=lambda: turn.cancel())
+        except TimeoutError:
+            turn.cancel(f"the LangGraph node gave up after {self.timeout_s} s")
+            results = await _in_thread(lambda: self._final(turn.turn))
+        return self._output(state, results, turn_id)
+
+    # ---- steps ----
+    def _calls(self, state: Any) -> tuple[AIMessage | None, list[ToolCall]]:
+        messages = _messages(state, self.messages_key)
+        message = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
+        if message is None:
+            return None, []
+        calls = [ToolCall(id=c.get("id") or "", name=c.get("name") or "", arguments=c.get("args") or {}, index=i)
+                 for i, c in enumerate(message.tool_calls)]
+        for bad in message.invalid_tool_calls:  # arguments the provider could not parse: the fleet says why
+            calls.append(ToolCall(id=bad.get("id") or "", name=bad.get("name") or "",
+                                  arguments=bad.get("args") or "", index=len(calls)))
+        return message, calls
+
+    def _turn_id(self, config: RunnableConfig, message: AIMessage | None, calls: list[ToolCall]) -> str:
+        thread = str((config.get("configurable") or {}).get("thread_id") or "")
+        seed = json.dumps([thread, getattr(message, "id", None) or "", [c.id for c in calls]])
+        return "lg-" + hashlib.sha256(seed.encode("utf-8", "backslashreplace")).hexdigest()[:32]
+
+    def _recorded(self, turn_id: str, calls: list[ToolCall]) -> list[ToolResult] | None:
+        """The results of a turn this node ran before and no longer holds (None: it never ran it, or
+        holds it live). Raises ToolfleetError for a turn still open whose driver is elsewhere."""
+        with self._lock:
+            if turn_id in self._turns:
+                return None
+        ledger = self.dispatcher.ledger
+        try:
+            if not ledger.calls(turn_id):
+                return None
+            results = ledger.results(turn_id)
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(self.dispatcher.settings.redis_url, str(exc)) from exc
+        if all(c.id in results for c in calls):
+            return [results[c.id] for c in calls]
+        raise ToolfleetError(
+            f"turn {turn_id} of these tool calls was started by another process (or an earlier node of this "
+            "graph object) and is still open there; resume the graph in the process that started it, or cancel "
+            f"it (`toolfleet cancel {turn_id}`) and ask the model again")
+
+    def _turn(self, turn_id: str, calls: list[ToolCall], config: RunnableConfig) -> Turn:
+        with self._lock:
+            turn = self._turns.get(turn_id)
+            if turn is not None:
+                return turn  # a resumed node: the same turn, nothing submitted again
+            thread = (config.get("configurable") or {}).get("thread_id")
+            session = self.session_id or (str(thread) if thread is not None else None)
+            turn = self.dispatcher.submit(calls, turn_id=turn_id, workspace=self.workspace, session_id=session)
+            self._turns[turn_id] = turn
+            return turn
+
+    def _cancel_later(self, turn_id: str) -> None:
+        """A cancelled async node whose submission is still in its thread: cancel the turn when it is there."""
+        def cancel() -> None:
+            with self._lock:
+                turn = self._turns.get(turn_id)
+            if turn is not None:
+                turn.cancel("the awaiting asyncio task was cancelled")
+        threading.Thread(target=cancel, daemon=True).start()
+
+    def _final(self, turn: Turn) -> list[ToolResult]:
+        try:
+            results = turn.results(self.timeout_s)
+        except TimeoutError:  # the turn was cancelled by the timeout: its final results follow promptly
+            results = turn.results(self.dispatcher.settings.cancel_grace_s + 60)
+        with self._lock:
+            self._turns.pop(turn.turn_id, None)
+        return results
+
+    def _answer(self, turn: Turn, pending: Sequence[PendingCall], answer: Any) -> None:
+        """Apply a resume value to the calls still pending (an answer for a call already decided, in
+        an earlier run of this node, is skipped)."""
+        ids = {p.call_id for p in pending}
+        if isinstance(answer, dict) and (set(answer) & {c.id for c in turn.calls}):
+            decisions = {cid: value for cid, value in answer.items() if cid in ids}
+        else:
+            decisions = {cid: answer for cid in ids}
+        for call_id, value in decisions.items():
+            verdict, reason, remember = _decision(value)
+            with suppress(NotPending):  # decided meanwhile (another process, an earlier run)
+                if verdict == "approve":
+                    turn.approve(call_id, by="langgraph", remember=remember)
+                else:
+                    turn.deny(call_id, reason, by="langgraph", remember=remember)
+
+    def _output(self, state: Any, results: list[ToolResult], turn_id: str | None = None) -> Any:
+        messages = to_tool_messages(results, turn_id)
+        if isinstance(state, list):
+            return messages
+        return {self.messages_key: messages}
+
+
+def to_tool_messages(results: Sequence[ToolResult], turn_id: str | None = None) -> list[ToolMessage]:
+    """One ``ToolMessage`` per result, in the given order: ``content`` the text for the model,
+    ``tool_call_id`` the call id, ``status="error"`` for an error result, ``artifact`` the rest
+    (``turn_id``, ``status``, ``error`` code/message/hint, ``data``, ``run_ms``, ``worker``)."""
+    out = []
+    for r in results:
+        artifact = {"turn_id": turn_id, "status": r.status, "data": r.data, "run_ms": r.run_ms, "worker": r.worker,
+                    "error": r.error.model_dump(mode="json") if r.error else None}
+        out.append(ToolMessage(content=r.content, tool_call_id=r.call_id, name=r.name,
+                               status="error" if r.status == "error" else "success", artifact=artifact))
+    return out
+
+
+def _messages(state: Any, key: str) -> list[Any]:
+    if isinstance(state, list):
+        return state
+    if isinstance(state, dict):
+        return list(state.get(key) or [])
+    return list(getattr(state, key, None) or [])
+
+
+def _ask(turn_id: str, pending: Sequence[PendingCall]) -> dict[str, Any]:
+    return {"turn_id": turn_id,
+            "pending": [{"call_id": p.call_id, "name": p.name, "arguments": p.arguments, "reason": p.reason}
+                        for p in pending]}
+
+
+def _decision(value: Any) -> tuple[str, str, str | bool]:
+    """(``approve`` | ``deny``, reason, remember) from one answer; not understood: a denial."""
+    reason, remember = "a person denied it", False
+    if isinstance(value, dict):
+        reason = str(value.get("reason") or reason)
+        remember = value.get("remember", False)
+        if not isinstance(remember, str | bool):
+            remember = False
+        value = value.get("decision", value.get("action", value.get("type")))
+    if value is True or (isinstance(value, str) and value.strip().lower() in _APPROVE):
+        return "approve", reason, remember
+    if value is False or (isinstance(value, str) and value.strip().lower() in _DENY):
+        return "deny", reason, remember
+    return "deny", f"the answer {value!r} was not understood as approve or deny, so the call was denied", False
