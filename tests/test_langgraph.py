@@ -158,3 +158,25 @@ def test_a_replayed_node_returns_the_recorded_results_without_running_anything(f
     assert [m.content for m in again] == [m.content for m in first]
     turn_id = first[0].artifact["turn_id"]
     assert [e.call_id for e in audit(settings, turn_id) if e.type == "started"] == ["x1"]
+
+
+def test_cancelling_an_async_graph_run_cancels_the_turn(fleet, settings, workspace):
+    node = FleetToolNode(fleet, workspace=str(workspace), timeout_s=WAIT_S)
+    long = AIMessage(content="", id="ai-1", tool_calls=[
+        tc("n1", "count_until_cancelled", seconds=30), tc("n2", "wait_write", label="k", seconds=30),
+        tc("n3", "wait_write", label="k")])
+    app, _ = build(node, [long, AIMessage(content="done", id="ai-2")])
+    config = {"configurable": {"thread_id": "thread-4"}}
+
+    async def main():
+        task = asyncio.create_task(app.ainvoke({"messages": [HumanMessage("go")]}, config))
+        done, _ = await asyncio.wait([task], timeout=1.0)
+        assert not done
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    turn_id = node._turn_id(config, long, node._calls({"messages": [long]})[1])
+    assert fleet.ledger.is_cancelled(turn_id)
+    assert node._turns == {}

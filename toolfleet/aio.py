@@ -31,6 +31,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
@@ -45,6 +46,7 @@ from .settings import Settings
 from .tools.registry import Registry
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _END = object()
 
@@ -79,8 +81,18 @@ async def _in_thread(fn: Callable[[], T], *, on_cancel: Callable[[], None] | Non
         return await future
     except asyncio.CancelledError:
         if on_cancel is not None:
-            on_cancel()
+            _quietly(on_cancel)
         raise
+
+
+def _quietly(action: Callable[[], None]) -> None:
+    """Run a cancel on the way out of a cancelled task: a failure (Redis gone: the turn's lease then
+    lapses within ``turn_lease_s`` and workers refuse its calls) is logged, never raised over the
+    ``CancelledError``."""
+    try:
+        action()
+    except Exception as exc:  # noqa: BLE001 - see above
+        log.warning("could not cancel the turn of a cancelled task (%s); its lease lapses by itself", exc)
 
 
 class AsyncTurn:
@@ -177,7 +189,7 @@ class AsyncTurn:
                 yield item
         finally:
             if not finished and cancel_turn:  # cancelled, or the consumer left early
-                self.turn.cancel("the awaiting asyncio task stopped consuming the results")
+                _quietly(lambda: self.turn.cancel("the awaiting asyncio task stopped consuming the results"))
 
     async def approve(self, call_id: str, *, by: str | None = None, remember: str | bool = False) -> Rule | None:
         """Approve the held call ``call_id`` (:meth:`Turn.approve`; raises

@@ -53,6 +53,7 @@ from typing import Any
 import redis
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langgraph.errors import GraphInterrupt
 from langgraph.types import interrupt
 
 from ..aio import AsyncTurn, _in_thread
@@ -123,6 +124,11 @@ class FleetToolNode(RunnableLambda):
         except TimeoutError:
             turn.cancel(f"the LangGraph node gave up after {self.timeout_s} s")
             results = self._final(turn)
+        except GraphInterrupt:
+            raise  # paused for a person: the turn waits, held, for the resume
+        except BaseException as exc:
+            self._drop(turn, exc)
+            raise
         return self._output(state, results, turn_id)
 
     async def _arun(self, state: Any, config: RunnableConfig) -> Any:
@@ -144,7 +150,31 @@ class FleetToolNode(RunnableLambda):
         except TimeoutError:
             turn.cancel(f"the LangGraph node gave up after {self.timeout_s} s")
             results = await _in_thread(lambda: self._final(turn.turn))
+        except GraphInterrupt:
+            raise
+        except BaseException as exc:  # CancelledError included: the awaiting task was cancelled
+            self._drop(turn.turn, exc)
+            raise
         return self._output(state, results, turn_id)
+
+    def cancel_interrupted(self, reason: str = "the graph was not resumed") -> list[str]:
+        """Cancel every turn this node holds for an interrupt that will not be resumed (their held
+        calls never run); returns their turn ids. Until then such a turn stays open (its lease
+        renewed by this process), waiting for the resume."""
+        with self._lock:
+            turns, self._turns = list(self._turns.values()), {}
+        for turn in turns:
+            with suppress(ToolfleetError):
+                turn.cancel(reason)
+        return [t.turn_id for t in turns]
+
+    def _drop(self, turn: Turn, exc: BaseException) -> None:
+        """The node failed or was cancelled (not an interrupt): the turn ends with it, so nothing of
+        it runs later."""
+        with self._lock:
+            self._turns.pop(turn.turn_id, None)
+        with suppress(ToolfleetError):
+            turn.cancel(f"the LangGraph node stopped ({type(exc).__name__})")
 
     # ---- steps ----
     def _calls(self, state: Any) -> tuple[AIMessage | None, list[ToolCall]]:
