@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -12,7 +15,7 @@ import pytest
 from toolfleet import ErrorCode, Policy, ToolCall
 from toolfleet.aio import AsyncDispatcher
 
-from .conftest import make_registry
+from .conftest import ROOT, make_registry
 
 WAIT_S = 60
 
@@ -127,3 +130,14 @@ def test_a_call_held_for_approval_is_answered_by_its_call_id(settings, start_wor
         fleet.close()
     assert [r.status for r in results] == ["ok", "ok"]
     assert (workspace / "notes.txt").read_text() == "approved\n"
+
+
+def test_the_asyncio_example_runs(settings, start_worker):
+    start_worker(concurrency=2)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), REDIS_URL=settings.redis_url, TOOLFLEET_NAMESPACE=settings.namespace)
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "asyncio_turn.py")], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "-> call_3" in done.stdout
+    assert "after the cancel: call_9 " in done.stdout
+    assert done.stdout.rstrip().split()[-1] in ("CANCELLED", "NOT_EXECUTED")

@@ -5,6 +5,9 @@ langchain-core's fake models, its tool calls run by :class:`FleetToolNode` on re
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 
 import pytest
 import redis
@@ -24,7 +27,7 @@ from toolfleet.audit import AuditLog  # noqa: E402
 from toolfleet.integrations.langgraph import FleetToolNode  # noqa: E402
 from toolfleet.keys import Keys  # noqa: E402
 
-from .conftest import make_registry  # noqa: E402
+from .conftest import ROOT, make_registry  # noqa: E402
 
 WAIT_S = 60
 POLICY_TOML = '[tools]\nappend_line = "ask"\n'
@@ -180,3 +183,14 @@ def test_cancelling_an_async_graph_run_cancels_the_turn(fleet, settings, workspa
     turn_id = node._turn_id(config, long, node._calls({"messages": [long]})[1])
     assert fleet.ledger.is_cancelled(turn_id)
     assert node._turns == {}
+
+
+def test_the_langgraph_example_runs(settings, start_worker):
+    start_worker(concurrency=2)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), REDIS_URL=settings.redis_url, TOOLFLEET_NAMESPACE=settings.namespace)
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "langgraph_agent.py")], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "approval asked: c3 write_file" in done.stdout and "approval asked: c4 write_file" in done.stdout
+    assert "The plan is written." in done.stdout
+    assert done.stdout.rstrip().endswith("notes/plan.md: draft 2")
