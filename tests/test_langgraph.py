@@ -60,6 +60,22 @@ def audit(settings, turn_id: str):
     return AuditLog(redis.Redis.from_url(settings.redis_url), Keys(settings.namespace), 60).read(turn_id)
 
 
+def starts(settings, *turn_ids: str) -> dict[str, list[int]]:
+    """call id -> when each execution of it started (Redis's clock, ms), from the audit trails.
+    (A read may start twice if the watchdog judged its worker gone under load: a read runs again.)"""
+    out: dict[str, list[int]] = {}
+    for turn_id in turn_ids:
+        for event in audit(settings, turn_id):
+            if event.type == "started":
+                out.setdefault(event.call_id, []).append(event.at_ms)
+    return out
+
+
+def redis_now_ms(settings) -> int:
+    seconds, micros = redis.Redis.from_url(settings.redis_url).time()
+    return seconds * 1000 + micros // 1000
+
+
 @pytest.fixture
 def fleet(settings, start_worker, tmp_path):
     policy_file = tmp_path / "policy.toml"
@@ -103,11 +119,13 @@ def test_two_model_turns_parallel_reads_a_write_pair_and_an_approval_resumed_by_
     events = audit(settings, first_turn)
     deps = next(e for e in events if e.type == "planned").data["deps"]
     assert deps["r1"] == [] and deps["r2"] == [] and deps["w2"] == ["w1"] and "w2" in deps["r3"]
-    at = {(e.type, e.call_id): e.at_ms for e in events}
-    assert at[("started", "r2")] < at[("finished", "r1")] and at[("started", "r1")] < at[("finished", "r2")]
+    began = starts(settings, first_turn)
+    ended = {e.call_id: e.at_ms for e in events if e.type == "finished"}
+    assert min(began["r2"]) < ended["r1"] and min(began["r1"]) < ended["r2"]  # the two reads overlapped
 
     # the held calls: nothing ran; rd (not held) has its result inside the turn already
     assert not (workspace / "log.txt").exists()
+    resumed_ms = redis_now_ms(settings)
     out = app.invoke(Command(resume={"a1": "approve", "a2": {"decision": "deny", "reason": "not this one"}}), config)
     assert out["messages"][-1].content == "all done"
     tool_messages = [m for m in out["messages"] if isinstance(m, ToolMessage)][6:]
@@ -120,10 +138,9 @@ def test_two_model_turns_parallel_reads_a_write_pair_and_an_approval_resumed_by_
     # the resumed node re-ran from its start, and no call ran twice
     second_turn = tool_messages[0].artifact["turn_id"]
     assert second_turn == asked["turn_id"]
-    started = [e.call_id for e in audit(settings, second_turn) if e.type == "started"]
-    assert sorted(started) == ["a1", "rd"]
-    started = [e.call_id for e in audit(settings, first_turn) if e.type == "started"]
-    assert sorted(started) == ["r1", "r2", "r3", "w1", "w2"]
+    began = starts(settings, first_turn, second_turn)
+    assert set(began) == {"r1", "r2", "w1", "w2", "r3", "rd", "a1"}  # a2 denied, bad invalid: never started
+    assert [cid for cid, times in began.items() if max(times) >= resumed_ms] == ["a1"]  # only a1 after the resume
 
 
 def test_a_partial_answer_asks_again_for_the_rest_and_async_graphs_work(fleet, settings, workspace):
@@ -147,8 +164,7 @@ def test_a_partial_answer_asks_again_for_the_rest_and_async_graphs_work(fleet, s
     assert [(m.tool_call_id, m.status) for m in tool_messages] == [("p1", "success"), ("p2", "error")]
     assert "not understood" in tool_messages[1].content
     assert (workspace / "log.txt").read_text() == "one\n"
-    turn_id = tool_messages[0].artifact["turn_id"]
-    assert [e.call_id for e in audit(settings, turn_id) if e.type == "started"] == ["p1"]
+    assert set(starts(settings, tool_messages[0].artifact["turn_id"])) == {"p1"}
 
 
 def test_a_replayed_node_returns_the_recorded_results_without_running_anything(fleet, settings, workspace):
@@ -157,10 +173,11 @@ def test_a_replayed_node_returns_the_recorded_results_without_running_anything(f
         tc("x1", "write_file", path="once.txt", content="1")])]}
     config = {"configurable": {"thread_id": "thread-3"}}
     first = node.invoke(state, config)["messages"]
+    replayed_ms = redis_now_ms(settings)
     again = FleetToolNode(fleet, workspace=str(workspace)).invoke(state, config)["messages"]  # another node object
     assert [m.content for m in again] == [m.content for m in first]
-    turn_id = first[0].artifact["turn_id"]
-    assert [e.call_id for e in audit(settings, turn_id) if e.type == "started"] == ["x1"]
+    assert again[0].artifact["turn_id"] == first[0].artifact["turn_id"]
+    assert max(starts(settings, first[0].artifact["turn_id"])["x1"]) < replayed_ms
 
 
 def test_cancelling_an_async_graph_run_cancels_the_turn(fleet, settings, workspace):
@@ -180,7 +197,7 @@ def test_cancelling_an_async_graph_run_cancels_the_turn(fleet, settings, workspa
             await task
 
     asyncio.run(main())
-    turn_id = node._turn_id(config, long, node._calls({"messages": [long]})[1])
+    turn_id = node._batch_id(config, long, node._calls({"messages": [long]})[1])
     assert fleet.ledger.is_cancelled(turn_id)
     assert node._turns == {}
 
@@ -194,3 +211,52 @@ def test_the_langgraph_example_runs(settings, start_worker):
     assert "approval asked: c3 write_file" in done.stdout and "approval asked: c4 write_file" in done.stdout
     assert "The plan is written." in done.stdout
     assert done.stdout.rstrip().endswith("notes/plan.md: draft 2")
+
+
+def test_a_resume_in_another_process_takes_the_turn_over_and_runs_nothing_twice(fleet, settings, workspace):
+    """Process A runs the graph to its interrupt; process B (another node and dispatcher, the same
+    checkpointer) resumes it: the held calls and the call blocked behind one run in B's turn, the
+    call that had finished in A is not run again."""
+    batch = AIMessage(content="", id="ai-1", tool_calls=[
+        tc("rd", "read_file", path="README.md"),
+        tc("a1", "append_line", path="log.txt", line="approved line"),
+        tc("blk", "read_file", path="log.txt"),  # waits for a1 in the plan
+        tc("a2", "append_line", path="other.txt", line="denied line"),
+    ])
+    saver = InMemorySaver()
+    config = {"configurable": {"thread_id": "thread-5"}}
+
+    def graph(node, responses):
+        model = ScriptedChatModel(responses=responses).bind_tools(node.tools)
+        g = StateGraph(MessagesState)
+        g.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+        g.add_node("tools", node)
+        g.add_edge(START, "agent")
+        g.add_conditional_edges("agent", tools_condition)
+        g.add_edge("tools", "agent")
+        return g.compile(checkpointer=saver)
+
+    in_a = graph(FleetToolNode(fleet, workspace=str(workspace), timeout_s=WAIT_S), [batch])
+    out = in_a.invoke({"messages": [HumanMessage("go")]}, config)
+    first_turn = out["__interrupt__"][0].value["turn_id"]
+    assert [p["call_id"] for p in out["__interrupt__"][0].value["pending"]] == ["a1", "a2"]
+
+    resumed_ms = redis_now_ms(settings)
+    with Dispatcher(settings, make_registry(), fleet.policy) as elsewhere:
+        in_b = graph(FleetToolNode(elsewhere, workspace=str(workspace), timeout_s=WAIT_S),
+                     [AIMessage(content="done", id="ai-2")])
+        out = in_b.invoke(Command(resume={"a1": "approve", "a2": "deny"}), config)
+
+    assert out["messages"][-1].content == "done"
+    tool_messages = [m for m in out["messages"] if isinstance(m, ToolMessage)]
+    assert [(m.tool_call_id, m.status) for m in tool_messages] == [
+        ("rd", "success"), ("a1", "success"), ("blk", "success"), ("a2", "error")]
+    assert "approved line" in tool_messages[2].content  # blk still ran after a1
+    assert (workspace / "log.txt").read_text() == "approved line\n" and not (workspace / "other.txt").exists()
+    turns = [m.artifact["turn_id"] for m in tool_messages]
+    assert turns[0] == first_turn and turns[1] == turns[2] == turns[3] != first_turn
+    began = starts(settings, first_turn, turns[1])
+    assert set(began) == {"rd", "a1", "blk"}
+    assert max(began["rd"]) < resumed_ms  # the call that had finished in A did not run again in B
+    assert len(began["a1"]) == 1
+    assert fleet.ledger.is_cancelled(first_turn)

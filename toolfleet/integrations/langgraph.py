@@ -28,14 +28,16 @@ with ``Command(resume=answer)``; ``answer`` is a map by call id (``{"c2": "appro
 not mention stays pending and is asked about again (a second interrupt). An answer that is not
 understood is a denial (fail closed), whose reason says so.
 
-**Resume never re-runs a call.** LangGraph re-executes an interrupted node from its start. The node's
-turn id is derived from the thread id, the AIMessage's id and its call ids, and the node keeps the
-live turn of each interrupted node in this process: the re-executed node takes that turn back
-(nothing is submitted again; finished calls keep their results) and applies the answer by call id.
-A resume in another process than the one that started the turn is refused with a clear
-:class:`~toolfleet.errors.ToolfleetError` (that process drove the turn; its held calls cannot be
-released from here); a turn already finished (e.g. replaying a checkpoint) returns its recorded
-results from the ledger, again without running anything.
+**Resume never re-runs a call.** LangGraph re-executes an interrupted node from its start. The
+node's first turn id is derived from the thread id, the AIMessage's id and its call ids, so every
+run of the node finds its batch again: in the process that started it, the node takes its live turn
+back (nothing is submitted again; finished calls keep their results) and applies the answer by call
+id. In another process (a server whose resumes land anywhere), the node takes the turn over
+(:mod:`.takeover`): it cancels the old turn (atomically, calls not started get ``NOT_EXECUTED``,
+i.e. never ran), keeps every other result, and submits only the calls that never ran, with their call
+ids and model order, as a new turn, where the held ones are held again and answered by the same
+resume value. A batch whose calls all have results (a replayed checkpoint) returns the recorded
+results. This holds while the ledger keeps the turn (``result_ttl_s``, a day by default).
 
 The thread id is also the turn's ``session_id`` (loop detection across the turns of one
 conversation), unless ``session_id`` is given. Needs ``pip install 'toolfleet[langgraph]'``.
@@ -46,8 +48,10 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import uuid
 from collections.abc import Sequence
 from contextlib import suppress
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -61,12 +65,22 @@ from ..dispatcher.approvals import PendingCall
 from ..dispatcher.client import Dispatcher
 from ..dispatcher.turn import Turn
 from ..errors import BrokerUnavailable, NotPending, ToolfleetError
-from ..models import ToolCall, ToolResult
+from ..models import ErrorCode, ToolCall, ToolResult
+from . import takeover
 
 __all__ = ["FleetToolNode", "to_tool_messages"]
 
 _APPROVE = {"approve", "approved", "allow", "allowed", "accept", "yes", "y", "ok"}
 _DENY = {"deny", "denied", "reject", "rejected", "refuse", "no", "n"}
+
+
+@dataclass
+class _Live:
+    """The batch of one node run: its live turn, and the results that stand from turns of the same
+    batch that ran before it (taken over: :mod:`.takeover`)."""
+
+    turn: Turn
+    standing: dict[str, tuple[str, ToolResult]] = field(default_factory=dict)  # call id -> (turn id, result)
 
 
 class FleetToolNode(RunnableLambda):
@@ -97,7 +111,8 @@ class FleetToolNode(RunnableLambda):
         self.workspace = workspace
         self.session_id = session_id
         self.timeout_s = timeout_s
-        self._turns: dict[str, Turn] = {}  # turns interrupted for approval, by turn id
+        self._turns: dict[str, _Live] = {}  # batches interrupted for approval, by batch id
+        self._doomed: set[str] = set()  # batches whose async node was cancelled while submitting
         self._lock = threading.Lock()
 
     @property
@@ -111,70 +126,61 @@ class FleetToolNode(RunnableLambda):
         message, calls = self._calls(state)
         if not calls:
             return self._output(state, [])
-        turn_id = self._turn_id(config, message, calls)
-        recorded = self._recorded(turn_id, calls)
-        if recorded is not None:
-            return self._output(state, recorded, turn_id)
-        turn = self._turn(turn_id, calls, config)
+        batch = self._batch_id(config, message, calls)
+        live = self._attach(batch, calls, config)
+        if isinstance(live, list):  # ran before: its recorded results, nothing runs again
+            return self._output(state, live)
+        turn = live.turn
         try:
             while pending := turn.wait_settled(self.timeout_s):
                 answer = interrupt(_ask(turn.turn_id, pending))  # raises GraphInterrupt the first time
                 self._answer(turn, pending, answer)
-            results = self._final(turn)
+            results = self._final(batch, live, calls)
         except TimeoutError:
             turn.cancel(f"the LangGraph node gave up after {self.timeout_s} s")
-            results = self._final(turn)
+            results = self._final(batch, live, calls)
         except GraphInterrupt:
             raise  # paused for a person: the turn waits, held, for the resume
         except BaseException as exc:
-            self._drop(turn, exc)
+            self._drop(batch, turn, exc)
             raise
-        return self._output(state, results, turn_id)
+        return self._output(state, results)
 
     async def _arun(self, state: Any, config: RunnableConfig) -> Any:
         """As :meth:`_run`, without blocking the loop; cancelling the awaiting task cancels the turn."""
         message, calls = self._calls(state)
         if not calls:
             return self._output(state, [])
-        turn_id = self._turn_id(config, message, calls)
-        recorded = await _in_thread(lambda: self._recorded(turn_id, calls))
-        if recorded is not None:
-            return self._output(state, recorded, turn_id)
-        turn = AsyncTurn(await _in_thread(lambda: self._turn(turn_id, calls, config),
-                                          on_cancel=lambda: self._cancel_later(turn_id)))
+        batch = self._batch_id(config, message, calls)
+        live = await _in_thread(lambda: self._attach(batch, calls, config), on_cancel=lambda: self._doom(batch))
+        if isinstance(live, list):
+            return self._output(state, live)
+        turn = AsyncTurn(live.turn)
         try:
             while pending := await turn.wait_settled(self.timeout_s):
                 answer = interrupt(_ask(turn.turn_id, pending))
                 await _in_thread(lambda a=answer, p=pending: self._answer(turn.turn, p, a))
-            results = await _in_thread(lambda: self._final(turn.turn), on_cancel=lambda: turn.cancel())
+            results = await _in_thread(lambda: self._final(batch, live, calls), on_cancel=lambda: turn.cancel())
         except TimeoutError:
             turn.cancel(f"the LangGraph node gave up after {self.timeout_s} s")
-            results = await _in_thread(lambda: self._final(turn.turn))
+            results = await _in_thread(lambda: self._final(batch, live, calls))
         except GraphInterrupt:
             raise
         except BaseException as exc:  # CancelledError included: the awaiting task was cancelled
-            self._drop(turn.turn, exc)
+            self._drop(batch, turn.turn, exc)
             raise
-        return self._output(state, results, turn_id)
+        return self._output(state, results)
 
     def cancel_interrupted(self, reason: str = "the graph was not resumed") -> list[str]:
         """Cancel every turn this node holds for an interrupt that will not be resumed (their held
         calls never run); returns their turn ids. Until then such a turn stays open (its lease
         renewed by this process), waiting for the resume."""
         with self._lock:
-            turns, self._turns = list(self._turns.values()), {}
-        for turn in turns:
+            held, self._turns = list(self._turns.values()), {}
+        for live in held:
             with suppress(ToolfleetError):
-                turn.cancel(reason)
-        return [t.turn_id for t in turns]
-
-    def _drop(self, turn: Turn, exc: BaseException) -> None:
-        """The node failed or was cancelled (not an interrupt): the turn ends with it, so nothing of
-        it runs later."""
-        with self._lock:
-            self._turns.pop(turn.turn_id, None)
-        with suppress(ToolfleetError):
-            turn.cancel(f"the LangGraph node stopped ({type(exc).__name__})")
+                live.turn.cancel(reason)
+        return [live.turn.turn_id for live in held]
 
     # ---- steps ----
     def _calls(self, state: Any) -> tuple[AIMessage | None, list[ToolCall]]:
@@ -189,59 +195,84 @@ class FleetToolNode(RunnableLambda):
                                   arguments=bad.get("args") or "", index=len(calls)))
         return message, calls
 
-    def _turn_id(self, config: RunnableConfig, message: AIMessage | None, calls: list[ToolCall]) -> str:
+    def _batch_id(self, config: RunnableConfig, message: AIMessage | None, calls: list[ToolCall]) -> str:
+        """The id of this batch, the same every time the node runs for it (also on resume): the
+        first turn's id."""
         thread = str((config.get("configurable") or {}).get("thread_id") or "")
         seed = json.dumps([thread, getattr(message, "id", None) or "", [c.id for c in calls]])
         return "lg-" + hashlib.sha256(seed.encode("utf-8", "backslashreplace")).hexdigest()[:32]
 
-    def _recorded(self, turn_id: str, calls: list[ToolCall]) -> list[ToolResult] | None:
-        """The results of a turn this node ran before and no longer holds (None: it never ran it, or
-        holds it live). Raises ToolfleetError for a turn still open whose driver is elsewhere."""
+    def _attach(self, batch: str, calls: list[ToolCall], config: RunnableConfig
+                ) -> _Live | list[tuple[str, ToolResult]]:
+        """The live turn of ``batch``: held by this node (an interrupted run), submitted now (first
+        run), or taken over from the process that started it (:mod:`.takeover`); or, when every call
+        already has its result, those results."""
         with self._lock:
-            if turn_id in self._turns:
-                return None
+            if batch in self._turns:
+                return self._turns[batch]
         ledger = self.dispatcher.ledger
-        try:
-            if not ledger.calls(turn_id):
-                return None
-            results = ledger.results(turn_id)
-        except redis.RedisError as exc:
-            raise BrokerUnavailable(self.dispatcher.settings.redis_url, str(exc)) from exc
-        if all(c.id in results for c in calls):
-            return [results[c.id] for c in calls]
-        raise ToolfleetError(
-            f"turn {turn_id} of these tool calls was started by another process (or an earlier node of this "
-            "graph object) and is still open there; resume the graph in the process that started it, or cancel "
-            f"it (`toolfleet cancel {turn_id}`) and ask the model again")
-
-    def _turn(self, turn_id: str, calls: list[ToolCall], config: RunnableConfig) -> Turn:
-        with self._lock:
-            turn = self._turns.get(turn_id)
-            if turn is not None:
-                return turn  # a resumed node: the same turn, nothing submitted again
+        for _ in range(takeover.MAX_CHAIN):
+            tail, standing = takeover.follow(self.dispatcher, batch)
+            try:
+                taken = ledger.calls(tail)
+                recorded = ledger.results(tail) if taken else {}
+            except redis.RedisError as exc:
+                raise BrokerUnavailable(self.dispatcher.settings.redis_url, str(exc)) from exc
+            if taken:
+                if all(c.id in standing or c.id in recorded for c in calls):
+                    return [standing.get(c.id) or (tail, recorded[c.id]) for c in calls]
+                successor = f"{batch}-{uuid.uuid4().hex[:8]}"
+                if not takeover.claim(self.dispatcher, tail, successor):
+                    continue  # another process took it over first: follow the chain again
+                ended = takeover.end(self.dispatcher, tail, [c for c in calls if c.id in taken])
+                standing.update({cid: (tail, r) for cid, r in ended.items() if r.code != ErrorCode.NOT_EXECUTED})
+                tail = successor
+            rest = [c for c in calls if c.id not in standing]  # never ran: safe to send
+            if not rest:
+                return [standing[c.id] for c in calls]
             thread = (config.get("configurable") or {}).get("thread_id")
             session = self.session_id or (str(thread) if thread is not None else None)
-            turn = self.dispatcher.submit(calls, turn_id=turn_id, workspace=self.workspace, session_id=session)
-            self._turns[turn_id] = turn
-            return turn
+            turn = self.dispatcher.submit(rest, turn_id=tail, workspace=self.workspace, session_id=session)
+            return self._keep(batch, _Live(turn, standing))
+        raise ToolfleetError(f"the tool calls of batch {batch} could not be attached to a turn")
 
-    def _cancel_later(self, turn_id: str) -> None:
-        """A cancelled async node whose submission is still in its thread: cancel the turn when it is there."""
-        def cancel() -> None:
-            with self._lock:
-                turn = self._turns.get(turn_id)
-            if turn is not None:
-                turn.cancel("the awaiting asyncio task was cancelled")
-        threading.Thread(target=cancel, daemon=True).start()
-
-    def _final(self, turn: Turn) -> list[ToolResult]:
-        try:
-            results = turn.results(self.timeout_s)
-        except TimeoutError:  # the turn was cancelled by the timeout: its final results follow promptly
-            results = turn.results(self.dispatcher.settings.cancel_grace_s + 60)
+    def _keep(self, batch: str, live: _Live) -> _Live:
         with self._lock:
-            self._turns.pop(turn.turn_id, None)
-        return results
+            doomed = batch in self._doomed
+            self._doomed.discard(batch)
+            if not doomed:
+                self._turns[batch] = live
+        if doomed:  # its async node was cancelled while this was being submitted
+            live.turn.cancel("the awaiting asyncio task was cancelled during submission")
+        return live
+
+    def _doom(self, batch: str) -> None:
+        """An async node cancelled while its submission runs in a thread: cancel the turn now if it
+        is there, else the moment :meth:`_keep` gets it."""
+        with self._lock:
+            live = self._turns.pop(batch, None)
+            if live is None:
+                self._doomed.add(batch)
+        if live is not None:
+            live.turn.cancel("the awaiting asyncio task was cancelled")
+
+    def _drop(self, batch: str, turn: Turn, exc: BaseException) -> None:
+        """The node failed or was cancelled (not an interrupt): the turn ends with it, so nothing of
+        it runs later."""
+        with self._lock:
+            self._turns.pop(batch, None)
+        with suppress(ToolfleetError):
+            turn.cancel(f"the LangGraph node stopped ({type(exc).__name__})")
+
+    def _final(self, batch: str, live: _Live, calls: list[ToolCall]) -> list[tuple[str, ToolResult]]:
+        try:
+            results = live.turn.results(self.timeout_s)
+        except TimeoutError:  # the turn was cancelled by the timeout: its final results follow promptly
+            results = live.turn.results(self.dispatcher.settings.cancel_grace_s + 60)
+        with self._lock:
+            self._turns.pop(batch, None)
+        by_id = {**live.standing, **{r.call_id: (live.turn.turn_id, r) for r in results}}
+        return [by_id[c.id] for c in calls]
 
     def _answer(self, turn: Turn, pending: Sequence[PendingCall], answer: Any) -> None:
         """Apply a resume value to the calls still pending (an answer for a call already decided, in
@@ -259,19 +290,21 @@ class FleetToolNode(RunnableLambda):
                 else:
                     turn.deny(call_id, reason, by="langgraph", remember=remember)
 
-    def _output(self, state: Any, results: list[ToolResult], turn_id: str | None = None) -> Any:
-        messages = to_tool_messages(results, turn_id)
+    def _output(self, state: Any, results: list[tuple[str, ToolResult]]) -> Any:
+        messages = to_tool_messages([r for _, r in results], [t for t, _ in results])
         if isinstance(state, list):
             return messages
         return {self.messages_key: messages}
 
 
-def to_tool_messages(results: Sequence[ToolResult], turn_id: str | None = None) -> list[ToolMessage]:
+def to_tool_messages(results: Sequence[ToolResult], turn_ids: Sequence[str | None] = ()) -> list[ToolMessage]:
     """One ``ToolMessage`` per result, in the given order: ``content`` the text for the model,
     ``tool_call_id`` the call id, ``status="error"`` for an error result, ``artifact`` the rest
-    (``turn_id``, ``status``, ``error`` code/message/hint, ``data``, ``run_ms``, ``worker``)."""
+    (``turn_id`` that ran it, from ``turn_ids``; ``status``, ``error`` code/message/hint, ``data``,
+    ``run_ms``, ``worker``)."""
     out = []
-    for r in results:
+    turn_ids = list(turn_ids) + [None] * (len(results) - len(turn_ids))
+    for r, turn_id in zip(results, turn_ids, strict=False):
         artifact = {"turn_id": turn_id, "status": r.status, "data": r.data, "run_ms": r.run_ms, "worker": r.worker,
                     "error": r.error.model_dump(mode="json") if r.error else None}
         out.append(ToolMessage(content=r.content, tool_call_id=r.call_id, name=r.name,

@@ -1,0 +1,95 @@
+"""Continue a turn another process started and no longer drives (a framework resumed elsewhere).
+
+A framework that pauses a batch of tool calls for a person (LangGraph's ``interrupt``) may resume it
+in another process than the one whose :class:`~toolfleet.Turn` holds them: a held call then has no
+driver here to submit it once approved. This module takes such a turn over without ever running a
+call twice:
+
+1. Claim the takeover once for all processes: ``SET <ns>:integrations:continued:<turn> <next> NX``
+   (two resumes at once: one takes over, the other follows the chain).
+2. Cancel the old turn (:meth:`Ledger.cancel`: atomically, every call not started gets
+   ``NOT_EXECUTED``, i.e. it never ran), then wait (bounded) for the result of any call that had
+   started; one still silent after the bound gets ``OUTCOME_UNKNOWN`` (never run again).
+3. The caller submits, as the turn ``<next>``, the calls whose result is ``NOT_EXECUTED`` or missing,
+   with their call ids and model order; every other result stands.
+
+A later resume follows the chain from the first turn id: results other than ``NOT_EXECUTED`` of
+every turn in the chain stand, the last turn is the live one. Everything lives as long as the
+ledger (``result_ttl_s``): resume within that, or the calls are not known to have run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import redis
+
+from ..dispatcher.client import Dispatcher
+from ..errors import BrokerUnavailable, ToolfleetError, TurnNotFound
+from ..models import ErrorCode, ToolCall, ToolResult
+
+MAX_CHAIN = 64  # takeovers of one batch; past that something loops
+WAIT_EXTRA_S = 10.0  # on top of cancel_grace_s + kill_grace_s, for a started call's result after the cancel
+
+
+def continued_key(dispatcher: Dispatcher, turn_id: str) -> str:
+    return f"{dispatcher.settings.namespace}:integrations:continued:{turn_id}"
+
+
+def follow(dispatcher: Dispatcher, first: str) -> tuple[str, dict[str, tuple[str, ToolResult]]]:
+    """(the live turn id of the chain that starts at ``first``, the results that stand from the
+    turns before it: call id -> (turn id, result)). Raises :class:`BrokerUnavailable` if Redis does
+    not answer."""
+    standing: dict[str, tuple[str, ToolResult]] = {}
+    turn_id = first
+    try:
+        for _ in range(MAX_CHAIN):
+            successor = dispatcher.ledger.redis.get(continued_key(dispatcher, turn_id))
+            if successor is None:
+                return turn_id, standing
+            for call_id, result in dispatcher.ledger.results(turn_id).items():
+                if result.code != ErrorCode.NOT_EXECUTED:
+                    standing[call_id] = (turn_id, result)
+            turn_id = successor.decode() if isinstance(successor, bytes) else str(successor)
+    except redis.RedisError as exc:
+        raise BrokerUnavailable(dispatcher.settings.redis_url, str(exc)) from exc
+    raise ToolfleetError(f"turn {first} was taken over more than {MAX_CHAIN} times; refusing to follow further")
+
+
+def claim(dispatcher: Dispatcher, turn_id: str, successor: str) -> bool:
+    """Claim the takeover of ``turn_id`` (True), or learn another process has it (False)."""
+    try:
+        return bool(dispatcher.ledger.redis.set(continued_key(dispatcher, turn_id), successor, nx=True,
+                                                ex=dispatcher.settings.result_ttl_s))
+    except redis.RedisError as exc:
+        raise BrokerUnavailable(dispatcher.settings.redis_url, str(exc)) from exc
+
+
+def end(dispatcher: Dispatcher, turn_id: str, calls: Sequence[ToolCall]) -> dict[str, ToolResult]:
+    """Cancel ``turn_id`` and return the final result of each of ``calls``: ``NOT_EXECUTED`` for
+    those that never started; a started call's own result, waited for up to ``cancel_grace_s`` +
+    ``kill_grace_s`` + 10 s, else ``OUTCOME_UNKNOWN``."""
+    ledger, settings = dispatcher.ledger, dispatcher.settings
+    try:
+        ledger.cancel(turn_id, "taken over by another process resuming its calls")
+    except TurnNotFound:
+        pass  # expired: every call below is then unknown, hence never re-run
+    deadline = time.monotonic() + settings.cancel_grace_s + settings.kill_grace_s + WAIT_EXTRA_S
+    after = "0-0"
+    try:
+        while True:
+            results = ledger.results(turn_id)
+            missing = [c for c in calls if c.id not in results]
+            if not missing or time.monotonic() >= deadline:
+                break
+            for event in ledger.events(turn_id, after, block_ms=500):  # push: wake on the next result
+                after = event.stream_id
+    except redis.RedisError as exc:
+        raise BrokerUnavailable(settings.redis_url, str(exc)) from exc
+    for call in missing:
+        results[call.id] = ToolResult.failure(
+            call.id, call.name, ErrorCode.OUTCOME_UNKNOWN,
+            f"turn {turn_id} was taken over after this call started, and its outcome never arrived",
+            "check its effect before asking again")
+    return {c.id: results[c.id] for c in calls}
