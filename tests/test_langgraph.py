@@ -260,3 +260,18 @@ def test_a_resume_in_another_process_takes_the_turn_over_and_runs_nothing_twice(
     assert max(began["rd"]) < resumed_ms  # the call that had finished in A did not run again in B
     assert len(began["a1"]) == 1
     assert fleet.ledger.is_cancelled(first_turn)
+
+
+def test_resume_values_read_by_call_id_or_as_one_answer_for_all():
+    from toolfleet.integrations.langgraph import _decision, decisions_for
+
+    assert decisions_for(["a", "b"], {"a": "approve", "z": "deny"}) == {"a": "approve"}  # b stays pending
+    assert decisions_for(["b"], {"a": "approve"}) == {}  # an answer for a call decided before: nothing for b
+    assert decisions_for(["a", "b"], "approve") == {"a": "approve", "b": "approve"}
+    assert decisions_for(["a"], {"decision": "deny", "reason": "r"}) == {"a": {"decision": "deny", "reason": "r"}}
+    assert _decision(True)[0] == _decision("Approve")[0] == _decision({"decision": "yes"})[0] == "approve"
+    assert _decision(False)[0] == _decision("deny")[0] == "deny"
+    assert _decision({"decision": "deny", "reason": "not now"})[1] == "not now"
+    verdict, reason, remember = _decision("aprove")  # a typo: denied, and it says why
+    assert verdict == "deny" and "not understood" in reason and remember is False
+    assert _decision({"decision": "approve", "remember": ["x"]})[2] is False  # only a pattern or a bool

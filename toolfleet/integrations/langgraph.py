@@ -68,7 +68,7 @@ from ..errors import BrokerUnavailable, NotPending, ToolfleetError
 from ..models import ErrorCode, ToolCall, ToolResult
 from . import takeover
 
-__all__ = ["FleetToolNode", "to_tool_messages"]
+__all__ = ["FleetToolNode", "decisions_for", "to_tool_messages"]
 
 _APPROVE = {"approve", "approved", "allow", "allowed", "accept", "yes", "y", "ok"}
 _DENY = {"deny", "denied", "reject", "rejected", "refuse", "no", "n"}
@@ -277,12 +277,7 @@ class FleetToolNode(RunnableLambda):
     def _answer(self, turn: Turn, pending: Sequence[PendingCall], answer: Any) -> None:
         """Apply a resume value to the calls still pending (an answer for a call already decided, in
         an earlier run of this node, is skipped)."""
-        ids = {p.call_id for p in pending}
-        if isinstance(answer, dict) and (set(answer) & {c.id for c in turn.calls}):
-            decisions = {cid: value for cid, value in answer.items() if cid in ids}
-        else:
-            decisions = {cid: answer for cid in ids}
-        for call_id, value in decisions.items():
+        for call_id, value in decisions_for([p.call_id for p in pending], answer).items():
             verdict, reason, remember = _decision(value)
             with suppress(NotPending):  # decided meanwhile (another process, an earlier run)
                 if verdict == "approve":
@@ -324,6 +319,15 @@ def _ask(turn_id: str, pending: Sequence[PendingCall]) -> dict[str, Any]:
     return {"turn_id": turn_id,
             "pending": [{"call_id": p.call_id, "name": p.name, "arguments": p.arguments, "reason": p.reason}
                         for p in pending]}
+
+
+def decisions_for(pending: Sequence[str], answer: Any) -> dict[str, Any]:
+    """The answer for each of the ``pending`` call ids in a resume value: a map by call id (a call
+    it leaves out stays pending; ids not pending are skipped: decided before), or, for anything else
+    (``"approve"``, ``True``, ``{"decision": ..., "reason": ...}``), that one answer for every call."""
+    if isinstance(answer, dict) and not ({"decision", "action", "type"} & set(answer)):
+        return {cid: answer[cid] for cid in pending if cid in answer}
+    return {cid: answer for cid in pending}
 
 
 def _decision(value: Any) -> tuple[str, str, str | bool]:
