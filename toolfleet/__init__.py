@@ -15,6 +15,7 @@ Public API (everything else is private by convention)::
         stream.turn.messages()
 """
 
+from .aio import AsyncDispatcher, AsyncTurn  # the asyncio API
 from .dispatcher import Dispatcher, Plan, Repair, RepairedHistory, Turn, TurnStream, repair_history
 from .dispatcher.adapters import (
     AnthropicAdapter,
@@ -49,6 +50,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AnthropicAdapter",
+    "AsyncDispatcher",
+    "AsyncTurn",
     "AnthropicStreamAdapter",
     "BatchRejected",
     "BrokerUnavailable",
