@@ -92,7 +92,10 @@ class FleetToolNode(RunnableLambda):
     field. ``workspace``: the directory the file tools and commands work in, as workers see it.
     ``timeout_s`` bounds each wait of the node (results, or the other calls while some are held): when
     it passes the turn is cancelled and the calls' final results (``CANCELLED``/``NOT_EXECUTED``) are
-    returned. Raises :class:`~toolfleet.errors.BrokerUnavailable` when Redis does not answer.
+    returned. Raises :class:`~toolfleet.errors.BrokerUnavailable` when Redis does not answer,
+    :class:`~toolfleet.errors.BatchRejected` (nothing runs) when a tool call has no id or two share
+    one (their ``ToolMessage``s could not be paired). Each ``ToolMessage``'s ``artifact["turn_id"]``
+    names the turn that ran it (``toolfleet trace``/``cancel`` take it).
     """
 
     def __init__(
@@ -208,8 +211,12 @@ class FleetToolNode(RunnableLambda):
         run), or taken over from the process that started it (:mod:`.takeover`); or, when every call
         already has its result, those results."""
         with self._lock:
-            if batch in self._turns:
-                return self._turns[batch]
+            live = self._turns.get(batch)
+        if live is not None:
+            if not takeover.moved(self.dispatcher, live.turn.turn_id):
+                return live
+            with self._lock:  # another process took it over meanwhile: follow the chain
+                self._turns.pop(batch, None)
         ledger = self.dispatcher.ledger
         for _ in range(takeover.MAX_CHAIN):
             tail, standing = takeover.follow(self.dispatcher, batch)

@@ -57,6 +57,14 @@ def follow(dispatcher: Dispatcher, first: str) -> tuple[str, dict[str, tuple[str
     raise ToolfleetError(f"turn {first} was taken over more than {MAX_CHAIN} times; refusing to follow further")
 
 
+def moved(dispatcher: Dispatcher, turn_id: str) -> bool:
+    """True once another process took ``turn_id`` over (its live turn is further down the chain)."""
+    try:
+        return bool(dispatcher.ledger.redis.exists(continued_key(dispatcher, turn_id)))
+    except redis.RedisError as exc:
+        raise BrokerUnavailable(dispatcher.settings.redis_url, str(exc)) from exc
+
+
 def claim(dispatcher: Dispatcher, turn_id: str, successor: str) -> bool:
     """Claim the takeover of ``turn_id`` (True), or learn another process has it (False)."""
     try:
