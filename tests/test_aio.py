@@ -141,3 +141,58 @@ def test_the_asyncio_example_runs(settings, start_worker):
     assert "-> call_3" in done.stdout
     assert "after the cancel: call_9 " in done.stdout
     assert done.stdout.rstrip().split()[-1] in ("CANCELLED", "NOT_EXECUTED")
+
+
+def chunk(index: int, cid: str | None = None, name: str | None = None, arguments: str = "") -> dict:
+    function = {"arguments": arguments, **({"name": name} if name else {})}
+    call = {"index": index, **({"id": cid, "type": "function"} if cid else {}), "function": function}
+    return {"id": "chatcmpl-x", "object": "chat.completion.chunk", "model": "m",
+            "choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]}
+
+
+def test_an_async_stream_submits_each_call_early_and_a_cancelled_reader_cancels_the_turn(fleet):
+    events = [chunk(0, "s1", "count_until_cancelled", '{"seconds": 30}'),
+              chunk(1, "s2", "wait_read"), chunk(1, arguments='{"label": "z"}')]
+
+    async def reads_then_is_cancelled(fed: asyncio.Event):
+        model_is_slow = asyncio.Event()
+        async with fleet.open_stream(format="openai_chat_stream") as stream:
+            taken = [c.id for e in events[:2] for c in await stream.feed(e)]
+            assert taken == ["s1"]  # s1 complete (the next call began): already submitted
+            reader.turn = stream.turn
+            fed.set()
+            await model_is_slow.wait()  # the rest of the stream never comes: the task is cancelled here
+
+    async def main():
+        fed = asyncio.Event()
+        task = asyncio.create_task(reads_then_is_cancelled(fed))
+        await asyncio.wait([task, asyncio.create_task(fed.wait())], return_when=asyncio.FIRST_COMPLETED)
+        assert not task.done(), task.exception()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await reader.turn.results(WAIT_S)
+
+    class reader:
+        turn = None
+
+    results = asyncio.run(main())
+    assert reader.turn.turn.cancelled
+    assert [r.call_id for r in results] == ["s1", "s2"]
+    assert results[0].error.code in (ErrorCode.CANCELLED, ErrorCode.NOT_EXECUTED)
+    assert results[1].error.code == ErrorCode.NOT_EXECUTED
+
+
+def test_an_async_stream_read_to_its_end(fleet):
+    lines = (ROOT / "examples" / "cases" / "openai_chat_stream" / "08_parallel_reads.jsonl").read_text()
+    events = [json.loads(line) for line in lines.splitlines() if line.strip()]
+
+    async def main():
+        async with fleet.open_stream() as stream:
+            for event in events:
+                await stream.feed(event)
+        return stream.turn, await stream.turn.messages(WAIT_S)
+
+    turn, messages = asyncio.run(main())
+    assert [m["tool_call_id"] for m in messages] == [c.id for c in turn.calls]
+    assert turn.assistant_messages()[0]["tool_calls"]

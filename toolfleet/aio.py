@@ -206,6 +206,53 @@ class AsyncTurn:
         return self.turn.assistant_messages()
 
 
+class AsyncTurnStream:
+    """``async with fleet.open_stream(...) as stream: await stream.feed(event)`` for each event of a
+    provider stream (an ``AsyncOpenAI``/``AsyncAnthropic`` stream, say): each call is submitted the
+    moment its arguments are complete (:class:`~toolfleet.TurnStream`); :attr:`turn` is the
+    :class:`AsyncTurn`. Leaving the block closes the turn (no more calls); leaving it because the task
+    was cancelled cancels the turn first. ``feed`` raises :class:`~toolfleet.errors.BatchRejected`
+    as ``TurnStream.feed`` does."""
+
+    def __init__(self, dispatcher: Dispatcher, format: str | None, options: dict[str, Any]) -> None:
+        self._dispatcher, self._format, self._options = dispatcher, format, options
+        self._stream: Any = None
+        self.turn: AsyncTurn | None = None
+
+    async def open(self) -> AsyncTurnStream:
+        """Open the turn (a few Redis round trips, in a thread). Idempotent."""
+        if self._stream is None:
+            self._stream = await asyncio.to_thread(self._dispatcher.open_stream, format=self._format,
+                                                   **self._options)
+            self.turn = AsyncTurn(self._stream.turn)
+        return self
+
+    async def feed(self, event: Any) -> list[ToolCall]:
+        """Read one event; returns the calls it completed (already validated and submitted)."""
+        await self.open()
+        try:
+            return await asyncio.to_thread(self._stream.feed, event)
+        except asyncio.CancelledError:
+            _quietly(lambda: self._stream.turn.cancel("the awaiting asyncio task was cancelled"))
+            raise
+
+    async def close(self) -> AsyncTurn:
+        """End of the stream: the calls still open are taken, the turn closed and returned."""
+        await self.open()
+        await asyncio.to_thread(self._stream.close)
+        assert self.turn is not None
+        return self.turn
+
+    async def __aenter__(self) -> AsyncTurnStream:
+        return await self.open()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is not None and issubclass(exc_type, asyncio.CancelledError) and self._stream is not None:
+            _quietly(lambda: self._stream.turn.cancel("the awaiting asyncio task was cancelled"))
+        if self._stream is not None:
+            await asyncio.shield(asyncio.to_thread(self._stream.close))
+
+
 class AsyncDispatcher:
     """The asyncio face of :class:`~toolfleet.Dispatcher` (same arguments; ``.dispatcher`` is the
     synchronous one). Raises :class:`~toolfleet.errors.BrokerUnavailable` at construction if Redis
@@ -250,6 +297,11 @@ class AsyncDispatcher:
         """:meth:`Dispatcher.submit_stream` over an already-read iterable of events (an async
         stream: feed ``open_stream()`` yourself, each ``feed`` is short)."""
         return await self._submitting(lambda: self.dispatcher.submit_stream(events, format=format, **options))
+
+    def open_stream(self, *, format: str | None = None, **options: Any) -> AsyncTurnStream:
+        """An :class:`AsyncTurnStream` (use ``async with``); ``format`` and ``options`` as in
+        :meth:`Dispatcher.open_stream`."""
+        return AsyncTurnStream(self.dispatcher, format, options)
 
     async def run(self, calls: Sequence[ToolCall], *, timeout_s: float | None = None,
                   **options: Any) -> list[ToolResult]:
