@@ -26,6 +26,10 @@ Usage::
         async for result in turn.as_completed():
             ...
         messages = await turn.messages()
+
+        async with fleet.open_stream() as stream:          # early dispatch from an async stream
+            async for event in await client.chat.completions.create(..., stream=True):
+                await stream.feed(event)
 """
 
 from __future__ import annotations
