@@ -279,3 +279,36 @@ def test_resume_values_read_by_call_id_or_as_one_answer_for_all():
     verdict, reason, remember = _decision("aprove")  # a typo: denied, and it says why
     assert verdict == "deny" and "not understood" in reason and remember is False
     assert _decision({"decision": "approve", "remember": ["x"]})[2] is False  # only a pattern or a bool
+
+
+def test_a_resume_after_the_holding_process_cancelled_its_turn_still_runs_the_approved_call(fleet, settings,
+                                                                                            workspace):
+    """The process that hit the interrupt exits (its exit hook cancels its live turns, as
+    ``cancel_interrupted`` does here): the resume, elsewhere, still runs the approved call, once."""
+    held = AIMessage(content="", id="ai-1", tool_calls=[tc("h1", "append_line", path="log.txt", line="later"),
+                                                        tc("ok", "read_file", path="README.md")])
+    saver = InMemorySaver()
+    config = {"configurable": {"thread_id": "thread-6"}}
+    node_a = FleetToolNode(fleet, workspace=str(workspace), timeout_s=WAIT_S)
+
+    def graph(node, responses):
+        model = ScriptedChatModel(responses=responses).bind_tools(node.tools)
+        g = StateGraph(MessagesState)
+        g.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+        g.add_node("tools", node)
+        g.add_edge(START, "agent")
+        g.add_conditional_edges("agent", tools_condition)
+        g.add_edge("tools", "agent")
+        return g.compile(checkpointer=saver)
+
+    out = graph(node_a, [held]).invoke({"messages": [HumanMessage("go")]}, config)
+    first_turn = out["__interrupt__"][0].value["turn_id"]
+    assert node_a.cancel_interrupted() == [first_turn]
+    resumed_ms = redis_now_ms(settings)
+    node_b = FleetToolNode(fleet, workspace=str(workspace), timeout_s=WAIT_S)
+    out = graph(node_b, [AIMessage(content="done", id="ai-2")]).invoke(Command(resume="approve"), config)
+    tool_messages = [m for m in out["messages"] if isinstance(m, ToolMessage)]
+    assert [(m.tool_call_id, m.status) for m in tool_messages] == [("h1", "success"), ("ok", "success")]
+    assert (workspace / "log.txt").read_text() == "later\n"
+    began = starts(settings, first_turn, tool_messages[0].artifact["turn_id"])
+    assert len(began["h1"]) == 1 and max(began["ok"]) < resumed_ms

@@ -36,8 +36,10 @@ id. In another process (a server whose resumes land anywhere), the node takes th
 (:mod:`.takeover`): it cancels the old turn (atomically, calls not started get ``NOT_EXECUTED``,
 i.e. never ran), keeps every other result, and submits only the calls that never ran, with their call
 ids and model order, as a new turn, where the held ones are held again and answered by the same
-resume value. A batch whose calls all have results (a replayed checkpoint) returns the recorded
-results. This holds while the ledger keeps the turn (``result_ttl_s``, a day by default).
+resume value. A batch whose calls all ran (a replayed checkpoint) returns the recorded results; calls
+that never ran (``NOT_EXECUTED``: e.g. the process holding the turn exited, and its exit hook
+cancelled it) are submitted again, as in a takeover. This holds while the ledger keeps the turn
+(``result_ttl_s``, a day by default).
 
 The thread id is also the turn's ``session_id`` (loop detection across the turns of one
 conversation), unless ``session_id`` is given. Needs ``pip install 'toolfleet[langgraph]'``.
@@ -175,9 +177,10 @@ class FleetToolNode(RunnableLambda):
         return self._output(state, results)
 
     def cancel_interrupted(self, reason: str = "the graph was not resumed") -> list[str]:
-        """Cancel every turn this node holds for an interrupt that will not be resumed (their held
-        calls never run); returns their turn ids. Until then such a turn stays open (its lease
-        renewed by this process), waiting for the resume."""
+        """Cancel every turn this node holds for an interrupt (their calls not started never start
+        in it); returns their turn ids. Until then such a turn stays open (its lease renewed by this
+        process), waiting for the resume. A graph resumed after all (here or elsewhere) runs the
+        calls that never ran, in a new turn: a resume is a request to go on."""
         with self._lock:
             held, self._turns = list(self._turns.values()), {}
         for live in held:
@@ -226,8 +229,11 @@ class FleetToolNode(RunnableLambda):
             except redis.RedisError as exc:
                 raise BrokerUnavailable(self.dispatcher.settings.redis_url, str(exc)) from exc
             if taken:
-                if all(c.id in standing or c.id in recorded for c in calls):
+                ran = {cid for cid, r in recorded.items() if r.code != ErrorCode.NOT_EXECUTED}
+                if all(c.id in standing or c.id in ran for c in calls):
                     return [standing.get(c.id) or (tail, recorded[c.id]) for c in calls]
+                # Live elsewhere, or over with calls that never ran (its process cancelled it on exit,
+                # or it was cancelled while held): the resume runs those, in a turn of its own.
                 successor = f"{batch}-{uuid.uuid4().hex[:8]}"
                 if not takeover.claim(self.dispatcher, tail, successor):
                     continue  # another process took it over first: follow the chain again
