@@ -312,3 +312,14 @@ def test_a_resume_after_the_holding_process_cancelled_its_turn_still_runs_the_ap
     assert (workspace / "log.txt").read_text() == "later\n"
     began = starts(settings, first_turn, tool_messages[0].artifact["turn_id"])
     assert len(began["h1"]) == 1 and max(began["ok"]) < resumed_ms
+
+
+def test_a_last_message_that_is_not_an_ai_message_is_a_clear_error_and_no_calls_no_messages(settings):
+    from toolfleet import ToolfleetError
+
+    with Dispatcher(settings, make_registry()) as dispatcher:
+        node = FleetToolNode(dispatcher)
+        with pytest.raises(ToolfleetError, match="not the AIMessage"):
+            node.invoke({"messages": [HumanMessage("hi")]})
+        assert node.invoke({"messages": [AIMessage(content="no tools")]}) == {"messages": []}
+        assert node.invoke([AIMessage(content="no tools")]) == []

@@ -13,7 +13,7 @@
     graph.add_edge("tools", "agent")
     app = graph.compile(checkpointer=InMemorySaver())
 
-What the node does with the last ``AIMessage``'s ``tool_calls`` (then its ``invalid_tool_calls``,
+What the node does with the last message's ``tool_calls`` (an ``AIMessage``) (then its ``invalid_tool_calls``,
 which get ``INVALID_ARGUMENT`` results): one fleet turn (plan rule, every call one result, limits,
 policy), and one ``ToolMessage`` per call in model order, paired by ``tool_call_id``, ``status="error"``
 for an error result (``artifact`` carries the result's ``status``, ``error`` code/message/hint,
@@ -96,8 +96,9 @@ class FleetToolNode(RunnableLambda):
     it passes the turn is cancelled and the calls' final results (``CANCELLED``/``NOT_EXECUTED``) are
     returned. Raises :class:`~toolfleet.errors.BrokerUnavailable` when Redis does not answer,
     :class:`~toolfleet.errors.BatchRejected` (nothing runs) when a tool call has no id or two share
-    one (their ``ToolMessage``s could not be paired). Each ``ToolMessage``'s ``artifact["turn_id"]``
-    names the turn that ran it (``toolfleet trace``/``cancel`` take it).
+    one (their ``ToolMessage``s could not be paired), :class:`~toolfleet.errors.ToolfleetError` when
+    the last message is not an ``AIMessage`` (as ``ToolNode`` refuses it). Each ``ToolMessage``'s
+    ``artifact["turn_id"]`` names the turn that ran it (``toolfleet trace``/``cancel`` take it).
     """
 
     def __init__(
@@ -191,9 +192,12 @@ class FleetToolNode(RunnableLambda):
     # ---- steps ----
     def _calls(self, state: Any) -> tuple[AIMessage | None, list[ToolCall]]:
         messages = _messages(state, self.messages_key)
-        message = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
-        if message is None:
+        if not messages:
             return None, []
+        message = messages[-1]
+        if not isinstance(message, AIMessage):  # as ToolNode: its calls are the last message's
+            raise ToolfleetError(f"the last message of {self.messages_key!r} is a {type(message).__name__}, not "
+                                 "the AIMessage whose tool calls this node runs (route here with tools_condition)")
         calls = [ToolCall(id=c.get("id") or "", name=c.get("name") or "", arguments=c.get("args") or {}, index=i)
                  for i, c in enumerate(message.tool_calls)]
         for bad in message.invalid_tool_calls:  # arguments the provider could not parse: the fleet says why
