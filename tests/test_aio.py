@@ -196,3 +196,23 @@ def test_an_async_stream_read_to_its_end(fleet):
     turn, messages = asyncio.run(main())
     assert [m["tool_call_id"] for m in messages] == [c.id for c in turn.calls]
     assert turn.assistant_messages()[0]["tool_calls"]
+
+
+def test_cancelling_the_task_while_it_submits_cancels_the_turn_once_submitted(fleet):
+    import threading
+
+    calls = [call("q1", "count_until_cancelled", 0, seconds=30), call("q2", "wait_read", 1, label="q")]
+
+    async def main():
+        task = asyncio.create_task(fleet.submit(calls, turn_id="aio-cancelled-while-submitting"))
+        await asyncio.sleep(0)  # one step: the task is now inside its submission (a thread)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    for thread in threading.enumerate():  # join the submission, however far it had got
+        if thread.name == "toolfleet-aio-submit":
+            thread.join(WAIT_S)
+    ledger = fleet.dispatcher.ledger
+    assert ledger.is_cancelled("aio-cancelled-while-submitting")

@@ -89,6 +89,32 @@ async def _in_thread(fn: Callable[[], T], *, on_cancel: Callable[[], None] | Non
         raise
 
 
+async def _start(fn: Callable[[], T], undo: Callable[[T], None], *, name: str) -> T:
+    """Run the blocking ``fn`` (which starts something: a turn, a stream) in a thread and await it.
+    When the awaiting task is cancelled, ``undo`` gets what ``fn`` started, at once if it is there,
+    else the moment ``fn`` returns it."""
+    lock = threading.Lock()
+    state: dict[str, Any] = {}
+
+    def run() -> T:
+        value = fn()
+        with lock:
+            state["value"] = value
+            late = state.get("cancelled", False)
+        if late:  # the awaiting task was cancelled while fn ran
+            _quietly(lambda: undo(value))
+        return value
+
+    def on_cancel() -> None:
+        with lock:
+            state["cancelled"] = True
+            started = "value" in state
+        if started:
+            undo(state["value"])
+
+    return await _in_thread(run, on_cancel=on_cancel, name=name)
+
+
 def _quietly(action: Callable[[], None]) -> None:
     """Run a cancel on the way out of a cancelled task: a failure (Redis gone: the turn's lease then
     lapses within ``turn_lease_s`` and workers refuse its calls) is logged, never raised over the
@@ -226,8 +252,12 @@ class AsyncTurnStream:
     async def open(self) -> AsyncTurnStream:
         """Open the turn (a few Redis round trips, in a thread). Idempotent."""
         if self._stream is None:
-            self._stream = await asyncio.to_thread(self._dispatcher.open_stream, format=self._format,
-                                                   **self._options)
+            def undo(stream: Any) -> None:
+                stream.turn.cancel("the awaiting asyncio task was cancelled while the stream opened")
+                stream.close()
+
+            self._stream = await _start(lambda: self._dispatcher.open_stream(format=self._format, **self._options),
+                                        undo, name="toolfleet-aio-stream")
             self.turn = AsyncTurn(self._stream.turn)
         return self
 
@@ -268,26 +298,9 @@ class AsyncDispatcher:
         self.dispatcher = dispatcher if dispatcher is not None else Dispatcher(settings, registry, policy)
 
     async def _submitting(self, fn: Callable[[], Turn]) -> AsyncTurn:
-        state: dict[str, Any] = {}
-
-        def submit() -> Turn:
-            turn = fn()
-            with lock:
-                state["turn"] = turn
-                late = state.get("cancelled", False)
-            if late:  # the awaiting task was cancelled while the batch was being sent
-                turn.cancel("the awaiting asyncio task was cancelled during submission")
-            return turn
-
-        def on_cancel() -> None:
-            with lock:
-                state["cancelled"] = True
-                turn = state.get("turn")
-            if turn is not None:
-                turn.cancel("the awaiting asyncio task was cancelled during submission")
-
-        lock = threading.Lock()
-        return AsyncTurn(await _in_thread(submit, on_cancel=on_cancel, name="toolfleet-aio-submit"))
+        turn = await _start(fn, lambda t: t.cancel("the awaiting asyncio task was cancelled during submission"),
+                            name="toolfleet-aio-submit")
+        return AsyncTurn(turn)
 
     async def submit(self, calls: Sequence[ToolCall], **options: Any) -> AsyncTurn:
         """:meth:`Dispatcher.submit` without blocking the loop; same options and exceptions."""
