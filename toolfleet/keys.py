@@ -121,6 +121,20 @@ class Keys:
         """List: a worker pushes its name here once it consumes (tests and `up` join on it)."""
         return f"{self.ns}:workers:ready"
 
+    # --- live sessions (toolfleet/worker/affinity.py) ---
+    def live_holder(self, session_id: str) -> str:
+        """String (TTL: the idle TTL): the worker that holds the session's shell."""
+        return f"{self.ns}:live:holder:{session_id}"
+
+    def live_worker(self, worker: str) -> str:
+        """String (TTL: two heartbeats): set while ``worker`` can hold live sessions."""
+        return f"{self.ns}:live:worker:{worker}"
+
+    @property
+    def live_workers(self) -> str:
+        """Set: workers that consume a queue of their own (``<ns>.w.<worker>``)."""
+        return f"{self.ns}:live:workers"
+
     def queue(self, tool_queue: str) -> str:
         """Celery queue name of a tool's queue."""
         return f"{self.ns}.{tool_queue}"

@@ -27,6 +27,7 @@ class ErrorCode(str, Enum):
     OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"  # side-effecting call whose outcome cannot be established
     LOOP_DETECTED = "LOOP_DETECTED"  # same call repeated too often in a row; did not run
     ABORTED = "ABORTED"  # placeholder for a call without a result (history repair)
+    SESSION_LOST = "SESSION_LOST"  # the worker holding the live session's process is gone; did not run
 
 
 class _Frozen(BaseModel):

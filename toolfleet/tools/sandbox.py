@@ -43,7 +43,7 @@ ENV_ALLOW = ("PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSA
 """Variables of the worker's environment a command sees (when set); everything else is dropped."""
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PROBE_TIMEOUT_S = 10.0
-SANDBOXED_TOOLS = frozenset({"run_command"})
+SANDBOXED_TOOLS = frozenset({"run_command", "shell"})
 """Tools a worker does not serve when the sandbox cannot be created (and ``sandbox`` is not ``"none"``)."""
 UNSANDBOXED_NOTE = '[unsandboxed: this worker runs commands without a sandbox (sandbox = "none", set by the operator)]'
 

@@ -31,6 +31,7 @@ from ..models import CallEnvelope, ErrorCode, ToolResult
 from ..policy.config import Policy
 from ..settings import Settings
 from ..tools.registry import Registry, default_registry
+from .affinity import connect_affinity
 from .catalog import connect_catalog
 from .events import BatchedTaskEvents
 from .execute import execute
@@ -180,6 +181,7 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
         run_health_check(runtime, tool)
 
     connect_catalog(app, runtime)
+    connect_affinity(app, runtime)  # live sessions: own queue, session host (worker/affinity.py)
     return app
 
 
