@@ -52,6 +52,7 @@ import redis
 from celery import Celery
 from celery.signals import celeryd_after_setup, worker_shutdown
 
+from ..errors import ToolFailure
 from ..keys import Keys
 from ..models import ErrorCode, ToolResult
 from .live_shell import Shell
@@ -106,6 +107,8 @@ class _Session:
         self.shell = shell
         self.lock = threading.Lock()
         self.used_at = time.monotonic()
+        self.running: threading.Event | None = None  # the cancel signal of the command running now
+        self.closed = False
 
 
 class SessionHost:
@@ -141,6 +144,8 @@ class SessionHost:
         try:
             request = json.loads(rfile.readline())
             reply = self._run(request, conn, rfile)
+        except ToolFailure as exc:  # e.g. the workspace cannot be confined (PERMISSION_DENIED)
+            reply = {"code": exc.code, "message": exc.message, "hint": exc.hint}
         except Exception as exc:  # noqa: BLE001 - a bad request is an answer, never a dead host
             reply = {"code": "EXECUTION_ERROR", "message": f"the live session host failed: {type(exc).__name__}: {exc}"}
         try:
@@ -164,11 +169,16 @@ class SessionHost:
         if not session.lock.acquire(timeout=max(float(request["timeout_s"]), 0.001)):
             return {"code": "TIMEOUT", "message": "another call of this session ran for the whole time limit"}
         try:
+            if session.closed:
+                return lost_reply(self.worker, closed=True)
+            session.running = cancelled
             outcome = session.shell.run(str(request["command"]), float(request["timeout_s"]), cancelled)
         finally:
+            session.running = None
             session.used_at = time.monotonic()
             session.lock.release()
-        self.redis.set(self.keys.live_holder(sid), self.worker, px=int(idle_ttl_s() * 1000))
+        # renewed only while still ours: a close during the call is not undone
+        self.redis.set(self.keys.live_holder(sid), self.worker, px=int(idle_ttl_s() * 1000), xx=True)
         return {"output": outcome.output, "status": outcome.status, "stopped": outcome.stopped,
                 "restarted": outcome.restarted, "note": outcome.note, "unsandboxed": session.shell.unsandboxed}
 
@@ -228,6 +238,10 @@ class SessionHost:
         ttl = idle_ttl_s()
         for sid, holder in zip(sids, holders, strict=True):
             session = self.sessions.get(sid)
+            if session is not None and session.running is not None and _s(holder) == self.worker:
+                session.used_at = time.monotonic()  # a long command keeps its session (and its key) alive
+                self.redis.pexpire(self.keys.live_holder(sid), int(ttl * 1000))
+                continue
             idle = session is not None and time.monotonic() - session.used_at > ttl and not session.lock.locked()
             if _s(holder) != self.worker or idle:
                 self.end(sid)
@@ -235,9 +249,14 @@ class SessionHost:
                     _delete_if(self.redis, self.keys.live_holder(sid), self.worker)
 
     def end(self, sid: str) -> None:
+        """End the session's shell (a command running in it is stopped first)."""
         with self.lock:
             session = self.sessions.pop(sid, None)
         if session is not None:
+            session.closed = True
+            running = session.running
+            if running is not None:
+                running.set()
             with session.lock:
                 session.shell.close()
 
@@ -285,10 +304,11 @@ class SessionHost:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def lost_reply(worker: str) -> dict[str, Any]:
+def lost_reply(worker: str, closed: bool = False) -> dict[str, Any]:
+    why = "the session was closed" if closed else f"its worker {worker} stopped or died"
     return {"code": "SESSION_LOST",
-            "message": f"the live session's shell is gone: its worker {worker} stopped or died (its cwd, environment "
-                       "and processes are lost); this call did not run",
+            "message": f"the live session's shell is gone: {why} (its cwd, environment and processes are lost); "
+                       "this call did not run",
             "hint": "call again to start a new shell in this session (it starts in the workspace root with a fresh "
                     "environment), and redo the set-up it needs"}
 
