@@ -66,6 +66,8 @@ def shell(
     if not ctx.session_id:
         raise ToolFailure("the shell tool keeps state per session, and this turn has no session id",
                           "open the turn with a session_id", code="INVALID_ARGUMENT")
+    if "\0" in command:
+        raise ToolFailure("a command cannot contain a NUL character", "remove it", code="INVALID_ARGUMENT")
     if affinity.socket_path is None:
         raise ToolFailure("this worker does not host live sessions", "run the worker with `toolfleet worker "
                           "--tools toolfleet.tools.shell_session`", code="TOOL_UNAVAILABLE")

@@ -125,7 +125,8 @@ class SessionHost:
         self.stop = threading.Event()
         self.spawner = _Spawner()
         self.spawner.start()
-        self.dir = tempfile.mkdtemp(prefix="toolfleet-live-", dir="/tmp")
+        _remove_stale_dirs()
+        self.dir = tempfile.mkdtemp(prefix=f"toolfleet-live-{os.getpid()}-", dir="/tmp")
         self.path = os.path.join(self.dir, "host.sock")
         host = self
 
@@ -302,6 +303,18 @@ class SessionHost:
         self.server.shutdown()
         self.server.server_close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _remove_stale_dirs() -> None:
+    """Remove the socket directories of session hosts whose worker died without its shutdown."""
+    for path in Path("/tmp").glob("toolfleet-live-*-*"):
+        try:
+            pid = int(path.name.split("-")[2])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (ValueError, IndexError, PermissionError):
+            continue
 
 
 def lost_reply(worker: str, closed: bool = False) -> dict[str, Any]:
