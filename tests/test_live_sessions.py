@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from toolfleet import Dispatcher, ErrorCode
-from toolfleet.keys import Keys
 from toolfleet.dispatcher.affinity import close_live_session, live_holder
+from toolfleet.keys import Keys
 from toolfleet.tools.registry import default_registry
 
 from .conftest import TEST_TOOLS
@@ -114,6 +114,7 @@ def test_holder_killed_gives_session_lost_within_the_bound(start_worker, fast, l
     killed_at = time.monotonic()
     [lost] = sh(live, workspace, "k", "echo $X")  # sent at once: to the dead holder's queue
     took_s = time.monotonic() - killed_at
+    print(f"SESSION_LOST {took_s:.2f} s after the holder was killed (heartbeat {fast.heartbeat_s:g} s)")
     assert lost.code is ErrorCode.SESSION_LOST, lost
     assert "call again" in lost.error.hint
     # the bound: the holder's liveness key lapses within 2 heartbeats, a live worker's housekeeping

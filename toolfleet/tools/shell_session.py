@@ -123,10 +123,10 @@ def _result(reply: dict[str, Any], command: str) -> str:
         raise CallCancelled("the turn was cancelled; the command was stopped"
                             + ("" if reply.get("restarted") else " and the session's shell goes on"), output=text)
     if stopped is not None:
+        kept = "" if reply.get("restarted") else "; the session's shell goes on (cwd and environment kept)"
         raise ToolTimeout(f"command ran past its time limit and was stopped: {command}",
                           "raise timeout_s, or run it in the background (`cmd > log 2>&1 &`) and look at the log later"
-                          + ("" if reply.get("restarted") else "; the session's shell goes on (cwd and environment kept)"),
-                          output=text)
+                          + kept, output=text)
     if reply.get("status"):
         raise ToolFailure(f"command exited with status {reply['status']}: {command}",
                           "read the output above for the cause", output=text)

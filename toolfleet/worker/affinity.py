@@ -122,6 +122,7 @@ class SessionHost:
         self.redis = redis.Redis.from_url(self.settings.redis_url, socket_connect_timeout=3, socket_timeout=10)
         self.sessions: dict[str, _Session] = {}
         self.lock = threading.Lock()
+        self.create_lock = threading.Lock()
         self.stop = threading.Event()
         self.spawner = _Spawner()
         self.spawner.start()
@@ -184,11 +185,20 @@ class SessionHost:
                 "restarted": outcome.restarted, "note": outcome.note, "unsandboxed": session.shell.unsandboxed}
 
     def _session_for(self, sid: str, workspace: Path) -> tuple[_Session | None, dict[str, Any] | None]:
-        """The session's shell here, a new one if nobody holds the session, or why not."""
+        """The session's shell here, a new one if nobody holds the session, or why not. One
+        session is made at a time here, so two first calls of one session do not race."""
         with self.lock:
             session = self.sessions.get(sid)
         if session is not None:
             return session, None
+        with self.create_lock:
+            with self.lock:
+                session = self.sessions.get(sid)
+            if session is not None:
+                return session, None
+            return self._new_session(sid, workspace)
+
+    def _new_session(self, sid: str, workspace: Path) -> tuple[_Session | None, dict[str, Any] | None]:
         key = self.keys.live_holder(sid)
         ttl_ms = int(idle_ttl_s() * 1000)
         if not self.redis.set(key, self.worker, nx=True, px=ttl_ms):
@@ -245,9 +255,9 @@ class SessionHost:
                 continue
             idle = session is not None and time.monotonic() - session.used_at > ttl and not session.lock.locked()
             if _s(holder) != self.worker or idle:
-                self.end(sid)
-                if idle:
+                if idle:  # first, so a call arriving meanwhile starts a new shell (not SESSION_LOST)
                     _delete_if(self.redis, self.keys.live_holder(sid), self.worker)
+                self.end(sid)
 
     def end(self, sid: str) -> None:
         """End the session's shell (a command running in it is stopped first)."""
