@@ -67,6 +67,15 @@ def test_two_sessions_do_not_see_each_other(start_worker, fast, live, workspace)
     assert b.ok and b.content == f"[unset]\n{workspace}\n", b.content
     [a2] = sh(live, workspace, "a", "echo \"[$ONLY_A]\"; pwd")
     assert a2.ok and a2.content == f"[1]\n{workspace}/sub\n", a2.content
+    # the worker's session host listens under the host's /tmp: no shell can see it
+    [peek] = sh(live, workspace, "b", "ls -a /tmp; ls -d /tmp/toolfleet-live-* 2>&1 | head -1")
+    assert "toolfleet-live-" not in peek.content.replace("ls: cannot access '/tmp/toolfleet-live-*'", ""), peek.content
+    # two turns of a new session at once: one shell, both calls run in it, one after the other
+    turns = [live.submit([call("x", "shell", command=f"export N{i}={i}; echo ${{N0:-}}${{N1:-}}")],
+                         workspace=str(workspace), session_id="both") for i in range(2)]
+    results = [t.results(timeout_s=WAIT_S)[0] for t in turns]
+    contents = sorted(r.content for r in results)
+    assert all(r.ok for r in results) and contents in (["0\n", "01\n"], ["01\n", "1\n"]), contents
 
 
 def test_a_command_past_its_time_limit_is_stopped_and_the_session_goes_on(start_worker, fast, live, workspace):
