@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -24,6 +25,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+import redis
 
 from toolfleet import Dispatcher, ToolCall
 from toolfleet.keys import Keys
@@ -34,7 +37,7 @@ from toolfleet.tools.context import ToolContext
 from toolfleet.tools.registry import default_registry
 from toolfleet.worker.live_shell import Shell
 
-from .stack import BENCH_TOOLS, PrivateRedis, WorkerProcess, _delete_namespace
+from .stack import BENCH_TOOLS, READY_TIMEOUT_S, ROOT, PrivateRedis, WorkerProcess, _delete_namespace
 from .stats import summary_ms
 
 SHELL_TOOLS = "toolfleet.tools.shell_session"
@@ -69,7 +72,7 @@ def through_worker(rounds: int, redis_url: str, workspace: Path) -> dict[str, An
     argv = [sys.executable, "-m", "toolfleet", "worker", "--redis-url", redis_url, "--namespace", ns,
             "--concurrency", "2", "--tools", BENCH_TOOLS, "--tools", SHELL_TOOLS, "--hostname", f"tf@{ns}",
             "--loglevel", "WARNING"]
-    worker = WorkerProcess(argv, redis_url, Keys(ns).workers_ready)
+    worker = _start_worker(argv, redis_url, Keys(ns).workers_ready)
     settings = Settings(redis_url=redis_url, namespace=ns, cancel_grace_s=0.5, kill_grace_s=1.0)
     samples: dict[str, list[float]] = {"shell": [], "run_command": []}
     try:
@@ -89,6 +92,24 @@ def through_worker(rounds: int, redis_url: str, workspace: Path) -> dict[str, An
     return {k: summary_ms(v) for k, v in samples.items()}
 
 
+def _start_worker(argv: list[str], redis_url: str, ready_key: str) -> WorkerProcess:
+    """:class:`bench.stack.WorkerProcess`, waiting for readiness in short BLPOPs (redis-py 8 reads
+    with a 5 s socket timeout: a worker slower than that to start on a loaded machine is not an error)."""
+    worker = WorkerProcess.__new__(WorkerProcess)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("REDIS_URL", None)
+    env.pop("TOOLFLEET_NAMESPACE", None)
+    worker.proc = subprocess.Popen(argv, env=env, cwd=ROOT, start_new_session=True)
+    client = redis.Redis.from_url(redis_url, socket_timeout=10)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline and worker.proc.poll() is None:
+        if client.blpop([ready_key], timeout=2) is not None:
+            client.close()
+            return worker
+    worker.stop()
+    raise RuntimeError(f"worker {argv} did not become ready in {READY_TIMEOUT_S:g} s")
+
+
 def measure(rounds: int, redis_url: str) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
@@ -106,7 +127,9 @@ def main() -> None:
     server = None if args.redis_url else PrivateRedis()
     try:
         url = args.redis_url or server.url  # type: ignore[union-attr]
-        print(json.dumps(measure(args.rounds, url), indent=2))
+        figures = measure(args.rounds, url)
+        print(json.dumps(figures, indent=2))
+        (Path(__file__).parent / "results" / "live_session.json").write_text(json.dumps(figures, indent=2) + "\n")
     finally:
         if server is not None:
             server.stop()

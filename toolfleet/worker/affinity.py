@@ -179,8 +179,8 @@ class SessionHost:
             session.running = None
             session.used_at = time.monotonic()
             session.lock.release()
-        # renewed only while still ours: a close during the call is not undone
-        self.redis.set(self.keys.live_holder(sid), self.worker, px=int(idle_ttl_s() * 1000), xx=True)
+        # renewed only while still ours: a close (or a loss declared) during the call is not undone
+        self.redis.eval(_RENEW_IF, 1, self.keys.live_holder(sid), self.worker, int(idle_ttl_s() * 1000))
         return {"output": outcome.output, "status": outcome.status, "stopped": outcome.stopped,
                 "restarted": outcome.restarted, "note": outcome.note, "unsandboxed": session.shell.unsandboxed}
 
@@ -251,7 +251,7 @@ class SessionHost:
             session = self.sessions.get(sid)
             if session is not None and session.running is not None and _s(holder) == self.worker:
                 session.used_at = time.monotonic()  # a long command keeps its session (and its key) alive
-                self.redis.pexpire(self.keys.live_holder(sid), int(ttl * 1000))
+                self.redis.eval(_RENEW_IF, 1, self.keys.live_holder(sid), self.worker, int(ttl * 1000))
                 continue
             idle = session is not None and time.monotonic() - session.used_at > ttl and not session.lock.locked()
             if _s(holder) != self.worker or idle:
@@ -345,6 +345,7 @@ def _watch_cancel(rfile: Any, cancelled: threading.Event) -> None:
     cancelled.set()
 
 
+_RENEW_IF = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
 _DELETE_IF = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
 
