@@ -16,7 +16,7 @@ from toolfleet.dispatcher.affinity import close_live_session, live_holder
 from toolfleet.keys import Keys
 from toolfleet.tools.registry import default_registry
 
-from .conftest import TEST_TOOLS
+from .conftest import TEST_BROKER_URL, TEST_TOOLS
 from .faults import call, wait_started, wait_until
 from .leftovers import marker, processes_with, wait_gone
 
@@ -113,6 +113,7 @@ def test_cancel_stops_only_the_command(start_worker, fast, live, workspace):
     assert after.ok and after.content == "yes\n", after.content
 
 
+@pytest.mark.skipif(TEST_BROKER_URL is not None, reason="calls queued for a dead holder: rescued on Redis only")
 def test_holder_killed_gives_session_lost_within_the_bound(start_worker, fast, live, workspace):
     workers = [start_worker(concurrency=1, args=ARGS, settings=fast) for _ in range(2)]
     seconds = marker()
