@@ -368,10 +368,14 @@ def connect_affinity(app: Celery, runtime: Any) -> None:
         global _host, socket_path
         if getattr(instance, "app", None) is not app:
             return
+        try:
+            _host = SessionHost(runtime, str(sender))
+        except Exception as exc:  # noqa: BLE001 - the worker serves the rest; `shell` calls say why
+            log.error("live sessions are not hosted by this worker: %s", exc)
+            return
+        socket_path = _host.path
         own = worker_queue(runtime.keys, str(sender))
         instance.app.amqp.queues.select_add(own, exchange=own, routing_key=own)  # as the tool queues are
-        _host = SessionHost(runtime, str(sender))
-        socket_path = _host.path
 
     @worker_shutdown.connect(weak=False)
     def _shutdown(sender: Any = None, **_: Any) -> None:
