@@ -78,3 +78,15 @@ def test_close_leaves_no_process(shell):
 def test_nul_is_refused():
     with pytest.raises(ValueError):
         encode("a\0b")
+
+
+def test_a_worker_without_a_sandbox_does_not_serve_the_shell(settings):
+    from toolfleet.tools.registry import default_registry
+
+    before = sandbox.current()
+    try:
+        broken = settings.model_copy(update={"bwrap_path": "/nonexistent/bwrap"})
+        registry, message = sandbox.serve_sandboxed(default_registry(["toolfleet.tools.shell_session"]), broken)
+        assert "shell" not in registry.names() and "run_command" not in registry.names() and message
+    finally:
+        sandbox.install(before)
