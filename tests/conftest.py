@@ -135,7 +135,8 @@ class WorkerProcess:
         self.proc.wait()
 
     def wait_ready(self) -> None:
-        client = redis.Redis.from_url(self.settings.redis_url)
+        # redis-py 8 reads with a 5 s socket timeout by default: too short for this BLPOP
+        client = redis.Redis.from_url(self.settings.redis_url, socket_timeout=READY_TIMEOUT_S + 5)
         key = Keys(self.settings.namespace).workers_ready
         reply = client.blpop([key], timeout=READY_TIMEOUT_S)
         if reply is None:

@@ -147,6 +147,7 @@ def _refund(ctx: ToolContext, order_id: str, amount_cents: int, pre_s: float, po
     key = _refund_key({"order_id": order_id})
     refund_store.record_run(ctx.workspace, key, os.getpid())
     time.sleep(pre_s)  # talking to the payment provider...
+    ctx.check_fence()  # the last moment: a stale (frozen, overtaken) execution pays nothing
     refund_store.pay(ctx.workspace, key, order_id, amount_cents)
     time.sleep(post_s)  # ...and its reply taking long, or never coming back
     return _paid(ctx, order_id, amount_cents)
@@ -190,6 +191,7 @@ def add_note(ctx: ToolContext, text: str, seconds: float = 0.0) -> str:
     from tests import refund_store
 
     time.sleep(seconds)
+    ctx.check_fence()
     refund_store.add_note(ctx.workspace, text)
     return f"noted {text}"
 
@@ -245,5 +247,6 @@ def settle_note(ctx: ToolContext, text: str, seconds: float = 0.0) -> str:
     from tests import refund_store
 
     time.sleep(seconds)
+    ctx.check_fence()
     refund_store.add_note(ctx.workspace, text)
     return f"noted {text}"

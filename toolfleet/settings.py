@@ -45,6 +45,10 @@ class Settings(BaseModel):
     - ``breaker_failures`` / ``breaker_cooldown_s``: a tool's circuit opens after that many
       consecutive failures (crashes, time-outs, lost workers) and stays open that long before a
       health check may close it.
+    - ``clock_skew_margin_s``: how much the clocks of two processes (or a paused process's idea of
+      "now") may disagree, and how long a step may take between an execution's last fencing check
+      and its effect: a takeover of a call that might still run waits until its deadline (hard
+      time limit) plus this margin has passed (issue "fencing"; docs/guarantees.md).
     - ``lock_lease_s`` / ``lock_wait_s``: resource locks across turns: the lease a turn holds on the
       paths it writes (renewed while it runs, so a dead dispatcher frees them within a lease) and
       how long a turn waits for another turn's lock before its writes get ``TOOL_UNAVAILABLE``.
@@ -68,10 +72,11 @@ class Settings(BaseModel):
     breaker_failures: int = 5
     breaker_cooldown_s: float = 30.0
     lock_lease_s: float = 30.0
+    clock_skew_margin_s: float = 1.0
     lock_wait_s: float = 600.0
 
     @field_validator("heartbeat_s", "max_queue_wait_s", "breaker_cooldown_s", "lock_lease_s", "lock_wait_s",
-                     "cancel_grace_s", "kill_grace_s")
+                     "cancel_grace_s", "kill_grace_s", "clock_skew_margin_s")
     @classmethod
     def _positive_s(cls, value: float) -> float:
         if value <= 0:

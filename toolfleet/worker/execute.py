@@ -10,6 +10,7 @@ result, never a raised exception, so the chains of the plan keep going.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,9 @@ from ..tools.spec import ToolSpec
 from ..tools.validation import check_arguments
 from .guard import screen_call
 from .runtime import Runtime
-from .side_effects import arm_wait_s, run_guarded
+from .side_effects import arm_wait_s, hard_limit_s, run_guarded
+
+log = logging.getLogger(__name__)
 
 
 def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResult:
@@ -56,7 +59,11 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResu
     )
     ledger = runtime.ledger
     with runtime.watcher.track(ctx):
-        claim = ledger.claim_start(env.turn_id, env.call_id, worker, arm_wait_s=arm_wait_s(env))
+        claim = ledger.claim_start(env.turn_id, env.call_id, worker, arm_wait_s=arm_wait_s(env),
+                                   hard_limit_s=hard_limit_s(runtime, env), submitted_at=env.submitted_at)
+        if claim == "superseded":  # the dispatcher sent the call again: that message runs it, not this one
+            return ToolResult.failure(env.call_id, env.name, ErrorCode.NOT_EXECUTED,
+                                      "this message of the call was superseded by a later send; it did not run", "")
         if claim in ("cancelled", "done"):
             recorded = ledger.results(env.turn_id).get(env.call_id)
             if recorded is not None:
@@ -71,10 +78,12 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResu
             )
             return _record(runtime, env, result, worker, picked_at, picked_at)
         ctx.attempt = 2 if claim == "restarted" else 1
+        ctx.fencing_token = claim.token or None
         started_at = time.time()
         result, worked = run_guarded(runtime, spec, ctx, env, claim, _run_handler)
     result = result.model_copy(update={"attempts": ctx.attempt})
-    return _record(runtime, env, result, worker, picked_at, started_at, tool_worked=spec.name if worked else None)
+    return _record(runtime, env, result, worker, picked_at, started_at, tool_worked=spec.name if worked else None,
+                   fencing_token=ctx.fencing_token)
 
 
 def _run_handler(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
@@ -133,7 +142,7 @@ def _run_handler(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: 
 
 def _record(
     runtime: Runtime, env: CallEnvelope, result: ToolResult, worker: str, picked_at: float, started_at: float,
-    tool_worked: str | None = None,
+    tool_worked: str | None = None, fencing_token: int | None = None,
 ) -> ToolResult:
     now = time.time()
     result = result.model_copy(
@@ -144,6 +153,9 @@ def _record(
         }
     )
     ledger = runtime.ledger
-    if ledger.record_result(env.turn_id, result, tool_worked=tool_worked):
+    if ledger.record_result(env.turn_id, result, tool_worked=tool_worked, fencing_token=fencing_token):
         return result
+    if fencing_token is not None:
+        log.warning("call %s of turn %s: result of a stale execution (fencing token %s) refused; kept as a late "
+                    "note (%s)", env.call_id, env.turn_id, fencing_token, result.code.value if result.code else "ok")
     return ledger.results(env.turn_id).get(env.call_id, result)
