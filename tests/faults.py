@@ -50,3 +50,13 @@ def wait_until(check, timeout_s: float, what: str, every_s: float = 0.02) -> Non
             return
         time.sleep(every_s)
     raise TimeoutError(f"{what} did not happen within {timeout_s} s")
+
+
+def freeze(worker) -> None:
+    """SIGSTOP a whole worker (main process and pool, its process group): a long GC pause, a VM
+    stall, a partition. Nothing of it runs until :func:`thaw`."""
+    os.killpg(worker.proc.pid, signal.SIGSTOP)
+
+
+def thaw(worker) -> None:
+    os.killpg(worker.proc.pid, signal.SIGCONT)

@@ -108,7 +108,7 @@ class Settings(BaseModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Settings from ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``, ``TOOLFLEET_NAMESPACE``,
-        ``TOOLFLEET_HEARTBEAT_S``; keyword overrides that are not ``None`` win."""
+        ``TOOLFLEET_HEARTBEAT_S``, ``TOOLFLEET_CLOCK_SKEW_MARGIN_S``; keyword overrides that are not ``None`` win."""
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
         if env.get("REDIS_URL"):
@@ -119,5 +119,7 @@ class Settings(BaseModel):
             values["namespace"] = env["TOOLFLEET_NAMESPACE"]
         if env.get("TOOLFLEET_HEARTBEAT_S"):
             values["heartbeat_s"] = float(env["TOOLFLEET_HEARTBEAT_S"])
+        if env.get("TOOLFLEET_CLOCK_SKEW_MARGIN_S"):
+            values["clock_skew_margin_s"] = float(env["TOOLFLEET_CLOCK_SKEW_MARGIN_S"])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

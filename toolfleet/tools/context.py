@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import CallCancelled, StaleFence
+from redis import RedisError
+
+from ..errors import BrokerUnavailable, CallCancelled, StaleFence
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ class ToolContext:
     fencing_token: int | None = None
     fence_check: Callable[[], str] | None = field(default=None, repr=False)  # set by the worker
     fenced: str = ""  # why check_fence refused, once it has
+    hard_deadline: float = float("inf")  # time.monotonic() at which the worker kills the call
 
     @property
     def remaining_s(self) -> float:
@@ -68,7 +71,7 @@ class ToolContext:
             return
         try:
             why = self.fence_check()
-        except Exception as exc:  # cannot confirm that this execution still holds the call
+        except (BrokerUnavailable, RedisError, OSError) as exc:  # cannot confirm that it still holds the call
             why = f"could not confirm the fencing token ({type(exc).__name__}: {exc})"
         if not why:
             return

@@ -162,7 +162,8 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
               ignore_result=True, shared=False)
     def run_call(self: Any, envelope: dict[str, Any]) -> dict[str, Any]:
         try:
-            result = execute(runtime, envelope, worker=self.request.hostname or "worker")
+            hard_s = (self.request.timelimit or (None, None))[0]  # the kill the worker will really apply
+            result = execute(runtime, envelope, worker=self.request.hostname or "worker", hard_limit_s=hard_s)
         except SoftTimeLimitExceeded:
             # The soft limit landed outside the handler (while a result was being built or
             # recorded): the call still gets its one result; a recorded one is kept (first wins).

@@ -25,13 +25,15 @@ from ..tools.spec import ToolSpec
 from ..tools.validation import check_arguments
 from .guard import screen_call
 from .runtime import Runtime
-from .side_effects import arm_wait_s, hard_limit_s, run_guarded
+from .side_effects import arm_wait_s, hard_limit_for, run_guarded
 
 log = logging.getLogger(__name__)
 
 
-def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResult:
-    """Run one call and record its result; returns the result that the ledger holds for it."""
+def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_s: float | None = None) -> ToolResult:
+    """Run one call and record its result; returns the result that the ledger holds for it.
+    ``hard_limit_s``: the message's hard time limit (s), which the worker kills at; default: the
+    call's time limit plus this worker's margins."""
     env = CallEnvelope.model_validate(envelope)
     picked_at = time.time()
     spec = runtime.registry.get(env.name)
@@ -58,9 +60,10 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResu
         output_store=runtime.outputs,
     )
     ledger = runtime.ledger
+    hard_s = float(hard_limit_s) if hard_limit_s else hard_limit_for(runtime, env)
     with runtime.watcher.track(ctx):
         claim = ledger.claim_start(env.turn_id, env.call_id, worker, arm_wait_s=arm_wait_s(env),
-                                   hard_limit_s=hard_limit_s(runtime, env), submitted_at=env.submitted_at)
+                                   hard_limit_s=hard_s, submitted_at=env.submitted_at)
         if claim == "superseded":  # the dispatcher sent the call again: that message runs it, not this one
             return ToolResult.failure(env.call_id, env.name, ErrorCode.NOT_EXECUTED,
                                       "this message of the call was superseded by a later send; it did not run", "")
@@ -78,6 +81,7 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResu
             )
             return _record(runtime, env, result, worker, picked_at, picked_at)
         ctx.attempt = 2 if claim == "restarted" else 1
+        ctx.hard_deadline = time.monotonic() + hard_s  # a fencing deadline (claim + hard limit), monotonic
         ctx.fencing_token = claim.token or None
         started_at = time.time()
         result, worked = run_guarded(runtime, spec, ctx, env, claim, _run_handler)

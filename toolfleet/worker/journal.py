@@ -83,14 +83,24 @@ if redis.call('HGET', KEYS[1], 'state') ~= 'started' then return 0 end
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- a holder past its deadline (it was frozen) can no longer act: it renews nothing
+if now >= tonumber(redis.call('HGET', KEYS[1], 'deadline') or '0') and redis.call('HEXISTS', KEYS[1], 'deadline') == 1
+  and tonumber(redis.call('HGET', KEYS[1], 'deadline')) > 0 then return 0 end
 redis.call('HSET', KEYS[1], 'lease_until', now + tonumber(ARGV[2]))
 return 1
 """
 
 _FINISH = """
--- KEYS: entry ; ARGV: result_json, ttl_s, token ('' = unfenced)
+-- KEYS: entry[, ledger fence, ledger results] ; ARGV: result_json, ttl_s, token ('' = unfenced)[, call_id]
 if redis.call('HGET', KEYS[1], 'state') == 'done' then return {0, redis.call('HGET', KEYS[1], 'result')} end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'token') ~= ARGV[3] then return {-1, ''} end
+if #KEYS >= 3 then
+  -- the caller's answer is final: an execution whose call was answered by someone else (or
+  -- claimed again) does not record its outcome as the key's
+  local f = redis.call('HGET', KEYS[2], ARGV[4])
+  if (f and string.match(f, '^(%d+)') or '') ~= ARGV[3] then return {-1, ''} end
+  if redis.call('HEXISTS', KEYS[3], ARGV[4]) == 1 then return {-1, ''} end
+end
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[1], 'lease_until', 0)
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
 return {1, ARGV[1]}
@@ -153,12 +163,19 @@ class Journal:
     def renew(self, key: str, token: str) -> bool:
         return bool(self._renew(keys=[key], args=[token, self.lease_ms]))
 
-    def finish(self, key: str, result: ToolResult, token: str = "") -> ToolResult | None:
+    def finish(self, key: str, result: ToolResult, token: str = "",
+               call: tuple[str, str] | None = None) -> ToolResult | None:
         """Record the outcome; the first outcome recorded wins and is returned. With ``token``:
-        ``None`` (nothing recorded) when another execution holds the key (this one is stale)."""
+        ``None`` (nothing recorded) when another execution holds the key (this one is stale), or,
+        with ``call`` = (turn_id, call_id), when the ledger's latest claim of that call is not
+        ``token``'s or the call already has its answer (the caller's answer is final)."""
         payload_in = result.model_dump_json(exclude_none=True)
         args = [payload_in, self.settings.journal_ttl_s, token]
-        kept, payload = self._retrying(lambda: self._finish(keys=[key], args=args))
+        keys = [key]
+        if call is not None and token:
+            keys += [self.keys.turn_fence(call[0]), self.keys.turn_results(call[0])]
+            args.append(call[1])
+        kept, payload = self._retrying(lambda: self._finish(keys=keys, args=args))
         if int(kept) < 0:
             return None
         return ToolResult.model_validate_json(payload)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -61,9 +62,10 @@ def arm_wait_s(env: CallEnvelope) -> float:
     return min(ARM_WAIT_S, env.time_limit_s / 2)
 
 
-def hard_limit_s(runtime: Runtime, env: CallEnvelope) -> float:
-    """How long after its claim a call's execution may still act (s): its time limit, the soft
-    limit's margin and the kill grace (the hard limit that kills its process)."""
+def hard_limit_for(runtime: Runtime, env: CallEnvelope) -> float:
+    """How long after its claim a call's execution may still act (s), when the message does not
+    say (its Celery ``time_limit`` does): its time limit, the soft limit's margin and this
+    worker's kill grace."""
     from ..dispatcher.submit import SOFT_LIMIT_MARGIN_S  # the dispatcher imports the worker's app
 
     return env.time_limit_s + SOFT_LIMIT_MARGIN_S + runtime.settings.kill_grace_s
@@ -104,8 +106,7 @@ def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnve
     token = new_token() if ctx.fencing_token is None else str(ctx.fencing_token)
     owner = f"{env.turn_id}:{env.call_id}"
     while True:
-        begun = journal.begin(key, token, owner, max(ctx.remaining_s, 0.0) + hard_limit_s(runtime, env)
-                              - env.time_limit_s)
+        begun = journal.begin(key, token, owner, max(ctx.hard_deadline - time.monotonic(), 0.0))
         if begun.verdict == "done" and begun.result is not None:
             log.info("call %s: replaying the journaled outcome of %s", owner, key)
             return begun.result.model_copy(update={"call_id": ctx.call_id, "name": spec.name}), False
@@ -130,7 +131,7 @@ def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnve
             if settled.code is ErrorCode.OUTCOME_UNKNOWN:
                 journal.release(key, token)
                 return settled, False
-            kept = journal.finish(key, settled, token)
+            kept = journal.finish(key, settled, token, fenced_call(ctx, env))
             if kept is None:
                 return _stale(spec, ctx, key), False
             return kept.model_copy(update={"call_id": ctx.call_id, "name": spec.name}), False
@@ -144,7 +145,7 @@ def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnve
     if watch.fault or result.code in UNSETTLED:
         journal.release(key, token)
         return result, False
-    kept = journal.finish(key, result, token)
+    kept = journal.finish(key, result, token, fenced_call(ctx, env))
     if kept is None:
         log.warning("call %s: journal %s is held by a newer execution; this stale execution's outcome is not "
                     "recorded there", owner, key)
@@ -215,6 +216,11 @@ def _breaker_failure(runtime: Runtime, spec: ToolSpec) -> None:
         runtime.breakers.observe(spec.name, ok=False)
     except Exception as exc:  # the breaker is advisory: never fail a call over it
         log.warning("could not update the circuit breaker of %s (%s)", spec.name, exc)
+
+
+def fenced_call(ctx: ToolContext, env: CallEnvelope) -> tuple[str, str] | None:
+    """(turn_id, call_id) for the journal's fenced finish, when this execution has a claim token."""
+    return None if ctx.fencing_token is None else (env.turn_id, env.call_id)
 
 
 def _stale(spec: ToolSpec, ctx: ToolContext, key: str) -> ToolResult:
