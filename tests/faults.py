@@ -26,6 +26,8 @@ def wait_started(dispatcher: Dispatcher, turn_id: str, call_id: str, timeout_s: 
             last = event.stream_id
             if event.type == "started" and event.call_id == call_id:
                 return json.loads(event.data)
+            if event.type == "result" and event.call_id == call_id:  # answered without starting: say why
+                raise AssertionError(f"call {call_id} of turn {turn_id} never started: {event.result().content}")
     raise TimeoutError(f"call {call_id} of turn {turn_id} did not start within {timeout_s} s")
 
 

@@ -38,8 +38,10 @@ JOIN_S = 20.0  # after the thaw: how long the frozen execution may take to repor
 
 
 def fencing_settings(settings):
+    # breaker_failures: many trials in a row answer OUTCOME_UNKNOWN/WORKER_LOST by design; an open
+    # circuit would refuse the next trial's call (TOOL_UNAVAILABLE) and test the breaker instead
     return settings.model_copy(update={"heartbeat_s": 0.3, "kill_grace_s": 0.25, "clock_skew_margin_s": 0.5,
-                                       "cancel_grace_s": 0.5})
+                                       "cancel_grace_s": 0.5, "breaker_failures": 1000})
 
 
 def answer_bound_s(settings, hard_s: float = 1.75, run_s: float = 1.0) -> float:
@@ -157,13 +159,16 @@ def next_turn_same_path(fleet: Fleet, rep: int, freeze_s: float, rng: random.Ran
     turn1.wait(rng.uniform(0.0, 0.25))
     freeze(victim)
     frozen_at = time.monotonic()
+    second = None
     try:
-        first = turn1.results(timeout_s=freeze_s + answer_bound_s(fleet.settings))[0]
-        second = d.run([call("w", "fenced_append", path=path, line="t2")], workspace=str(fleet.workspace),
-                       timeout_s=60)[0] if time.monotonic() - frozen_at < freeze_s else None
+        answered = turn1.wait(freeze_s)
+        if answered:  # the caller has turn 1's answer while its worker is still frozen: turn 2 at once
+            second = d.run([call("w", "fenced_append", path=path, line="t2")], workspace=str(fleet.workspace),
+                           timeout_s=60)[0]
         turn1.wait(max(frozen_at + freeze_s - time.monotonic(), 0.0))
     finally:
         thaw(victim)
+    first = turn1.results(timeout_s=60)[0]
     if second is None:  # turn 1 was answered only after the thaw (a short freeze)
         second = d.run([call("w", "fenced_append", path=path, line="t2")], workspace=str(fleet.workspace),
                        timeout_s=60)[0]

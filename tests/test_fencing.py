@@ -50,6 +50,14 @@ def test_check_fence_refuses_a_stale_execution(dispatcher, worker, workspace):
     late = dispatcher.ledger.late_notes(turn.turn_id)["w"][0]
     assert late.code is ErrorCode.OUTCOME_UNKNOWN and "fencing token" in late.content, late.content
     assert not (workspace / "late.txt").exists()
+    from rich.console import Console
+
+    from toolfleet.trace import build_timeline, print_timeline
+
+    console = Console(record=True, width=200)
+    print_timeline(console, build_timeline(turn.turn_id, dispatcher.ledger.audit.read(turn.turn_id)))
+    shown = console.export_text()
+    assert "WORKER_LOST" in shown and "late outcome of a stale execution" in shown, shown
 
 
 @pytest.fixture
