@@ -248,6 +248,17 @@ CASES = {
 }
 
 
+def run_trial(case: str, fleet: Fleet, rep: int, freeze_s: float, rng: random.Random) -> None:
+    """One trial of ``case``. The tools' circuit breakers are reset first: the workers count a
+    frozen execution's lapsed time limit as a failure (with their own ``breaker_failures``, 5), and
+    an open circuit would refuse the next trial's call, testing the breaker instead of fencing."""
+    client = fleet.dispatcher.ledger.redis
+    keys = list(client.scan_iter(match=Keys(fleet.settings.namespace).breaker("*"), count=100))
+    if keys:
+        client.delete(*keys)
+    CASES[case](fleet, rep, freeze_s, rng)
+
+
 def report(tally: Counter) -> None:
     print()
     for key in sorted(tally, key=str):

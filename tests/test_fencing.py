@@ -31,7 +31,7 @@ def fleet(dispatcher, start_worker, workspace, settings):
 
 @pytest.mark.parametrize("case", list(trials.CASES))
 def test_frozen_worker_past_its_deadline(fleet, case):
-    trials.CASES[case](fleet, 0, trials.LONG_FREEZE_S, random.Random(19))
+    trials.run_trial(case, fleet, 0, trials.LONG_FREEZE_S, random.Random(19))
     trials.report(fleet.tally)
 
 

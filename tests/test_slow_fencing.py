@@ -31,6 +31,6 @@ def test_freeze_and_resume_10_times_each_side_of_the_window(dispatcher, start_wo
     began = time.monotonic()
     for freeze_s in (trials.SHORT_FREEZE_S, trials.LONG_FREEZE_S):
         for rep in range(TRIALS):
-            trials.CASES[case](fleet, rep, freeze_s, rng)
+            trials.run_trial(case, fleet, rep, freeze_s, rng)
     print(f"\n{case}: {TRIALS} trials at each freeze ({time.monotonic() - began:.0f} s)", end="")
     trials.report(fleet.tally)

@@ -106,7 +106,7 @@ def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnve
     token = new_token() if ctx.fencing_token is None else str(ctx.fencing_token)
     owner = f"{env.turn_id}:{env.call_id}"
     while True:
-        begun = journal.begin(key, token, owner, max(ctx.hard_deadline - time.monotonic(), 0.0))
+        begun = journal.begin(key, token, owner, min(max(ctx.hard_deadline - time.monotonic(), 0.0), 1e6))
         if begun.verdict == "done" and begun.result is not None:
             log.info("call %s: replaying the journaled outcome of %s", owner, key)
             return begun.result.model_copy(update={"call_id": ctx.call_id, "name": spec.name}), False
