@@ -171,7 +171,7 @@ class Watchdog:
         # the silent worker may be frozen, not dead: its execution may act until its deadline
         until_s = started_at + self._hard_s(call_id) + turn._settings.clock_skew_margin_s - now
         why = f"its worker {worker} stopped sending heartbeats while it ran"
-        if self.availability.unserved_for_s(spec.name) > 0:
+        if turn._settings.require_live_worker and self.availability.unserved_for_s(spec.name) > 0:
             self._lost(call_id, f"{why}, and no live worker serves {spec.name!r}", until_s=until_s,
                        code=ErrorCode.OUTCOME_UNKNOWN if spec.journal and not spec.idempotent else None)
             return
