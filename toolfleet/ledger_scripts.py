@@ -20,8 +20,10 @@ return 1
 # never as the call's result) when a newer execution holds the call or the caller already has a result.
 _FENCED = """
 if ARGV[5] ~= '' then
+  -- no fence entry at all: Redis lost its data (restarted without persistence); nobody claimed
+  -- the call since, so this execution's result is still the one (first result wins)
   local f = redis.call('HGET', KEYS[7], ARGV[1])
-  local current = f and string.match(f, '^(%d+)') or ''
+  local current = f and string.match(f, '^(%d+)') or ARGV[5]
   if current ~= ARGV[5] or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
     redis.call('HSET', KEYS[8], ARGV[1] .. ' ' .. ARGV[5], ARGV[2])
     redis.call('EXPIRE', KEYS[8], tonumber(ARGV[3]))

@@ -93,12 +93,13 @@ return 1
 _FINISH = """
 -- KEYS: entry[, ledger fence, ledger results] ; ARGV: result_json, ttl_s, token ('' = unfenced)[, call_id]
 if redis.call('HGET', KEYS[1], 'state') == 'done' then return {0, redis.call('HGET', KEYS[1], 'result')} end
-if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'token') ~= ARGV[3] then return {-1, ''} end
+local holder = redis.call('HGET', KEYS[1], 'token')  -- false: the entry was lost with Redis's data
+if ARGV[3] ~= '' and holder and holder ~= ARGV[3] then return {-1, ''} end
 if #KEYS >= 3 then
   -- the caller's answer is final: an execution whose call was answered by someone else (or
   -- claimed again) does not record its outcome as the key's
   local f = redis.call('HGET', KEYS[2], ARGV[4])
-  if (f and string.match(f, '^(%d+)') or '') ~= ARGV[3] then return {-1, ''} end
+  if f and string.match(f, '^(%d+)') ~= ARGV[3] then return {-1, ''} end
   if redis.call('HEXISTS', KEYS[3], ARGV[4]) == 1 then return {-1, ''} end
 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[1], 'lease_until', 0)
