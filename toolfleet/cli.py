@@ -446,8 +446,8 @@ def down() -> None:
     stack.down(console=out)
 
 
+from . import cli_mcp  # noqa: E402,F401,I001  (registers `mcp serve` on `app`)
 from . import cli_policy  # noqa: E402,F401  (registers pending, approve, deny, rules, trace on `app`)
-from . import cli_mcp  # noqa: E402,F401  (registers `mcp serve` on `app`)
 
 
 def main() -> None:
