@@ -59,6 +59,29 @@ def test_a_hosted_mcp_server_serves_namespaced_tools_only_from_its_worker(settin
         assert pid2 != pid and parent2 == parent
 
 
+def test_mcp_serve_offers_the_hosted_tools_it_learns_from_the_live_workers(settings, start_worker):
+    import anyio
+    from mcp import Client
+
+    from toolfleet.integrations.mcp_server import build_server
+
+    with Dispatcher(settings, make_registry()) as dispatcher:  # knows nothing of tiny yet
+        server = build_server(dispatcher, refresh=lambda: with_live_tools(dispatcher.registry, settings))
+
+        async def main() -> None:
+            with anyio.fail_after(120):
+                async with Client(server) as client:  # the SDK's client, in-process
+                    assert "tiny__add" not in {t.name for t in (await client.list_tools()).tools}
+                    await anyio.to_thread.run_sync(lambda: start_worker(concurrency=1, name="host",
+                                                                        args=["--mcp", TINY]))
+                    tools = {t.name: t for t in (await client.list_tools()).tools}
+                    assert tools["tiny__add"].annotations.read_only_hint is True
+                    result = await client.call_tool("tiny__add", {"a": 20, "b": 22})
+                    assert not result.is_error and result.content[0].text == "42"
+
+        anyio.run(main)
+
+
 def test_a_bad_mcp_option_is_a_clear_error():
     assert parse_option("fs=npx -y server 'a b'") == ("fs", ["npx", "-y", "server", "a b"])
     for bad in ("noequals", "a__b=cmd", "x=", "bad name=cmd", "q=unterminated 'quote"):

@@ -75,12 +75,15 @@ def serve(
     except ToolfleetError as exc:
         _fail(exc)
     server = build_server(dispatcher, workspace=str(workspace) if workspace else None, session_id=session,
-                          timeout_s=timeout_s)
+                          timeout_s=timeout_s, refresh=lambda: with_live_tools(registry, settings))
     try:
         if transport == "stdio":
             anyio.run(serve_stdio, server)
         else:
             err.print(f"MCP (streamable HTTP) at http://{host}:{port}{path}", markup=False)
+            if host not in ("127.0.0.1", "localhost", "::1"):
+                err.print("warning: no authentication: whoever reaches this address can run the fleet's tools; "
+                          "put it behind an authenticating proxy", style="bold yellow", markup=False)
             serve_http(server, host, port, path)
     except KeyboardInterrupt:
         pass

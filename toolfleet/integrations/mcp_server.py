@@ -18,6 +18,7 @@ stdio or streamable HTTP.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -78,14 +79,28 @@ async def run_call(dispatcher: Any, name: str, arguments: dict[str, Any] | None,
 
 
 def build_server(dispatcher: Any, *, workspace: str | None = None, session_id: str | None = None,
-                 timeout_s: float = 600.0, name: str = "toolfleet") -> Server:
+                 timeout_s: float = 600.0, name: str = "toolfleet", refresh: Callable[[], Any] | None = None
+                 ) -> Server:
     """An MCP server whose tools are ``dispatcher.registry``'s, each call run on the fleet
-    (:func:`run_call`). ``workspace``/``session_id`` as in :meth:`~toolfleet.Dispatcher.open_turn`."""
+    (:func:`run_call`). ``workspace``/``session_id`` as in :meth:`~toolfleet.Dispatcher.open_turn`.
+    ``refresh`` (run in a thread) adds tools to the registry before each ``tools/list`` and before a call
+    of a name it lacks, e.g. :func:`~toolfleet.integrations.mcp_host.with_live_tools`; its
+    :class:`~toolfleet.errors.ToolfleetError` is ignored (the tools known so far are served)."""
+
+    async def _refresh() -> None:
+        if refresh is not None:
+            try:
+                await anyio.to_thread.run_sync(refresh)
+            except ToolfleetError:
+                pass
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[mcp_tool(spec) for spec in dispatcher.registry])
+        await _refresh()
+        return types.ListToolsResult(tools=[mcp_tool(spec) for spec in list(dispatcher.registry)])
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        if params.name not in dispatcher.registry:
+            await _refresh()
         arguments = params.arguments if isinstance(params.arguments, dict) else None
         result = await run_call(dispatcher, params.name, arguments, workspace=workspace, session_id=session_id,
                                 timeout_s=timeout_s)
