@@ -111,3 +111,37 @@ def test_cancelling_the_run_cancels_the_fleet_turn(dispatcher, worker):
         assert results["long"].code in (ErrorCode.CANCELLED, ErrorCode.NOT_EXECUTED)
         assert results["next"].ok or results["next"].code in (ErrorCode.CANCELLED, ErrorCode.NOT_EXECUTED)
         assert time.monotonic() - started < 15  # not the 20 s the call would have taken
+
+
+def test_calls_held_for_approval_wait_for_the_answer_by_call_id(settings, worker):
+    from toolfleet import Dispatcher, Policy
+
+    from .conftest import make_registry
+
+    policy = Policy.from_dict({"tools": {"wait_write": "ask"}})
+    model = ScriptedModel([fcall("r", "wait_read", label="a"), fcall("w", "wait_write", label="k"),
+                           fcall("w2", "wait_write", label="m"), fcall("rk", "wait_read", label="k")],
+                          lambda seen: [message(json.dumps(_outputs(seen), sort_keys=True))])
+    with Dispatcher(settings, make_registry(), policy) as dispatcher, \
+            FleetTools(dispatcher, names=["wait_read", "wait_write"]) as fleet:
+        agent = Agent(name="fleet", model=model, tools=fleet.tools)
+
+        async def main():
+            run = asyncio.create_task(Runner.run(agent, "go", hooks=fleet.hooks,
+                                                 run_config=RunConfig(tracing_disabled=True)))
+            deadline = time.monotonic() + 60
+            while not fleet.turns or not fleet.turns[0].armed:
+                assert not run.done() and time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+            turn = fleet.turns[0]
+            pending = await asyncio.to_thread(turn.wait_settled, 60)  # all that could run ran
+            assert sorted(p.call_id for p in pending) == ["w", "w2"]
+            assert "r" in fleet.completed and "rk" not in fleet.completed  # rk waits for the held write
+            await asyncio.to_thread(turn.approve, "w")
+            await asyncio.to_thread(turn.deny, "w2", "not today")
+            return await asyncio.wait_for(run, 60)
+
+        outputs = json.loads(asyncio.run(main()).final_output)
+        assert outputs["r"] == "read a" and outputs["w"] == "wrote k" and outputs["rk"] == "read k"
+        assert outputs["w2"].startswith("Error [PERMISSION_DENIED]")
+        assert fleet.completed.index("w") < fleet.completed.index("rk")
