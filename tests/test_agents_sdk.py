@@ -65,7 +65,8 @@ def test_runner_runs_one_response_as_one_fleet_turn_keeping_the_plan_rule(dispat
     model = ScriptedModel(first, lambda seen: [message(json.dumps(_outputs(seen), sort_keys=True))])
     with FleetTools(dispatcher, names=["wait_read", "wait_write"]) as fleet:
         agent = Agent(name="fleet", instructions="use the tools", model=model, tools=fleet.tools)
-        result = asyncio.run(Runner.run(agent, "go", hooks=fleet.hooks, run_config=RunConfig(tracing_disabled=True)))
+        result = asyncio.run(asyncio.wait_for(
+            Runner.run(agent, "go", hooks=fleet.hooks, run_config=RunConfig(tracing_disabled=True)), 120))
         outputs = json.loads(result.final_output)
         assert outputs["r1"] == "read a" and outputs["r2"] == "read b"
         assert outputs["w"] == "wrote k" and outputs["after"] == "read k"
@@ -84,7 +85,8 @@ def test_each_model_turn_is_its_own_fleet_turn_and_calls_without_hooks_still_run
                           lambda seen: [message(json.dumps(_outputs(seen), sort_keys=True))])
     with FleetTools(dispatcher, names=["wait_read"]) as fleet:
         agent = Agent(name="fleet", model=model, tools=fleet.tools)
-        result = asyncio.run(Runner.run(agent, "go", run_config=RunConfig(tracing_disabled=True)))  # no hooks
+        result = asyncio.run(asyncio.wait_for(Runner.run(agent, "go", run_config=RunConfig(tracing_disabled=True)),
+                                              120))  # no hooks
         assert json.loads(result.final_output) == {"c1": "read x", "c2": "read y"}
         assert [[c.id for c in t.calls] for t in fleet.turns] == [["c1"], ["c2"]]
 
@@ -98,8 +100,9 @@ def test_cancelling_the_run_cancels_the_fleet_turn(dispatcher, worker):
         async def main() -> None:
             run = asyncio.create_task(Runner.run(agent, "go", hooks=fleet.hooks,
                                                  run_config=RunConfig(tracing_disabled=True)))
+            deadline = time.monotonic() + 60
             while not fleet.turns or not fleet.turns[0].armed:  # the call was handed to the fleet
-                assert not run.done()
+                assert not run.done() and time.monotonic() < deadline
                 await asyncio.sleep(0.02)
             run.cancel()
             with pytest.raises(asyncio.CancelledError):
