@@ -41,8 +41,12 @@ from collections.abc import Iterable, Sequence
 from contextlib import suppress
 from typing import Any
 
-from agents import FunctionTool, RunHooks
-from agents.items import ModelResponse
+try:
+    from agents import FunctionTool, RunHooks
+    from agents.items import ModelResponse
+except ImportError as exc:  # the core needs none of this: say how to get it
+    raise ImportError(f"toolfleet.integrations.agents_sdk needs openai-agents: pip install 'toolfleet[agents]' "
+                      f"({exc})") from exc
 
 from ..errors import ToolfleetError
 from ..models import ErrorCode, ToolCall, ToolResult
