@@ -86,6 +86,8 @@ def worker(
     network: Annotated[Optional[str], typer.Option(
         "--network", help='Network of sandboxed commands: "none" (default) or "host" '
         "(default: $TOOLFLEET_SANDBOX_NETWORK).")] = None,
+    mcp: Annotated[Optional[list[str]], typer.Option("--mcp", help="Host a stdio MCP server, NAME=COMMAND "
+                                                     "(repeatable): its tools are served as NAME__tool.")] = None,
 ) -> None:
     """Run a worker (prefork pool) serving the built-in tools plus --tools modules.
 
@@ -109,6 +111,9 @@ def worker(
         registry, message = serve_sandboxed(default_registry(tools or []), settings)
         if message:
             err.print(message, style="bold yellow", markup=False)
+        if mcp:  # toolfleet.integrations.mcp_host (the `mcp` extra)
+            from .cli_mcp import host_servers
+            host_servers(registry, mcp)
         rules = _policy(policy)
         celery_app = create_app(settings, registry, rules)
     except ToolfleetError as exc:
@@ -441,6 +446,7 @@ def down() -> None:
     stack.down(console=out)
 
 
+from . import cli_mcp  # noqa: E402,F401,I001  (registers `mcp serve` on `app`)
 from . import cli_policy  # noqa: E402,F401  (registers pending, approve, deny, rules, trace on `app`)
 
 
