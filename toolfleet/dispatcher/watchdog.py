@@ -1,4 +1,4 @@
-"""The time-based promises of a turn, checked every tick of its driver (DESIGN.md, "Cancellation
+"""The time-based promises of a turn, checked every tick of its driver (docs/design.md, "Cancellation
 and time"; issue "Faults"). The dispatcher's own clock guarantees every call a result, whatever
 happens to workers, messages or Redis:
 

@@ -4,7 +4,7 @@ At start the worker runs ``COMMAND`` (a stdio MCP server, split like a shell wou
 lists its tools with the official ``mcp`` client and registers each as the fleet tool ``NAME__tool`` (the
 namespacing MCP clients commonly use) built with :func:`~toolfleet.tools.tool_from_schema` from the tool's
 JSON Schema input. Access: a ``read`` when the MCP tool's annotations say ``readOnlyHint``, else a ``write``
-on everything (the safe default of DESIGN.md, "Plan"); a write is idempotent only with ``idempotentHint``,
+on everything (the safe default of docs/design.md, "Plan"); a write is idempotent only with ``idempotentHint``,
 otherwise journaled (a redelivered call is never run twice). Each tool's queue is its own name, so its calls
 reach only workers that host the server (a worker consumes only the queues of the tools it serves).
 

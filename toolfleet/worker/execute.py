@@ -1,4 +1,4 @@
-"""The body of the task that runs one call on a worker (DESIGN.md, step 5).
+"""The body of the task that runs one call on a worker (docs/design.md, step 5).
 
 Looks the tool up, checks the arguments and the worker's own policy again (a worker never trusts
 a message because it arrived: :mod:`.guard`), claims the call in the ledger (refused if the turn

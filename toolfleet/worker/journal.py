@@ -1,4 +1,4 @@
-"""The idempotency journal (DESIGN.md, "Side effects").
+"""The idempotency journal (docs/design.md, "Side effects").
 
 A side-effecting tool that is not idempotent has every execution journaled in Redis under its
 idempotency key (default: turn id + call id; or the key the tool derives from its arguments, so a

@@ -1,4 +1,4 @@
-"""The side-effect rules around one handler run (DESIGN.md, "Side effects"; issue "Faults").
+"""The side-effect rules around one handler run (docs/design.md, "Side effects"; issue "Faults").
 
 :func:`run_guarded` is what the task body calls instead of running the handler directly:
 
