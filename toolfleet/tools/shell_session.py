@@ -74,6 +74,7 @@ def shell(
     sandbox.current().command(["true"], workspace_of(ctx))  # refuses when the sandbox cannot be created
     request = {"session": ctx.session_id, "workspace": str(workspace_of(ctx)), "command": command,
                "timeout_s": max(ctx.remaining_s, 0.001)}
+    ctx.check_fence()  # a stale execution (frozen, superseded) never runs the command
     reply = _ask(affinity.socket_path, request, ctx)
     return _result(reply, command)
 
