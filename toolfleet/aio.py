@@ -15,7 +15,8 @@ result per call, model order, approvals by call id. What it adds is the asyncio 
   cancelled (:meth:`Turn.cancel`: calls not started never start, running calls are stopped, finished
   calls keep their results) and ``CancelledError`` propagates as asyncio expects. A cancel during
   ``submit`` cancels the turn as soon as its submission returns. Pass ``cancel_turn=False`` to a
-  wait to only stop waiting. Source: README "asyncio and LangGraph"; docs/guarantees.md row A1.
+  wait to only stop waiting. Source: docs/design.md, "Cancellation and time" and "Around the loop people
+  already run"; docs/guarantees.md row AIO1.
 - The waiter threads end when the turn is done; after a cancel that is within ``cancel_grace_s``
   (+ a little), so no thread outlives the turn by more than that.
 

@@ -65,6 +65,25 @@ class Keys:
         """Hash call_id -> JSON (decision approved|denied, by, reason, at): the first decision wins."""
         return f"{self.ns}:turn:{turn_id}:decisions"
 
+    def turn_fence(self, turn_id: str) -> str:
+        """Hash call_id -> "token deadline_ms pid": the fencing token of the execution that holds
+        the call (its latest claim), its deadline on the Redis clock and its process id."""
+        return f"{self.ns}:turn:{turn_id}:fence"
+
+    def turn_late(self, turn_id: str) -> str:
+        """Hash "call_id token" -> result JSON: outcomes a stale execution reported after the
+        caller's answer (kept for the operator, never the call's result; ``toolfleet trace``)."""
+        return f"{self.ns}:turn:{turn_id}:late"
+
+    def turn_sent_after(self, turn_id: str) -> str:
+        """Hash call_id -> unix s: the call was sent again then; older messages of it are superseded."""
+        return f"{self.ns}:turn:{turn_id}:sent_after"
+
+    @property
+    def fence_counter(self) -> str:
+        """Counter of the namespace's fencing tokens (claims, journal leases, locks): INCR only."""
+        return f"{self.ns}:fence"
+
     def cancel_channel(self, turn_id: str) -> str:
         """Pub/sub channel workers listen on to stop a turn's running calls."""
         return f"{self.ns}:cancel:{turn_id}"
@@ -120,6 +139,20 @@ class Keys:
     def workers_ready(self) -> str:
         """List: a worker pushes its name here once it consumes (tests and `up` join on it)."""
         return f"{self.ns}:workers:ready"
+
+    # --- live sessions (toolfleet/worker/affinity.py) ---
+    def live_holder(self, session_id: str) -> str:
+        """String (TTL: the idle TTL): the worker that holds the session's shell."""
+        return f"{self.ns}:live:holder:{session_id}"
+
+    def live_worker(self, worker: str) -> str:
+        """String (TTL: two heartbeats): set while ``worker`` can hold live sessions."""
+        return f"{self.ns}:live:worker:{worker}"
+
+    @property
+    def live_workers(self) -> str:
+        """Set: workers that consume a queue of their own (``<ns>.w.<worker>``)."""
+        return f"{self.ns}:live:workers"
 
     def queue(self, tool_queue: str) -> str:
         """Celery queue name of a tool's queue."""

@@ -1,6 +1,6 @@
 """Wire envelopes shared by the dispatcher and the workers: tool calls, tool results, error codes.
 
-All are frozen pydantic models serialised as JSON (never pickle). Shapes follow DESIGN.md
+All are frozen pydantic models serialised as JSON (never pickle). Shapes follow docs/design.md
 ("Result contract"); error codes are the ones in its table.
 """
 
@@ -27,6 +27,7 @@ class ErrorCode(str, Enum):
     OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"  # side-effecting call whose outcome cannot be established
     LOOP_DETECTED = "LOOP_DETECTED"  # same call repeated too often in a row; did not run
     ABORTED = "ABORTED"  # placeholder for a call without a result (history repair)
+    SESSION_LOST = "SESSION_LOST"  # the worker holding the live session's process is gone; did not run
 
 
 class _Frozen(BaseModel):

@@ -1,4 +1,4 @@
-"""Sending one call to the workers as a Celery task (DESIGN.md, step 4).
+"""Sending one call to the workers as a Celery task (docs/design.md, step 4).
 
 The arguments Flower shows (``kwargsrepr``) are redacted (:mod:`toolfleet.tools.redact`); the message
 itself carries them whole, for the handler. Each send appends a ``submitted`` audit event.
@@ -24,6 +24,7 @@ from ..settings import Settings
 from ..tools.redact import redact_arguments
 from ..tools.spec import ToolSpec
 from ..worker.app import TASK_NAME
+from .affinity import live_queue
 
 KWARGSREPR_MAX_CHARS = 1000
 # Celery's soft limit comes this long after the call's own deadline, so a handler that watches its
@@ -131,7 +132,7 @@ class Submitter:
         if len(shown) > KWARGSREPR_MAX_CHARS:
             shown = shown[: KWARGSREPR_MAX_CHARS - 3] + "..."
         tid = task_id(turn_id, call_id)
-        queue = self.keys.queue(spec.queue)
+        queue = live_queue(self.settings, spec, session_id) or self.keys.queue(spec.queue)  # live sessions
         with self._lock:
             announced = (turn_id, call_id) in self._announced
             self._announced.discard((turn_id, call_id))

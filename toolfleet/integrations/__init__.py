@@ -1,1 +1,1 @@
-"""Adapters that drop the fleet into agent loops people already run (imported lazily: the core needs none of them)."""
+"""Glue for the agent loops people already run: asyncio, LangGraph, OpenAI Agents SDK, MCP."""

@@ -43,6 +43,9 @@ cancelled it) are submitted again, as in a takeover. This holds while the ledger
 
 The thread id is also the turn's ``session_id`` (loop detection across the turns of one
 conversation), unless ``session_id`` is given. Needs ``pip install 'toolfleet[langgraph]'``.
+Source: docs/design.md, "Around the loop people already run" (a ToolNode replacement, the same
+guarantees) and "Result contract" (a call held for approval is pending, answered by call id);
+docs/guarantees.md row LG1.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ call twice:
 A later resume follows the chain from the first turn id: results other than ``NOT_EXECUTED`` of
 every turn in the chain stand, the last turn is the live one. Everything lives as long as the
 ledger (``result_ttl_s``): resume within that, or the calls are not known to have run.
+Source: docs/design.md, "Cancellation and time" (calls not started never start: ``NOT_EXECUTED``,
+the handler did not run) and "Not negotiable" (every call gets exactly one result).
 """
 
 from __future__ import annotations

@@ -1,0 +1,92 @@
+"""The persistent shell of a live session, in-process (toolfleet/worker/live_shell.py): the end
+marker and exit status, state kept, stops that keep the shell, exit and restart, nothing left."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from toolfleet.tools import sandbox
+from toolfleet.worker.live_shell import Shell, encode
+
+from .leftovers import marker, processes_with, wait_gone
+
+
+@pytest.fixture
+def shell(tmp_path: Path):
+    if sandbox.current().error:
+        pytest.skip(f"no sandbox here: {sandbox.current().error}")
+    s = Shell(tmp_path)
+    yield s
+    s.close()
+
+
+def run(shell: Shell, command: str, timeout_s: float = 20.0, cancel: threading.Event | None = None):
+    return shell.run(command, timeout_s, cancel or threading.Event())
+
+
+def test_output_status_and_state(shell, tmp_path):
+    assert run(shell, "mkdir d && cd d && export A=1 && printf 'x'").output == "x"
+    out = run(shell, "echo $A; pwd; echo err >&2; exit_code() { return 7; }; exit_code")
+    assert (out.output, out.status) == (f"1\n{tmp_path}/d\nerr\n", 7)
+    assert run(shell, "cat").output == ""  # stdin is /dev/null: it cannot eat the next command
+    assert run(shell, 'echo "quotes \\" and $(echo sub) and \\\\ and é"').output == 'quotes " and sub and \\ and é\n'
+
+
+def test_a_forged_marker_does_not_end_the_command(shell):
+    out = run(shell, "echo '__toolfleet_end_0000__ 0'; echo after")
+    assert out.output == "__toolfleet_end_0000__ 0\nafter\n" and out.status == 0
+
+
+def test_stop_keeps_the_shell_and_ends_the_command_processes(shell):
+    seconds = marker()
+    run(shell, "export KEEP=1")
+    out = run(shell, f"echo before; sleep {seconds}; echo never", timeout_s=0.5)
+    assert out.stopped == "timeout" and not out.restarted and "before" in out.output and "never" not in out.output
+    assert wait_gone(seconds) == []
+    cancel = threading.Event()
+    cancel.set()
+    out = run(shell, "while :; do :; done", cancel=cancel)
+    assert out.stopped == "cancelled" and not out.restarted
+    assert run(shell, "echo $KEEP").output == "1\n"
+
+
+def test_a_shell_that_cannot_be_stopped_is_restarted(shell, tmp_path):
+    run(shell, "cd / ; trap '' USR1")  # the stop's trap is gone: only a restart ends the loop
+    out = run(shell, "while :; do :; done", timeout_s=0.5)
+    assert out.stopped == "timeout" and out.restarted
+    assert run(shell, "pwd").output == f"{tmp_path}\n"
+
+
+def test_exit_ends_the_shell_and_the_next_command_says_a_new_one_started(shell):
+    out = run(shell, "exit 4")
+    assert out.status == 4 and "next call starts a new shell" in out.note
+    out = run(shell, "echo hi")
+    assert out.output == "hi\n" and "new shell was started" in out.note
+
+
+def test_close_leaves_no_process(shell):
+    seconds = marker()
+    run(shell, f"(setsid sleep {seconds} &); sleep {seconds} & echo bg")
+    assert processes_with(seconds)
+    shell.close()
+    assert wait_gone(seconds) == []
+
+
+def test_nul_is_refused():
+    with pytest.raises(ValueError):
+        encode("a\0b")
+
+
+def test_a_worker_without_a_sandbox_does_not_serve_the_shell(settings):
+    from toolfleet.tools.registry import default_registry
+
+    before = sandbox.current()
+    try:
+        broken = settings.model_copy(update={"bwrap_path": "/nonexistent/bwrap"})
+        registry, message = sandbox.serve_sandboxed(default_registry(["toolfleet.tools.shell_session"]), broken)
+        assert "shell" not in registry.names() and "run_command" not in registry.names() and message
+    finally:
+        sandbox.install(before)

@@ -1,0 +1,65 @@
+"""Dispatcher side of live sessions: route a session's calls to the worker that holds its process,
+and close a session (:mod:`toolfleet.worker.affinity` is the worker side).
+
+A call of a live tool (:data:`~toolfleet.worker.affinity.LIVE_TOOLS`) in a session goes to
+``<namespace>.w.<holder>`` while the holder key names a worker whose liveness key is set; else to
+the tool's queue, where the worker that takes it either becomes the holder (no holder yet) or
+answers ``SESSION_LOST`` (the holder is gone). Two Redis reads per live call, none for other tools.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import redis
+
+from ..keys import Keys
+from ..settings import Settings
+from ..worker.affinity import LIVE_TOOLS, worker_queue
+
+_clients: dict[str, redis.Redis] = {}
+_lock = threading.Lock()
+
+
+def _client(url: str) -> redis.Redis:
+    with _lock:
+        if url not in _clients:
+            _clients[url] = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=5)
+        return _clients[url]
+
+
+def live_queue(settings: Settings, spec: Any, session_id: str | None) -> str | None:
+    """The holder's own queue for a call of a live tool in ``session_id`` whose holder is alive,
+    else ``None`` (the tool's queue). A Redis error gives ``None``: the worker decides then."""
+    if spec.name not in LIVE_TOOLS or not session_id:
+        return None
+    keys = Keys(settings.namespace)
+    client = _client(settings.redis_url)
+    try:
+        holder = client.get(keys.live_holder(session_id))
+        if holder is None:
+            return None
+        worker = holder.decode()
+        return worker_queue(keys, worker) if client.exists(keys.live_worker(worker)) else None
+    except redis.RedisError:
+        return None
+
+
+def live_holder(settings: Settings, session_id: str) -> str | None:
+    """The worker that holds ``session_id``'s shell, or ``None``. Raises ``redis.RedisError``."""
+    raw = _client(settings.redis_url).get(Keys(settings.namespace).live_holder(session_id))
+    return None if raw is None else raw.decode()
+
+
+def close_live_session(settings: Settings, session_id: str) -> str | None:
+    """Close ``session_id``'s live shell: its holder ends it (and every process of its sandbox) at
+    its next housekeeping, within ``min(heartbeat_s / 2, 1 s)`` (docs/guarantees.md). Returns the
+    worker that held it, or ``None`` if none did. Raises ``redis.RedisError`` when Redis does not answer."""
+    client = _client(settings.redis_url)
+    key = Keys(settings.namespace).live_holder(session_id)
+    with client.pipeline() as pipe:
+        pipe.get(key)
+        pipe.delete(key)
+        holder, _ = pipe.execute()
+    return None if holder is None else holder.decode()

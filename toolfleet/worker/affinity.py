@@ -1,0 +1,388 @@
+"""Live sessions on a worker: the shells it holds, its own queue, and who holds which session.
+
+The shells of live sessions (:mod:`.live_shell`) live in the worker's **main process**, which
+outlives its pool processes: a :class:`SessionHost` there listens on a Unix socket (in a private
+directory under ``/tmp``, which every sandbox covers with a tmpfs of its own, so no sandboxed command
+can reach it) and runs commands for the pool process whose task is the call
+(:mod:`toolfleet.tools.shell_session` is the client). Every ``bwrap`` is started by one thread that
+lives as long as the worker, so ``--die-with-parent`` ends the shells only when the worker ends.
+
+Redis keys (:class:`toolfleet.keys.Keys`):
+
+- ``live_holder(session)``: the worker that holds the session's shell, with a time to live of the
+  idle TTL (renewed by each call). The first call of a session goes to the tool's queue; the worker
+  that takes it writes this key (``SET NX``) and becomes the holder.
+- ``live_worker(worker)``: set while the worker is alive, renewed every ``heartbeat_s / 2``, expiring
+  after ``2 * heartbeat_s``: the liveness bound of a live session.
+- ``live_workers``: set of the workers that have a queue of their own (for the rescue below).
+
+Each worker also consumes the queue ``<namespace>.w.<hostname>``; the dispatcher sends a session's
+calls there while its holder is alive (:mod:`toolfleet.dispatcher.affinity`).
+
+Choice: **SESSION_LOST**, not a silent restart. When the holder is gone (killed, stopped, or it
+came back without the shell), the next call of the session gets ``SESSION_LOST`` and the holder key
+is dropped, so the call after it starts a new shell. A shell holds more than cwd and environment
+(background processes, shell functions, files under its private ``/tmp``), so restarting it quietly
+would let the model believe in state that no longer exists. A call already sent to the queue of a
+holder that died is answered ``SESSION_LOST`` by another live worker (it drains that queue).
+
+Close and expiry: :func:`toolfleet.dispatcher.affinity.close_live_session` drops the holder key;
+the holder's housekeeping (every ``heartbeat_s / 2``, at most 1 s) then ends the shell. A shell idle
+past ``TOOLFLEET_LIVE_SESSION_TTL_S`` (default 1800 s) is ended the same way. A warm shutdown ends
+every shell; a killed worker takes its shells with it (``--die-with-parent``, PID namespaces).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import queue
+import shutil
+import socket
+import socketserver
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.signals import celeryd_after_setup, worker_shutdown
+
+from ..errors import ToolFailure
+from ..keys import Keys
+from ..models import ErrorCode, ToolResult
+from .live_shell import Shell
+
+log = logging.getLogger(__name__)
+LIVE_TOOLS = frozenset({"shell"})
+"""Tools whose calls go to the worker that holds their session's process."""
+PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")  # kombu's Redis priority queues
+_host: SessionHost | None = None  # in the main process; its socket path is inherited by pool processes
+socket_path: str | None = None
+
+
+def idle_ttl_s() -> float:
+    """Seconds a live session may stay idle before its shell is ended (``TOOLFLEET_LIVE_SESSION_TTL_S``)."""
+    try:
+        return max(float(os.environ.get("TOOLFLEET_LIVE_SESSION_TTL_S", "1800")), 1.0)
+    except ValueError:
+        return 1800.0
+
+
+def worker_queue(keys: Keys, worker: str) -> str:
+    """The queue only ``worker`` consumes: ``<namespace>.w.<worker>``."""
+    return keys.queue(f"w.{worker}")
+
+
+class _Spawner(threading.Thread):
+    """Runs functions (``bwrap`` starts) in one thread that lives as long as the worker."""
+
+    def __init__(self) -> None:
+        super().__init__(name="toolfleet-live-spawner", daemon=True)
+        self.jobs: queue.Queue[tuple[Any, queue.Queue[Any]]] = queue.Queue()
+
+    def run(self) -> None:
+        while True:
+            fn, reply = self.jobs.get()
+            try:
+                reply.put((True, fn()))
+            except BaseException as exc:  # noqa: BLE001 - handed back to the caller
+                reply.put((False, exc))
+
+    def __call__(self, fn: Any) -> Any:
+        reply: queue.Queue[Any] = queue.Queue()
+        self.jobs.put((fn, reply))
+        ok, value = reply.get(timeout=30)
+        if not ok:
+            raise value
+        return value
+
+
+class _Session:
+    def __init__(self, shell: Shell) -> None:
+        self.shell = shell
+        self.lock = threading.Lock()
+        self.used_at = time.monotonic()
+        self.running: threading.Event | None = None  # the cancel signal of the command running now
+        self.closed = False
+
+
+class SessionHost:
+    """The live sessions of one worker (main process)."""
+
+    def __init__(self, runtime: Any, worker: str) -> None:
+        self.runtime = runtime
+        self.settings = runtime.settings
+        self.keys = Keys(self.settings.namespace)
+        self.worker = worker
+        self.redis = redis.Redis.from_url(self.settings.redis_url, socket_connect_timeout=3, socket_timeout=10)
+        self.sessions: dict[str, _Session] = {}
+        self.lock = threading.Lock()
+        self.create_lock = threading.Lock()
+        self.stop = threading.Event()
+        self.spawner = _Spawner()
+        self.spawner.start()
+        _remove_stale_dirs()
+        self.dir = tempfile.mkdtemp(prefix=f"toolfleet-live-{os.getpid()}-", dir="/tmp")
+        self.path = os.path.join(self.dir, "host.sock")
+        host = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                host._serve(self.connection, self.rfile, self.wfile)
+
+        self.server = socketserver.ThreadingUnixStreamServer(self.path, Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, name="toolfleet-live-host", daemon=True).start()
+        self.beat()
+        threading.Thread(target=self._housekeeping, name="toolfleet-live-beat", daemon=True).start()
+
+    # ---- requests from pool processes ----
+    def _serve(self, conn: socket.socket, rfile: Any, wfile: Any) -> None:
+        try:
+            request = json.loads(rfile.readline())
+            reply = self._run(request, conn, rfile)
+        except ToolFailure as exc:  # e.g. the workspace cannot be confined (PERMISSION_DENIED)
+            reply = {"code": exc.code, "message": exc.message, "hint": exc.hint}
+        except Exception as exc:  # noqa: BLE001 - a bad request is an answer, never a dead host
+            reply = {"code": "EXECUTION_ERROR", "message": f"the live session host failed: {type(exc).__name__}: {exc}"}
+        try:
+            wfile.write(json.dumps(reply).encode() + b"\n")
+            wfile.flush()
+        except OSError:
+            pass
+
+    def _run(self, request: dict[str, Any], conn: socket.socket, rfile: Any) -> dict[str, Any]:
+        sid, workspace = str(request["session"]), Path(request["workspace"])
+        session, refusal = self._session_for(sid, workspace)
+        if session is None:
+            return refusal or {}
+        if session.shell.workspace != workspace:
+            return {"code": "INVALID_ARGUMENT",
+                    "message": f"this session's shell runs in the workspace {str(session.shell.workspace)!r}, "
+                               f"not {str(workspace)!r}",
+                    "hint": "use the session's first workspace, or another session id"}
+        cancelled = threading.Event()
+        threading.Thread(target=_watch_cancel, args=(rfile, cancelled), daemon=True).start()
+        if not session.lock.acquire(timeout=max(float(request["timeout_s"]), 0.001)):
+            return {"code": "TIMEOUT", "message": "another call of this session ran for the whole time limit"}
+        try:
+            if session.closed:
+                return lost_reply(self.worker, closed=True)
+            session.running = cancelled
+            outcome = session.shell.run(str(request["command"]), float(request["timeout_s"]), cancelled)
+        finally:
+            session.running = None
+            session.used_at = time.monotonic()
+            session.lock.release()
+        # renewed only while still ours: a close (or a loss declared) during the call is not undone
+        self.redis.eval(_RENEW_IF, 1, self.keys.live_holder(sid), self.worker, int(idle_ttl_s() * 1000))
+        return {"output": outcome.output, "status": outcome.status, "stopped": outcome.stopped,
+                "restarted": outcome.restarted, "note": outcome.note, "unsandboxed": session.shell.unsandboxed}
+
+    def _session_for(self, sid: str, workspace: Path) -> tuple[_Session | None, dict[str, Any] | None]:
+        """The session's shell here, a new one if nobody holds the session, or why not. One
+        session is made at a time here, so two first calls of one session do not race."""
+        with self.lock:
+            session = self.sessions.get(sid)
+        if session is not None:
+            return session, None
+        with self.create_lock:
+            with self.lock:
+                session = self.sessions.get(sid)
+            if session is not None:
+                return session, None
+            return self._new_session(sid, workspace)
+
+    def _new_session(self, sid: str, workspace: Path) -> tuple[_Session | None, dict[str, Any] | None]:
+        key = self.keys.live_holder(sid)
+        ttl_ms = int(idle_ttl_s() * 1000)
+        if not self.redis.set(key, self.worker, nx=True, px=ttl_ms):
+            holder = _s(self.redis.get(key))
+            if holder and holder != self.worker and self.redis.exists(self.keys.live_worker(holder)):
+                return None, {"code": "EXECUTION_ERROR",
+                              "message": f"this session's shell is held by the live worker {holder}",
+                              "hint": "ask again: the call will be routed there"}
+            if holder:
+                _delete_if(self.redis, key, holder)
+                return None, lost_reply(holder)
+            if not self.redis.set(key, self.worker, nx=True, px=ttl_ms):
+                return None, {"code": "EXECUTION_ERROR", "message": "two calls started this session at once",
+                              "hint": "ask again"}
+        try:
+            session = _Session(Shell(workspace, self.spawner))
+        except BaseException:
+            _delete_if(self.redis, key, self.worker)
+            raise
+        with self.lock:
+            self.sessions[sid] = session
+        return session, None
+
+    # ---- liveness, close, expiry, rescue ----
+    def beat(self) -> None:
+        pipe = self.redis.pipeline()
+        pipe.set(self.keys.live_worker(self.worker), "1", px=int(self.settings.heartbeat_s * 2000))
+        pipe.sadd(self.keys.live_workers, self.worker)
+        pipe.execute()
+
+    def _housekeeping(self) -> None:
+        period = min(self.settings.heartbeat_s / 2, 1.0)
+        while not self.stop.wait(period):
+            try:
+                self.beat()
+                self._end_unheld()
+                self._rescue()
+            except Exception as exc:  # noqa: BLE001 - Redis away: keys lapse, shells stay until it is back
+                log.warning("live sessions: housekeeping failed (%s)", exc)
+
+    def _end_unheld(self) -> None:
+        """End the shells closed by a dispatcher (holder key gone or another's) or idle past the TTL."""
+        with self.lock:
+            sids = list(self.sessions)
+        if not sids:
+            return
+        holders = self.redis.mget([self.keys.live_holder(s) for s in sids])
+        ttl = idle_ttl_s()
+        for sid, holder in zip(sids, holders, strict=True):
+            session = self.sessions.get(sid)
+            if session is not None and session.running is not None and _s(holder) == self.worker:
+                session.used_at = time.monotonic()  # a long command keeps its session (and its key) alive
+                self.redis.eval(_RENEW_IF, 1, self.keys.live_holder(sid), self.worker, int(ttl * 1000))
+                continue
+            idle = session is not None and time.monotonic() - session.used_at > ttl and not session.lock.locked()
+            if _s(holder) != self.worker or idle:
+                if idle:  # first, so a call arriving meanwhile starts a new shell (not SESSION_LOST)
+                    _delete_if(self.redis, self.keys.live_holder(sid), self.worker)
+                self.end(sid)
+
+    def end(self, sid: str) -> None:
+        """End the session's shell (a command running in it is stopped first)."""
+        with self.lock:
+            session = self.sessions.pop(sid, None)
+        if session is not None:
+            session.closed = True
+            running = session.running
+            if running is not None:
+                running.set()
+            with session.lock:
+                session.shell.close()
+
+    def _rescue(self) -> None:
+        """Answer ``SESSION_LOST`` to calls waiting in the queue of a holder that died."""
+        for name in self.redis.smembers(self.keys.live_workers):
+            worker = _s(name)
+            if worker == self.worker or self.redis.exists(self.keys.live_worker(worker)):
+                continue
+            q = worker_queue(self.keys, worker)
+            for suffix in PRIORITY_SUFFIXES:
+                while (raw := self.redis.lpop(q + suffix)) is not None:
+                    self._answer_lost(raw, worker)
+            self.redis.srem(self.keys.live_workers, worker)
+
+    def _answer_lost(self, raw: bytes, worker: str) -> None:
+        try:
+            message = json.loads(raw)
+            body = message["body"]
+            if message.get("properties", {}).get("body_encoding") == "base64":
+                body = base64.b64decode(body)
+            envelope = json.loads(body)[1]["envelope"]
+            reply = lost_reply(worker)
+            result = ToolResult.failure(envelope["call_id"], envelope["name"], ErrorCode.SESSION_LOST,
+                                        reply["message"], reply["hint"])
+            self.runtime.ledger.record_result(envelope["turn_id"], result, unless_started=True)
+            if envelope.get("session_id"):  # the call after this one starts a new shell
+                _delete_if(self.redis, self.keys.live_holder(envelope["session_id"]), worker)
+        except Exception as exc:  # noqa: BLE001 - not a call message: dropped, said
+            log.warning("live sessions: dropped a message of %s's queue that is not a call (%s)", worker, exc)
+
+    def close(self) -> None:
+        """Worker shutdown: end every shell; the holder keys stay, so the next call says SESSION_LOST."""
+        self.stop.set()
+        with self.lock:
+            sids = list(self.sessions)
+        for sid in sids:
+            self.end(sid)
+        try:
+            self.redis.delete(self.keys.live_worker(self.worker))
+        except redis.RedisError:
+            pass
+        self.server.shutdown()
+        self.server.server_close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _remove_stale_dirs() -> None:
+    """Remove the socket directories of session hosts whose worker died without its shutdown."""
+    for path in Path("/tmp").glob("toolfleet-live-*-*"):
+        try:
+            pid = int(path.name.split("-")[2])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (ValueError, IndexError, PermissionError):
+            continue
+
+
+def lost_reply(worker: str, closed: bool = False) -> dict[str, Any]:
+    why = "the session was closed" if closed else f"its worker {worker} stopped or died"
+    return {"code": "SESSION_LOST",
+            "message": f"the live session's shell is gone: {why} (its cwd, environment and processes are lost); "
+                       "this call did not run",
+            "hint": "call again to start a new shell in this session (it starts in the workspace root with a fresh "
+                    "environment), and redo the set-up it needs"}
+
+
+def _watch_cancel(rfile: Any, cancelled: threading.Event) -> None:
+    """The client writes a line to cancel, or closes the connection (its process died): both stop."""
+    try:
+        rfile.readline()
+    except (OSError, ValueError):
+        pass
+    cancelled.set()
+
+
+_RENEW_IF = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
+_DELETE_IF = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
+
+def _delete_if(client: redis.Redis, key: str, value: str) -> None:
+    client.eval(_DELETE_IF, 1, key, value)
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else (value or "")
+
+
+def connect_affinity(app: Celery, runtime: Any) -> None:
+    """Worker side of live sessions (only when its registry serves a tool of :data:`LIVE_TOOLS`):
+    consume the worker's own queue and start the :class:`SessionHost` before the pool forks."""
+    if not any(spec.name in LIVE_TOOLS for spec in runtime.registry):
+        return
+
+    @celeryd_after_setup.connect(weak=False)
+    def _setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
+        global _host, socket_path
+        if getattr(instance, "app", None) is not app:
+            return
+        try:
+            _host = SessionHost(runtime, str(sender))
+        except Exception as exc:  # noqa: BLE001 - the worker serves the rest; `shell` calls say why
+            log.error("live sessions are not hosted by this worker: %s", exc)
+            return
+        socket_path = _host.path
+        own = worker_queue(runtime.keys, str(sender))
+        instance.app.amqp.queues.select_add(own, exchange=own, routing_key=own)  # as the tool queues are
+
+    @worker_shutdown.connect(weak=False)
+    def _shutdown(sender: Any = None, **_: Any) -> None:
+        if _host is not None and os.getpid() == _main_pid.get("pid", os.getpid()):
+            _host.close()
+
+    _main_pid["pid"] = os.getpid()
+
+
+_main_pid: dict[str, int] = {}

@@ -1,0 +1,311 @@
+"""One persistent ``bash`` in the sandbox of :mod:`toolfleet.tools.sandbox`, run command by command.
+
+The shell is a long-lived ``bwrap ... -- bash --noprofile --norc -s`` reading its script from a
+pipe (its stdin). Each command is written to that pipe as one block:
+
+    __tf_c=$'\\x63\\x64...'                       # the command's bytes, ANSI-C quoted (bash's own parser)
+    eval "$__tf_c" </dev/null                    # runs in the shell itself: cd, export, set persist
+    printf '\\n<end marker> %d\\n' "$?"            # the end marker, with the command's exit status
+
+The end marker holds a random nonce made for that command, so the output of the command cannot end
+it early by accident. stdout and stderr share one pipe, so the output is in the order printed.
+A command reads ``/dev/null`` as its stdin: it cannot eat the blocks that follow it.
+
+Stopping the current command (time limit, cancel): the processes the command started (descendants
+of the sandbox's init that were not there before it) get TERM, then KILL after ``TERM_GRACE_S``;
+the shell then ends the ``eval`` and prints the end marker, and the session goes on with its cwd
+and environment. When the command is the shell itself (a ``while :; do :; done`` loop in bash) the
+marker does not come within ``STOP_WAIT_S``: the whole sandbox is killed and a new shell started
+(cwd back to the workspace root, environment reset), and the result says so.
+
+``exit`` ends the shell: the call reports the exit status, and the next call starts a new shell
+(said in its output). The sandbox's PID namespace and ``--die-with-parent`` hold as for
+``run_command`` (docs/sandbox.md): :meth:`Shell.close` kills the sandbox's init, so no process of
+the session is left. ``--die-with-parent`` is tied to the *thread* that started ``bwrap``, so the
+caller passes ``spawn``, which runs the start in a thread that lives as long as the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..tools import sandbox
+from ..tools.command import _SandboxInit
+
+TERM_GRACE_S = 0.25  # between TERM and KILL of the command's processes (s)
+STOP_WAIT_S = 0.75  # after KILL, how long the end marker may take before the shell is restarted (s)
+POLL_S = 0.05  # how often a waiting command looks at its cancel signal (s)
+MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # kept per command: head and tail, the middle dropped (said)
+SHELL_ARGV = ("bash", "--noprofile", "--norc", "-s")
+BOOTSTRAP = b"trap 'return 143 2>/dev/null' USR1\n__tf_run() { eval \"$__tf_c\"; }\n"
+
+
+@dataclass
+class Outcome:
+    """What one command did: ``output`` (text), ``status`` (exit status; ``None`` when stopped),
+    ``stopped`` (``"timeout"``/``"cancelled"``/``None``), ``restarted`` (the shell was replaced:
+    cwd and environment reset), ``note`` (said to the model before the output)."""
+
+    output: str
+    status: int | None
+    stopped: str | None = None
+    restarted: bool = False
+    note: str = ""
+
+
+def encode(command: str) -> str:
+    """``command`` as a bash ANSI-C quoted word (``$'\\xHH...'``): read by bash's own parser, no
+    external program, so it works whatever the session did to ``PATH``. Raises ``ValueError`` for
+    a NUL character (a bash string cannot hold one)."""
+    data = command.encode("utf-8", "surrogateescape")
+    if b"\0" in data:
+        raise ValueError("a command cannot contain a NUL character")
+    return "$'" + "".join(f"\\x{byte:02x}" for byte in data) + "'"
+
+
+class Shell:
+    """A persistent shell in ``workspace``. Not thread-safe: one command at a time (the caller holds
+    a per-session lock). ``spawn(fn)`` runs ``fn`` (which starts ``bwrap``) in a long-lived thread."""
+
+    def __init__(self, workspace: Path, spawn: Callable[[Callable[[], Any]], Any] = lambda fn: fn()) -> None:
+        self.workspace = workspace
+        self._spawn = spawn
+        self._cond = threading.Condition()
+        self._buf = bytearray()
+        self._dropped = 0
+        self._eof = False
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.init: _SandboxInit | None = None
+        self.unsandboxed = False
+        self._start()
+
+    # ---- life ----
+    def _start(self) -> None:
+        box = sandbox.current()
+        self.unsandboxed = box.unsandboxed
+        info_r, info_w = (None, None) if box.unsandboxed else os.pipe()
+        try:
+            argv, env = box.command(list(SHELL_ARGV), self.workspace, info_fd=info_w)
+            self.proc = self._spawn(lambda: subprocess.Popen(
+                argv, cwd=self.workspace, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True, pass_fds=() if info_w is None else (info_w,)))
+        finally:
+            if info_w is not None:
+                os.close(info_w)
+        self.init = _SandboxInit.read(info_r) if info_r is not None else _SandboxInit(None)
+        self._shell_pid: int | None = None
+        try:  # USR1 ends the running command: the trap's `return` leaves the function the command runs in
+            self.proc.stdin.write(BOOTSTRAP)  # type: ignore[union-attr]
+            self.proc.stdin.flush()  # type: ignore[union-attr]
+        except OSError:
+            pass  # seen at the first command as the shell's end
+        with self._cond:
+            self._buf.clear()
+            self._eof = False
+        threading.Thread(target=self._drain, args=(self.proc,), name="toolfleet-shell-out", daemon=True).start()
+
+    def _drain(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+            with self._cond:
+                if proc is not self.proc:
+                    return
+                self._buf += chunk
+                if len(self._buf) > MAX_OUTPUT_BYTES:  # keep the head and the newest tail
+                    half = MAX_OUTPUT_BYTES // 2
+                    cut = len(self._buf) - MAX_OUTPUT_BYTES
+                    del self._buf[half:half + cut]
+                    self._dropped += cut
+                self._cond.notify_all()
+        with self._cond:
+            if proc is self.proc:
+                self._eof = True
+                self._cond.notify_all()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and not self._eof
+
+    def close(self) -> None:
+        """End the shell and every process of its sandbox; returns once they are gone."""
+        proc, init = self.proc, self.init
+        if proc is None:
+            return
+        if init is not None and init.pid is not None:
+            init.kill()
+        else:
+            _killpg(proc.pid)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if init is not None:
+            init.wait_gone()
+            init.close()
+        for pipe in (proc.stdin, proc.stdout):
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except OSError:
+                pass
+
+    def restart(self) -> None:
+        self.close()
+        self._start()
+
+    # ---- one command ----
+    def run(self, command: str, timeout_s: float, cancelled: threading.Event) -> Outcome:
+        """Run ``command`` in the shell; wait at most ``timeout_s`` (then stop it: ``stopped =
+        "timeout"``) or until ``cancelled`` is set (``"cancelled"``). Raises ``ValueError`` for a
+        NUL in ``command``."""
+        script = encode(command)
+        note = ""
+        if not self.alive:
+            self.restart()
+            note = "[a new shell was started: the previous one had ended; cwd and environment are reset]"
+        mark = f"__toolfleet_end_{secrets.token_hex(12)}__".encode()
+        assert self.proc is not None and self.proc.stdin is not None
+        before = self._descendants()
+        with self._cond:
+            start = len(self._buf)
+            self._dropped = 0
+        block = f"__tf_c={script}\n__tf_run </dev/null\nprintf '\\n%s %d\\n' '{mark.decode()}' \"$?\"\n"
+        try:
+            self.proc.stdin.write(block.encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # the shell is gone: seen below as its end
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        while True:
+            found = self._wait_mark(mark, start, min(POLL_S, max(deadline - time.monotonic(), 0.001)))
+            if found is not None:
+                return Outcome(*found, note=note)
+            if self._eof_seen():
+                return self._ended(note)
+            if cancelled.is_set() or time.monotonic() >= deadline:
+                why = "cancelled" if cancelled.is_set() else "timeout"
+                return self._stop(mark, start, before, why, note)
+
+    def _wait_mark(self, mark: bytes, start: int, timeout_s: float) -> tuple[str, int] | None:
+        with self._cond:
+            at = self._buf.find(mark, 0)
+            if at < 0:
+                self._cond.wait(timeout_s)
+                at = self._buf.find(mark, 0)
+            if at < 0:
+                return None
+            end = self._buf.find(b"\n", at)
+            if end < 0:
+                return None  # the status is still on its way
+            status = int(self._buf[at + len(mark):end].strip() or b"0")
+            text = bytes(self._buf[:max(at - 1, 0)])  # the newline printed before the marker is ours
+            dropped = self._dropped
+            del self._buf[:end + 1]
+        return _text(text, dropped), status
+
+    def _eof_seen(self) -> bool:
+        with self._cond:
+            return self._eof
+
+    def _take(self) -> str:
+        with self._cond:
+            text, dropped = bytes(self._buf), self._dropped
+            self._buf.clear()
+        return _text(text, dropped)
+
+    def _ended(self, note: str) -> Outcome:
+        assert self.proc is not None
+        status = self.proc.wait()
+        text = self._take()
+        self.close()
+        return Outcome(text, status, note=(note + "\n" if note else "") +
+                       f"[the shell exited (status {status}); the next call starts a new shell]")
+
+    def _stop(self, mark: bytes, start: int, before: set[int], why: str, note: str) -> Outcome:
+        """Stop the processes the command started; restart the shell if the marker does not come."""
+        self._descendants()  # learns the shell's pid if not known yet
+        shell_pid = self._shell_pid if self.init is not None and self.init.pid is not None else self.proc.pid  # type: ignore[union-attr]
+        if shell_pid is not None:
+            try:
+                os.kill(shell_pid, signal.SIGUSR1)  # the trap returns from the command once its child ends
+            except (ProcessLookupError, PermissionError):
+                pass
+        for sig, wait_s in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, STOP_WAIT_S)):
+            for pid in self._descendants() - before:
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            found = self._wait_until(mark, start, wait_s)
+            if found is not None:
+                return Outcome(found[0], None, stopped=why, note=note)
+        text = self._take()
+        self.restart()
+        return Outcome(text, None, stopped=why, restarted=True, note=note)
+
+    def _wait_until(self, mark: bytes, start: int, wait_s: float) -> tuple[str, int] | None:
+        deadline = time.monotonic() + wait_s
+        while (left := deadline - time.monotonic()) > 0:
+            found = self._wait_mark(mark, start, min(left, POLL_S))
+            if found is not None or self._eof_seen():
+                return found
+        return None
+
+    def _descendants(self) -> set[int]:
+        """Host pids of the processes below the shell: below the sandbox's init, the shell itself
+        excluded (unsandboxed: below the shell)."""
+        assert self.proc is not None
+        if self.init is None or self.init.pid is None:
+            root, shell_pid = self.proc.pid, None
+        else:
+            root = self.init.pid
+            if self._shell_pid is None:
+                kids = _children(root)
+                if len(kids) == 1:  # the first child of the init is the shell
+                    self._shell_pid = kids[0]
+            shell_pid = self._shell_pid
+        found: set[int] = set()
+        todo = _children(root)
+        while todo:
+            pid = todo.pop()
+            if pid not in found:
+                found.add(pid)
+                todo.extend(_children(pid))
+        found.discard(shell_pid)  # type: ignore[arg-type]
+        return found
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out.extend(int(p) for p in f.read().split())
+    except OSError:
+        pass
+    return out
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _text(data: bytes, dropped: int) -> str:
+    text = data.decode("utf-8", errors="replace")
+    if dropped:
+        half = len(text) // 2
+        text = text[:half] + f"\n[... {dropped} bytes of output dropped ...]\n" + text[half:]
+    return text
