@@ -43,11 +43,16 @@ from .policy import CommandRules, LoopRules, Policy, Rule, Verdict
 from .settings import Settings
 from .tools import Registry, ToolContext, ToolSpec, default_registry, paths, tool, tool_from_schema
 from .tools.redact import redact_arguments, redact_text
+from .tools.from_class import method, tools_from_class
+from .tools.state import JsonRandom, SessionState
 from .worker import create_app
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "JsonRandom",
+    "method",
+    "tools_from_class",
     "AnthropicAdapter",
     "AnthropicStreamAdapter",
     "BatchRejected",
@@ -71,6 +76,7 @@ __all__ = [
     "Repair",
     "RepairedHistory",
     "Rule",
+    "SessionState",
     "Settings",
     "ToolCall",
     "ToolContext",

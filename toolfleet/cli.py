@@ -86,6 +86,9 @@ def worker(
     network: Annotated[Optional[str], typer.Option(
         "--network", help='Network of sandboxed commands: "none" (default) or "host" '
         "(default: $TOOLFLEET_SANDBOX_NETWORK).")] = None,
+    no_builtins: Annotated[bool, typer.Option("--no-builtins", help="Serve only the --tools modules' tools.")] = False,
+    replace: Annotated[Optional[list[str]], typer.Option(
+        "--replace", help="A built-in tool that a --tools module's tool of the same name replaces (repeatable).")] = None,
 ) -> None:
     """Run a worker (prefork pool) serving the built-in tools plus --tools modules.
 
@@ -106,7 +109,8 @@ def worker(
         _fail(ToolfleetError(f"invalid setting: {exc}"))
     try:
         connect(settings.redis_url)
-        registry, message = serve_sandboxed(default_registry(tools or []), settings)
+        registry, message = serve_sandboxed(
+            default_registry(tools or [], builtins=not no_builtins, replace=replace or []), settings)
         if message:
             err.print(message, style="bold yellow", markup=False)
         rules = _policy(policy)

@@ -6,6 +6,12 @@ its arguments), how many times in a row it came, and when. The call that makes i
 (default 3) is answered ``LOOP_DETECTED`` without running; so is every further repeat, until the
 session calls something else.
 
+State counts: a call's ``epoch`` (for a tool with stored session state, the state's version when
+the batch is screened plus the writes on it earlier in the batch: :func:`toolfleet.tools.state.loop_epochs`)
+is part of its signature, so a call is never refused when something it reads was written since
+the last identical call (the third ``cd("..")`` in a row moves on each time). A tool declared
+``loop_check=False`` is not counted at all.
+
 A tool declared ``pollable`` (a job-status check) is exempt while time passes: an identical call at
 least ``poll_interval_s`` after the previous one starts the count again. Calls in one batch are
 submitted at the same moment, so repeats inside a batch always count.
@@ -54,11 +60,13 @@ class LoopCheck:
     name: str
     arguments: Mapping[str, Any]
     poll_interval_s: float = 0.0
+    epoch: str = ""  # what the call reads, as it stands (state versions): part of the signature
 
 
-def signature(name: str, arguments: Mapping[str, Any]) -> str:
-    """Tool name + canonical JSON of the arguments, hashed."""
-    text = json.dumps([name, arguments], sort_keys=True, separators=(",", ":"), default=str)
+def signature(name: str, arguments: Mapping[str, Any], epoch: str = "") -> str:
+    """Tool name + canonical JSON of the arguments (+ the epoch of what it reads), hashed."""
+    text = json.dumps([name, arguments, epoch] if epoch else [name, arguments], sort_keys=True,
+                      separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -84,7 +92,7 @@ class LoopDetector:
             return []
         args: list[Any] = [self.ttl_s, time.time() if now is None else now]
         for call in calls:
-            args += [signature(call.name, call.arguments), call.poll_interval_s]
+            args += [signature(call.name, call.arguments, call.epoch), call.poll_interval_s]
         try:
             counts = self._count(keys=[self.keys.session_loop(session_id)], args=args)
         except redis.RedisError as exc:

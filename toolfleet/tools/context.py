@@ -22,6 +22,9 @@ class ToolContext:
     - ``attempt``: 1 for the first execution, more when a call was redelivered.
     - ``output_store``: where the worker keeps whole outputs that were cut (``read_output`` reads
       it); ``None`` outside a worker.
+    - ``session``: for a tool with stored session state (:mod:`toolfleet.tools.state`), the state
+      the worker loaded for this call; a write call's handler changes it in place or assigns a
+      new value, and the worker saves it after the handler. ``None`` for other tools.
     """
 
     call_id: str
@@ -34,6 +37,7 @@ class ToolContext:
     cancelled: threading.Event = field(default_factory=threading.Event)
     cancel_reason: str = ""
     output_store: Any = field(default=None, repr=False)
+    session: Any = field(default=None, repr=False)
 
     @property
     def remaining_s(self) -> float:
