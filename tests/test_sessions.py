@@ -226,3 +226,29 @@ def test_builtins_left_out_or_replaced_explicitly() -> None:
     with pytest.raises(ConfigurationError, match="no tool module"):
         default_registry(["examples.vfs"], replace=["read_file"])
     assert bare.get("whoami").context_param == "ctx"
+
+
+def test_cli_sessions_open_list_close(settings: Settings) -> None:
+    """Item 2: `toolfleet sessions` opens (with a state given as JSON), lists and closes."""
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    base = [sys.executable, "-m", "toolfleet", "sessions", "--redis-url", settings.redis_url,
+            "--namespace", settings.namespace]
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*base, *args], env=env, capture_output=True, text=True, timeout=60)
+
+    opened = cli("--open", "cli-1", "--tools", "examples.vfs", "--state", 'vfs={"cwd": "/", "dirs": ["/"]}')
+    assert opened.returncode == 0 and "opened session cli-1" in opened.stdout, opened.stderr
+    bad = cli("--open", "cli-2", "--tools", "examples.vfs", "--state", 'vfs={"cwd": 5}')
+    assert bad.returncode == 1 and "not a valid" in bad.stderr + bad.stdout and "Traceback" not in bad.stderr
+    listed = json.loads(cli("--json").stdout)
+    assert [s["session_id"] for s in listed] == ["cli-1"] and listed[0]["states"]["vfs"]["version"] == 1
+    assert "cli-1" in cli().stdout
+    assert "closed session cli-1" in cli("--close", "cli-1").stdout
+    assert json.loads(cli("--json").stdout) == []

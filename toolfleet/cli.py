@@ -446,6 +446,7 @@ def down() -> None:
 
 
 from . import cli_policy  # noqa: E402,F401  (registers pending, approve, deny, rules, trace on `app`)
+from . import cli_sessions  # noqa: E402,F401  (registers sessions on `app`)
 
 
 def main() -> None:
