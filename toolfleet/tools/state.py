@@ -151,12 +151,12 @@ def loop_epochs(store: SessionStore | None, session_id: str | None, calls: list[
 
 
 _SAVE = """
--- KEYS: state, meta ; ARGV: expected version, data, ttl_s ; -1 session gone, -2 stale, else new version
+-- KEYS: state, meta ; ARGV: expected version, data, default ttl_s, now ; -1 session gone, -2 stale, else new version
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
 local v = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
 if v ~= tonumber(ARGV[1]) then return -2 end
 redis.call('HSET', KEYS[1], 'data', ARGV[2], 'version', v + 1)
-local ttl = tonumber(ARGV[3])
+local ttl = tonumber(redis.call('HGET', KEYS[2], 'ttl_s') or ARGV[3])
 redis.call('EXPIRE', KEYS[1], ttl)
 redis.call('EXPIRE', KEYS[2], ttl)
 redis.call('HSET', KEYS[2], 'touched_at', ARGV[4])
@@ -288,8 +288,8 @@ class SessionStore:
         if not session_id:
             raise ToolFailure(f"this tool keeps session state ({state.name!r}) and the turn has no session id; "
                               "it did not run", "open a session (Dispatcher.open_session) and pass its session_id")
-        pipe = self.redis.pipeline()
-        pipe.hgetall(self.meta_key(session_id))
+        pipe = self.redis.pipeline(transaction=False)  # one round trip
+        pipe.exists(self.meta_key(session_id))
         pipe.hmget(self.state_key(session_id, state.name), "data", "version")
         meta, (raw, version) = pipe.execute()
         if not meta:
@@ -300,14 +300,13 @@ class SessionStore:
         return Loaded(state.load(raw), int(version or 0))
 
     def save(self, state: SessionState, session_id: str, loaded: Loaded, value: Any) -> int:
-        """Store ``value`` if the state is still at ``loaded.version``; returns the new version.
+        """Store ``value`` if the state is still at ``loaded.version`` (one round trip: a Lua
+        script); returns the new version.
         Raises :class:`ToolFailure` when it is too big, the session is gone, or another
         execution saved in between (nothing is stored then)."""
         raw = state.dump(value)
-        meta = self.meta_key(session_id)
-        ttl = self.redis.hget(meta, "ttl_s")
-        result = int(self._save(keys=[self.state_key(session_id, state.name), meta],
-                                args=[loaded.version, raw, int(ttl or self.default_ttl_s), time.time()]))
+        result = int(self._save(keys=[self.state_key(session_id, state.name), self.meta_key(session_id)],
+                                args=[loaded.version, raw, self.default_ttl_s, time.time()]))
         if result == -1:
             raise ToolFailure(f"session {session_id!r} was closed or expired while the call ran; its changes to "
                               f"{state.name!r} were not kept", "open the session again")
