@@ -252,3 +252,18 @@ def test_cli_sessions_open_list_close(settings: Settings) -> None:
     assert "cli-1" in cli().stdout
     assert "closed session cli-1" in cli("--close", "cli-1").stdout
     assert json.loads(cli("--json").stdout) == []
+
+
+def test_worker_without_builtins_and_with_a_replaced_grep(settings: Settings, start_worker) -> None:
+    """Item 6 through real workers: --no-builtins serves no built-in; --replace grep serves the
+    module's grep in the built-in's place (the call runs the user's handler)."""
+    from toolfleet.worker.catalog import live_catalog
+
+    start_worker(args=["--no-builtins", "--tools", "tests.tools_for_sessions"], name="bare")
+    served = {t["name"] for entry in live_catalog(settings) for t in entry["tools"]}
+    assert "whoami" in served and not served & {"read_file", "run_command", "grep"}
+    start_worker(args=["--replace", "grep", "--tools", "tests.tools_user_grep"], name="repl")
+    registry = default_registry([TEST_TOOLS, "tests.tools_user_grep"], replace=["grep"])
+    with Dispatcher(settings, registry) as d:
+        r = d.submit([ToolCall(id="g", name="grep", arguments='{"pattern": "x"}', index=0)]).results(timeout_s=WAIT_S)
+    assert r[0].content == "user grep: x", r
