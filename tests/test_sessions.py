@@ -267,3 +267,20 @@ def test_worker_without_builtins_and_with_a_replaced_grep(settings: Settings, st
     with Dispatcher(settings, registry) as d:
         r = d.submit([ToolCall(id="g", name="grep", arguments='{"pattern": "x"}', index=0)]).results(timeout_s=WAIT_S)
     assert r[0].content == "user grep: x", r
+
+
+def test_loop_detection_lets_a_repeat_through_when_results_differed(dispatcher: Dispatcher, worker, workspace) -> None:
+    """Item 7: identical calls whose earlier results differ (the file changed in between, by
+    something else) are not a loop; once the results stop changing, the repeat is refused."""
+    readme = workspace / "README.md"
+
+    def read(turn: str):
+        call = ToolCall(id=f"{turn}-r", name="read_file", arguments='{"path": "README.md"}', index=0)
+        return dispatcher.submit([call], workspace=str(workspace), session_id="s-changing").results(timeout_s=WAIT_S)[0]
+
+    assert read("t1").ok
+    readme.write_text("changed by someone else\n")
+    assert read("t2").ok
+    third = read("t3")
+    assert third.ok and "changed by someone else" in third.content  # results differed: not a loop
+    assert read("t4").code is ErrorCode.LOOP_DETECTED  # the last two results were the same

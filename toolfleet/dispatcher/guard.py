@@ -107,7 +107,7 @@ class Guard:
         epochs = loop_epochs(self._sessions(), session_id, [(s, a) for _, s, a in candidates])
         looping = [replace(check, epoch=epoch) for (check, spec, _), epoch in zip(candidates, epochs, strict=True)
                    if spec.loop_check]
-        for result in self.loops.check(session_id, looping):
+        for result in self.loops.check(session_id, looping, turn_id=turn_id):
             out.refused[result.call_id] = result
             out.held.pop(result.call_id, None)
         return out
