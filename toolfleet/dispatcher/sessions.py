@@ -38,8 +38,8 @@ def open_session(store: SessionStore, registry: Registry, session_id: str | None
     that is not valid Unicode, or a session that is open already (unless ``replace``);
     :class:`~toolfleet.errors.BrokerUnavailable` if Redis does not answer."""
     session_id = session_id or uuid.uuid4().hex
-    if not session_id or not encodable(session_id) or any(c in session_id for c in "*?[]"):
-        raise ToolfleetError(f"session id {ascii(session_id)} is not usable (empty, a lone surrogate, or *?[])")
+    if not session_id or not encodable(session_id):
+        raise ToolfleetError(f"session id {ascii(session_id)} is not usable (empty or a lone surrogate)")
     declared = declared_states(registry)
     unknown = sorted(set(state or {}) - set(declared))
     if unknown:

@@ -151,7 +151,8 @@ def loop_epochs(store: SessionStore | None, session_id: str | None, calls: list[
 
 
 _SAVE = """
--- KEYS: state, meta ; ARGV: expected version, data, default ttl_s, now ; -1 session gone, -2 stale, else new version
+-- KEYS: state, meta ; ARGV: expected version, data, default ttl_s, now, state name ;
+-- -1 session gone, -2 stale, else the new version
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
 local v = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
 if v ~= tonumber(ARGV[1]) then return -2 end
@@ -160,6 +161,12 @@ local ttl = tonumber(redis.call('HGET', KEYS[2], 'ttl_s') or ARGV[3])
 redis.call('EXPIRE', KEYS[1], ttl)
 redis.call('EXPIRE', KEYS[2], ttl)
 redis.call('HSET', KEYS[2], 'touched_at', ARGV[4])
+if v == 0 then  -- a state the session was opened without: list it, so close() finds it
+  local names = cjson.decode(redis.call('HGET', KEYS[2], 'states') or '[]')
+  if type(names) ~= 'table' then names = {} end
+  names[#names + 1] = ARGV[5]
+  redis.call('HSET', KEYS[2], 'states', cjson.encode(names))
+end
 return v + 1
 """
 
@@ -213,8 +220,8 @@ class SessionStore:
             if not self.redis.hsetnx(meta, "opened_at", now) and not replace:
                 raise ToolfleetError(f"session {session_id!r} is open already; close it first or pass replace=True")
             pipe = self.redis.pipeline()
-            for key in self.redis.scan_iter(match=f"{self.keys.ns}:session:{session_id}:state:*", count=200):
-                pipe.delete(key)
+            for name in self._state_names(session_id):  # a replaced session's old states
+                pipe.delete(self.state_key(session_id, name))
             pipe.hset(meta, mapping={"opened_at": now, "touched_at": now, "ttl_s": ttl,
                                      "states": json.dumps(sorted(dumped))})
             pipe.expire(meta, ttl)
@@ -231,13 +238,22 @@ class SessionStore:
         """Delete the session and its states; True if it was open."""
         try:
             keys = [self.meta_key(session_id),
-                    *self.redis.scan_iter(match=f"{self.keys.ns}:session:{session_id}:state:*", count=200)]
+                    *(self.state_key(session_id, name) for name in self._state_names(session_id))]
             pipe = self.redis.pipeline()
             pipe.delete(*keys)
             pipe.zrem(self.index_key, session_id)
             return bool(pipe.execute()[0])
         except redis.RedisError as exc:
             raise self._broker(exc) from exc
+
+    def _state_names(self, session_id: str) -> list[str]:
+        """The states the session record lists (no key scan: ids may hold any character)."""
+        raw = self.redis.hget(self.meta_key(session_id), "states")
+        try:
+            names = json.loads(raw) if raw else []
+        except ValueError:
+            return []
+        return [n for n in names if isinstance(n, str) and n and set(n) <= _NAME_CHARS]
 
     def sessions(self) -> list[dict[str, Any]]:
         """The open sessions: ``[{"session_id", "opened_at", "touched_at", "ttl_s", "expires_in_s",
@@ -306,7 +322,7 @@ class SessionStore:
         execution saved in between (nothing is stored then)."""
         raw = state.dump(value)
         result = int(self._save(keys=[self.state_key(session_id, state.name), self.meta_key(session_id)],
-                                args=[loaded.version, raw, self.default_ttl_s, time.time()]))
+                                args=[loaded.version, raw, self.default_ttl_s, time.time(), state.name]))
         if result == -1:
             raise ToolFailure(f"session {session_id!r} was closed or expired while the call ran; its changes to "
                               f"{state.name!r} were not kept", "open the session again")
