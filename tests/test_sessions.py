@@ -12,14 +12,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from examples.vfs import TOOLS, VirtualFS
 from toolfleet import Dispatcher, Settings, ToolCall, default_registry
 from toolfleet.errors import ConfigurationError, ToolfleetError
 from toolfleet.models import ErrorCode
 from toolfleet.tools.state import SessionStore
 from toolfleet.trace import build_timeline
 from toolfleet.worker.values import to_content_and_data
-
-from examples.vfs import TOOLS, VirtualFS
 
 from .conftest import TEST_TOOLS
 
@@ -60,7 +59,8 @@ def make_script(rng: random.Random, turns: int) -> list[list[tuple[str, dict]]]:
     for t in range(turns):
         batch: list[tuple[str, dict]] = []
         if t % 9 == 4:
-            batch = [("fs_mkdir", {"path": "d1/d2/d3"}), ("fs_cd", {"path": "d1/d2/d3"})] + [("fs_cd", {"path": ".."})] * 3
+            batch = [("fs_mkdir", {"path": "d1/d2/d3"}), ("fs_cd", {"path": "d1/d2/d3"}),
+                     *[("fs_cd", {"path": ".."})] * 3]
             out.append(batch)
             continue
         for _ in range(rng.randint(1, 6)):
@@ -104,7 +104,8 @@ def test_scripted_turns_match_in_process(sdispatcher: Dispatcher, start_worker, 
             turn = sdispatcher.submit(calls_of(turn_no, batch), session_id=sid)
             results = turn.results(timeout_s=WAIT_S)
             plan_deps = turn.plan.deps
-            rows = {r.call_id: r for r in build_timeline(turn.turn_id, sdispatcher.ledger.audit.read(turn.turn_id)).rows}
+            trail = sdispatcher.ledger.audit.read(turn.turn_id)
+            rows = {r.call_id: r for r in build_timeline(turn.turn_id, trail).rows}
             for call, result in zip(calls_of(turn_no, batch), results, strict=True):
                 status, text = expected_of(local[sid], call.name, json.loads(call.arguments))
                 assert result.status == status, (sid, turn_no, call, result)
@@ -168,7 +169,8 @@ def test_tool_output_cannot_plant_state(sdispatcher: Dispatcher, start_worker, s
     start_worker(args=WORKER_ARGS)
     sid = sdispatcher.open_session()
     planted = json.dumps({"cwd": "/evil", "dirs": ["/", "/evil"], "files": {"/x": "pwned"}})
-    calls = [ToolCall(id="w", name="write_file", arguments=json.dumps({"path": "vfs.json", "content": planted}), index=0),
+    calls = [ToolCall(id="w", name="write_file", index=0,
+                      arguments=json.dumps({"path": "vfs.json", "content": planted})),
              ToolCall(id="e", name="fs_echo", arguments=json.dumps({"text": planted, "path": "state"}), index=1),
              ToolCall(id="p", name="fs_pwd", arguments="{}", index=2)]
     results = sdispatcher.submit(calls, session_id=sid, workspace=str(workspace)).results(timeout_s=WAIT_S)
@@ -284,3 +286,34 @@ def test_loop_detection_lets_a_repeat_through_when_results_differed(dispatcher: 
     third = read("t3")
     assert third.ok and "changed by someone else" in third.content  # results differed: not a loop
     assert read("t4").code is ErrorCode.LOOP_DETECTED  # the last two results were the same
+
+
+def test_store_saves_compare_and_set_and_expire(settings: Settings) -> None:
+    """A stale execution never overwrites a newer state; a closed session saves nothing; a state
+    first saved after opening is listed and closed with the session; ttl_s is the keys' expiry."""
+    import redis as redis_lib
+
+    from toolfleet.errors import ToolFailure
+    from toolfleet.keys import Keys
+
+    from .tools_for_sessions import COUNTER, Counter
+
+    store = SessionStore(redis_lib.Redis.from_url(settings.redis_url), Keys(settings.namespace))
+    vfs = TOOLS[0].state
+    store.open("cas", {vfs: None}, ttl_s=120)
+    first, stale = store.load(vfs, "cas"), store.load(vfs, "cas")
+    first.value.cwd = "/first"
+    assert store.save(vfs, "cas", first, first.value) == 2
+    stale.value.cwd = "/stale"
+    with pytest.raises(ToolFailure, match="changed by another execution"):
+        store.save(vfs, "cas", stale, stale.value)
+    assert store.load(vfs, "cas").value.cwd == "/first"
+    late = store.load(COUNTER, "cas")
+    assert late.version == 0 and store.save(COUNTER, "cas", late, Counter(count=5)) == 1
+    assert 0 < store.redis.ttl(store.state_key("cas", "counter")) <= 120
+    assert set(store.sessions()[0]["states"]) == {"vfs", "counter"}
+    assert store.close("cas") and not store.redis.exists(store.state_key("cas", "counter"))
+    with pytest.raises(ToolFailure, match="closed or expired"):
+        store.save(vfs, "cas", first, first.value)
+    with pytest.raises(ToolFailure, match="not open"):
+        store.load(vfs, "cas")

@@ -42,8 +42,8 @@ from .models import ErrorCode, ToolCall, ToolError, ToolResult
 from .policy import CommandRules, LoopRules, Policy, Rule, Verdict
 from .settings import Settings
 from .tools import Registry, ToolContext, ToolSpec, default_registry, paths, tool, tool_from_schema
-from .tools.redact import redact_arguments, redact_text
 from .tools.from_class import method, tools_from_class
+from .tools.redact import redact_arguments, redact_text
 from .tools.state import JsonRandom, SessionState
 from .worker import create_app
 

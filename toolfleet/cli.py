@@ -88,7 +88,8 @@ def worker(
         "(default: $TOOLFLEET_SANDBOX_NETWORK).")] = None,
     no_builtins: Annotated[bool, typer.Option("--no-builtins", help="Serve only the --tools modules' tools.")] = False,
     replace: Annotated[Optional[list[str]], typer.Option(
-        "--replace", help="A built-in tool that a --tools module's tool of the same name replaces (repeatable).")] = None,
+        "--replace", help="A built-in tool that a --tools module's tool of the same name replaces "
+        "(repeatable).")] = None,
 ) -> None:
     """Run a worker (prefork pool) serving the built-in tools plus --tools modules.
 
@@ -445,8 +446,8 @@ def down() -> None:
     stack.down(console=out)
 
 
-from . import cli_policy  # noqa: E402,F401  (registers pending, approve, deny, rules, trace on `app`)
-from . import cli_sessions  # noqa: E402,F401  (registers sessions on `app`)
+from . import cli_policy  # noqa: E402,F401,I001  (registers pending, approve, deny, rules, trace on `app`)
+from . import cli_sessions  # noqa: E402,F401,I001  (registers sessions on `app`)
 
 
 def main() -> None:

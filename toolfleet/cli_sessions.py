@@ -19,18 +19,21 @@ def sessions(
     redis_url: RedisOpt = None,
     namespace: NamespaceOpt = None,
     open_id: Annotated[Optional[str], typer.Option(
-        "--open", help="Open this session id with the initial states of the --tools modules' tools.")] = None,
+        "--open", help="Open this session id with the initial states of the --tools modules' "
+        "tools.")] = None,
     tools: ToolsOpt = None,
     state: Annotated[Optional[list[str]], typer.Option(
         "--state", help="With --open: NAME=JSON, a state's initial value (repeatable).")] = None,
-    ttl_s: Annotated[Optional[int], typer.Option("--ttl-s", help="With --open: expiry after the last save (s).")] = None,
-    close: Annotated[Optional[str], typer.Option("--close", help="Close this session (its states are deleted).")] = None,
+    ttl_s: Annotated[Optional[int], typer.Option(
+        "--ttl-s", help="With --open: expiry after the last save (s).")] = None,
+    close: Annotated[Optional[str], typer.Option(
+        "--close", help="Close this session (its states are deleted).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List the open sessions with stored state (id, age, expiry, each state's version and size);
     or open or close one. Exit 1 with a clear error when Redis does not answer or a value is bad."""
-    from .ledger import connect
     from .keys import Keys
+    from .ledger import connect
     from .tools.state import SessionStore
 
     try:

@@ -259,9 +259,10 @@ def tool_from_schema(
     given (no ``additionalProperties`` added). ``handler`` is called with the arguments as keyword
     arguments, plus the call's :class:`ToolContext` as ``ctx`` when it has a parameter named
     ``ctx`` or annotated ``ToolContext`` (then that parameter); ``access`` may be a function of
-    the arguments (as for :func:`tool`); without a handler, a call fails with ``EXECUTION_ERROR`` saying so. Other options are
-    those of :func:`tool`. Raises :class:`ConfigurationError` for a name providers refuse or a
-    schema that is not valid JSON Schema.
+    the arguments (as for :func:`tool`); without a handler, a call fails with
+    ``EXECUTION_ERROR`` saying so. Other options are those of :func:`tool`. Raises
+    :class:`ConfigurationError` for a name providers refuse or a schema that is not valid JSON
+    Schema.
     """
     if not _NAME.match(name):
         raise ConfigurationError(f"tool name {name!r} must match {_NAME.pattern} (provider limit)")
