@@ -228,6 +228,10 @@ def test_builtins_left_out_or_replaced_explicitly() -> None:
     with pytest.raises(ConfigurationError, match="no tool module"):
         default_registry(["examples.vfs"], replace=["read_file"])
     assert bare.get("whoami").context_param == "ctx"
+    from toolfleet import SessionState, tool
+
+    with pytest.raises(ConfigurationError, match="ctx.session"):
+        tool(lambda a: a, name="stateless_handler", state=SessionState("x", dict))
 
 
 def test_cli_sessions_open_list_close(settings: Settings) -> None:

@@ -104,7 +104,7 @@ def _method_tool(cls: type, state: SessionState, name: str, prefix: str, default
     describe.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
     describe.__annotations__ = {p.name: hints.get(p.name, Any) for p in params}
     describe.__doc__ = func.__doc__
-    spec = tool(describe, name=tool_name, state=state, **options)
+    spec = tool(describe, name=tool_name, **options)
     if spec.context_param:
         raise ConfigurationError(f"tool {tool_name}: a method's session state is `self`; it takes no ctx")
 
@@ -115,4 +115,4 @@ def _method_tool(cls: type, state: SessionState, name: str, prefix: str, default
         except expected_errors as exc:
             raise ToolFailure(f"{type(exc).__name__}: {exc}", "check the arguments against the current state") from exc
 
-    return dataclasses.replace(spec, handler=handler, context_param=_CTX)
+    return dataclasses.replace(spec, handler=handler, context_param=_CTX, state=state)

@@ -332,6 +332,14 @@ def make_spec(func: Callable[..., Any], *, name: str | None, description: str | 
             )
     doc = docstring_parser.parse(inspect.getdoc(func) or "")
     parameters, context_param = _schema(func, tool_name, {p.arg_name: p.description for p in doc.params})
+    if options.get("state") is not None:
+        from .state import SessionState
+
+        if not isinstance(options["state"], SessionState):
+            raise ConfigurationError(f"tool {tool_name}: state must be a SessionState, not {options['state']!r}")
+        if context_param is None:
+            raise ConfigurationError(f"tool {tool_name}: a tool with session state reads it from ctx.session; "
+                                     "give the handler a `ctx: ToolContext` parameter")
     if options["timeout_arg"] and options["timeout_arg"] not in parameters["properties"]:
         raise ConfigurationError(f"tool {tool_name}: timeout_arg {options['timeout_arg']!r} is not a parameter")
     for declared in (*options["sensitive"], *([options["command_arg"]] if options["command_arg"] else [])):
