@@ -91,7 +91,8 @@ def worker(
         "--replace", help="A built-in tool that a --tools module's tool of the same name replaces "
         "(repeatable).")] = None,
 ) -> None:
-    """Run a worker (prefork pool) serving the built-in tools plus --tools modules.
+    """Run a worker (prefork pool) serving the built-in tools plus --tools modules (--no-builtins:
+    only the modules'; --replace NAME: a module's tool NAME in the built-in's place).
 
     It first runs a trivial command in the sandbox: if that fails, run_command is not served
     (the reason is printed) unless --sandbox none was chosen explicitly."""
