@@ -224,7 +224,7 @@ def test_builtins_left_out_or_replaced_explicitly() -> None:
     replaced = default_registry(["tests.tools_user_grep"], replace=["grep"])
     assert replaced.get("grep").handler(pattern="x") == "user grep: x" and "read_file" in replaced
     bare = default_registry(["tests.tools_user_grep", "tests.tools_for_sessions"], builtins=False)
-    assert sorted(bare.names()) == ["bump", "grep", "whoami"]
+    assert sorted(bare.names()) == ["bump", "crash_bump", "grep", "whoami"]
     with pytest.raises(ConfigurationError, match="no tool module"):
         default_registry(["examples.vfs"], replace=["read_file"])
     assert bare.get("whoami").context_param == "ctx"
@@ -321,3 +321,17 @@ def test_store_saves_compare_and_set_and_expire(settings: Settings) -> None:
         store.save(vfs, "cas", first, first.value)
     with pytest.raises(ToolFailure, match="not open"):
         store.load(vfs, "cas")
+
+
+def test_worker_killed_under_a_write_leaves_the_state_as_before(settings: Settings, start_worker) -> None:
+    """A pool process SIGKILLed after its handler changed the state in memory saves nothing: the
+    call ends with an error result within the liveness bound and the next call sees the state as
+    it was before it."""
+    fast = settings.model_copy(update={"heartbeat_s": 0.5})
+    start_worker(args=WORKER_ARGS, settings=fast)
+    with Dispatcher(fast, default_registry(MODULES)) as d:
+        sid = d.open_session()
+        assert run(d, sid, ("bump", {}), turn="a")[0].content == "count=1"
+        crashed = run(d, sid, ("crash_bump", {}), turn="b")[0]
+        assert crashed.code in (ErrorCode.OUTCOME_UNKNOWN, ErrorCode.WORKER_LOST), crashed
+        assert run(d, sid, ("bump", {}), turn="c")[0].content == "count=2"

@@ -3,6 +3,9 @@ handler taking ctx, and a function tool with a declared session state and its ow
 
 from __future__ import annotations
 
+import os
+import signal
+
 from pydantic import BaseModel
 
 from toolfleet import ToolContext
@@ -39,3 +42,11 @@ def bump(ctx: ToolContext, label: str = "") -> dict:
     if label == "boom":
         raise RuntimeError("failed after counting")
     return {"count": ctx.session.count, "seen": len(ctx.session.seen)}
+
+
+@tool(state=COUNTER, loop_check=False)
+def crash_bump(ctx: ToolContext) -> str:
+    """Add 100 to the counter in memory, then die (SIGKILL of its own process) before the save."""
+    ctx.session.count += 100
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "not reached"
