@@ -6,7 +6,8 @@ RUN useradd --create-home --uid 1000 toolfleet
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY toolfleet ./toolfleet
-RUN pip install --no-cache-dir .
+# the mcp extra: workers may host MCP servers (`toolfleet worker --mcp NAME=COMMAND`)
+RUN pip install --no-cache-dir ".[mcp]"
 USER toolfleet
 WORKDIR /workspace
 ENTRYPOINT ["toolfleet"]

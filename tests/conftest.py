@@ -109,7 +109,8 @@ class WorkerProcess:
 
     def __init__(self, settings: Settings, concurrency: int, name: str, args: Sequence[str] = ()) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT), TOOLFLEET_NAMESPACE=settings.namespace,
-                   TOOLFLEET_HEARTBEAT_S=str(settings.heartbeat_s))
+                   TOOLFLEET_HEARTBEAT_S=str(settings.heartbeat_s),
+                   TOOLFLEET_CLOCK_SKEW_MARGIN_S=str(settings.clock_skew_margin_s))
         env.pop("REDIS_URL", None)
         env.pop("TOOLFLEET_BROKER_URL", None)
         self.name = f"{name}@{settings.namespace}"

@@ -26,6 +26,8 @@ def wait_started(dispatcher: Dispatcher, turn_id: str, call_id: str, timeout_s: 
             last = event.stream_id
             if event.type == "started" and event.call_id == call_id:
                 return json.loads(event.data)
+            if event.type == "result" and event.call_id == call_id:  # answered without starting: say why
+                raise AssertionError(f"call {call_id} of turn {turn_id} never started: {event.result().content}")
     raise TimeoutError(f"call {call_id} of turn {turn_id} did not start within {timeout_s} s")
 
 
@@ -50,3 +52,13 @@ def wait_until(check, timeout_s: float, what: str, every_s: float = 0.02) -> Non
             return
         time.sleep(every_s)
     raise TimeoutError(f"{what} did not happen within {timeout_s} s")
+
+
+def freeze(worker) -> None:
+    """SIGSTOP a whole worker (main process and pool, its process group): a long GC pause, a VM
+    stall, a partition. Nothing of it runs until :func:`thaw`."""
+    os.killpg(worker.proc.pid, signal.SIGSTOP)
+
+
+def thaw(worker) -> None:
+    os.killpg(worker.proc.pid, signal.SIGCONT)

@@ -13,7 +13,9 @@ from toolfleet.errors import BatchRejected, ToolfleetError
 
 from .faults import call
 
-BAD_IDS = ["call_\ud800", "call\x00nul", "call\nline", "x" * 257]
+BAD_IDS = ["call_\ud800", "call\x00nul", "call\nline", "x" * 257,
+           # credential-shaped ids would be Celery task ids, unmasked in Flower and the audit trail
+           "ghp_" + "Zb3" * 12, "sk-ant-api03-" + "A1b2" * 10]
 
 
 def driver_threads() -> list[threading.Thread]:
@@ -32,6 +34,7 @@ def test_bad_call_id_refuses_the_batch_before_anything_is_sent(dispatcher, worke
     with pytest.raises(BatchRejected) as caught:
         dispatcher.submit_response(response, workspace=str(workspace))
     assert caught.value.reason == "bad_call_id"
+    assert bad_id.strip("x") == "" or bad_id[:8] not in str(caught.value)  # a credential-shaped id is not echoed
     assert set(driver_threads()) <= before, "a refused submit left its driver thread behind"
 
 

@@ -110,3 +110,23 @@ def test_write_that_finishes_after_a_cancel_keeps_its_real_result(dispatcher, wo
     assert first.ok and first.content == "noted kept", first.content
     assert second.code is ErrorCode.NOT_EXECUTED
     assert refund_store.notes(workspace) == ["kept"]
+
+
+def test_toolfleet_cancel_of_a_finished_turn_says_so(settings, dispatcher, worker, workspace):
+    turn = dispatcher.submit([call("c1", "run_command", command="echo done")], workspace=str(workspace))
+    assert turn.results(timeout_s=60)[0].ok
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "toolfleet", "cancel", turn.turn_id, "--redis-url",
+                           settings.redis_url, "--namespace", settings.namespace],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "already finished" in proc.stdout
+    assert turn.results(timeout_s=5)[0].ok  # the result stands
+
+
+def test_printed_follow_up_commands_name_the_namespace(settings):
+    from toolfleet.cli import where
+
+    assert f"--namespace {settings.namespace}" in where(settings)
+    secret = settings.model_copy(update={"redis_url": "redis://:hunter2@10.0.0.5:6379/0"})
+    assert "hunter2" not in where(secret)

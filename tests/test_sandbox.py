@@ -57,6 +57,11 @@ ATTEMPTS = [
     "unshare -Urm sh -c 'mount -o remount,rw / && touch {OUT}/new.txt'",
     "touch /etc/toolfleet-sandbox-probe",
     "python3 -c \"open('{OUT}/new.txt', 'w')\"",
+    # kernel settings: a root worker's sandbox user is host uid 0, and /proc/sys files are writable by
+    # their owner's mode bits alone (each writes the value already there: harmless if it failed open)
+    "cat /proc/sys/kernel/core_pattern > /proc/sys/kernel/core_pattern",
+    "sysctl -q -w kernel.core_uses_pid=$(cat /proc/sys/kernel/core_uses_pid)",
+    "test -w /proc/sysrq-trigger",
 ]
 
 

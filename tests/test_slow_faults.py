@@ -44,7 +44,11 @@ ALLOWED = {
 
 @pytest.fixture
 def settings(settings):
-    return settings.model_copy(update={"heartbeat_s": 0.5})
+    # breaker_failures: issue 11 case 7. Five reps in a row whose plain write ran on the killed
+    # worker give add_note five WORKER_LOSTs in a row; its circuit then opens (as it should) and
+    # the next rep's call gets TOOL_UNAVAILABLE at once, so waiting for it to start timed out after
+    # 30 s. These tests are about worker loss, not the breaker (tests/test_availability.py).
+    return settings.model_copy(update={"heartbeat_s": 0.5, "breaker_failures": 1000})
 
 
 def batch(rep: int, rng: random.Random, long_s: float) -> list:
@@ -56,6 +60,17 @@ def batch(rep: int, rng: random.Random, long_s: float) -> list:
              pre_s=round(rng.uniform(0, long_s / 2), 2), post_s=round(rng.uniform(0.2, long_s / 2), 2)),
         call("note", "add_note", text=f"n{rep}", seconds=long_s),
     ]
+
+
+def reset_breakers(dispatcher) -> None:
+    """The workers observe lost pool processes with their own ``breaker_failures`` (5): reset the
+    circuits between reps (see the settings fixture)."""
+    from toolfleet.keys import Keys
+
+    client = dispatcher.ledger.redis
+    keys = list(client.scan_iter(match=Keys(dispatcher.settings.namespace).breaker("*"), count=100))
+    if keys:
+        client.delete(*keys)
 
 
 def outcome(result) -> str:
@@ -94,6 +109,7 @@ def test_sigkill_a_pool_process_mid_batch_20_times(dispatcher, start_worker, wor
     start_worker(concurrency=4)
     tally: Counter = Counter()
     for rep in range(REPETITIONS):
+        reset_breakers(dispatcher)
         calls = batch(rep, rng, long_s=1.5)
         turn = dispatcher.submit(calls, workspace=str(workspace))
         records = {c.id: wait_started(dispatcher, turn.turn_id, c.id) for c in calls}
@@ -110,6 +126,7 @@ def test_sigkill_a_whole_worker_mid_batch_20_times(dispatcher, start_worker, wor
     workers = [start_worker(concurrency=2), start_worker(concurrency=2)]
     tally: Counter = Counter()
     for rep in range(REPETITIONS):
+        reset_breakers(dispatcher)
         calls = batch(rep, rng, long_s=2.0)
         turn = dispatcher.submit(calls, workspace=str(workspace))
         on = {c.id: wait_started(dispatcher, turn.turn_id, c.id)["worker"] for c in calls}

@@ -58,3 +58,26 @@ def test_up_run_flower_down(tmp_path, namespace, workspace):
         down = cli("down", env=env)
     assert down.returncode == 0 and "stopped worker" in down.stdout
     assert not (tmp_path / "home" / "stack.json").exists()
+
+
+def test_worker_started_by_up_ignores_a_toolfleet_package_planted_in_its_directory(tmp_path):
+    """`toolfleet up` run from a directory tools write to (a workspace): a planted `toolfleet/`
+    package there must not replace ours in the worker it starts (it would run unsandboxed)."""
+    from toolfleet.stack import WORKER_BOOT
+
+    planted = tmp_path / "toolfleet"
+    planted.mkdir()
+    marker = tmp_path / "planted-ran"
+    for name in ("__init__.py", "__main__.py", "cli.py"):
+        (planted / name).write_text(f"open({str(marker)!r}, 'w').write('ran')\ndef main(): pass\n")
+    (tmp_path / "mytools.py").write_text("X = 1\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # how the suite imports this checkout
+    done = subprocess.run([*WORKER_BOOT, "worker", "--help"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--tools" in done.stdout
+    assert not marker.exists()
+    probe = subprocess.run([WORKER_BOOT[0], "-P", "-c", WORKER_BOOT[3].replace("main()", "import mytools")],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stderr  # tool modules in that directory still load
+    assert not marker.exists()

@@ -147,6 +147,7 @@ def _refund(ctx: ToolContext, order_id: str, amount_cents: int, pre_s: float, po
     key = _refund_key({"order_id": order_id})
     refund_store.record_run(ctx.workspace, key, os.getpid())
     time.sleep(pre_s)  # talking to the payment provider...
+    ctx.check_fence()  # the last moment: a stale (frozen, overtaken) execution pays nothing
     refund_store.pay(ctx.workspace, key, order_id, amount_cents)
     time.sleep(post_s)  # ...and its reply taking long, or never coming back
     return _paid(ctx, order_id, amount_cents)
@@ -190,6 +191,7 @@ def add_note(ctx: ToolContext, text: str, seconds: float = 0.0) -> str:
     from tests import refund_store
 
     time.sleep(seconds)
+    ctx.check_fence()
     refund_store.add_note(ctx.workspace, text)
     return f"noted {text}"
 
@@ -245,6 +247,7 @@ def settle_note(ctx: ToolContext, text: str, seconds: float = 0.0) -> str:
     from tests import refund_store
 
     time.sleep(seconds)
+    ctx.check_fence()
     refund_store.add_note(ctx.workspace, text)
     return f"noted {text}"
 
@@ -333,3 +336,64 @@ def tally(ctx: ToolContext, text: str, seconds: float = 0.0) -> str:
     ctx.cancelled.wait(seconds)
     ctx.check_cancelled()
     return f"tallied {text}"
+
+
+# --- fencing: short time limits, so freezing a worker past its deadline fits in a test ---
+
+@tool(access="write", resources=lambda a: [f"order:{a['order_id']}"], timeout_s=1,
+      idempotency_key=_refund_key, probe=refund_probe)
+def quick_refund(ctx: ToolContext, order_id: str, amount_cents: int, pre_s: float = 0.0, post_s: float = 0.0) -> str:
+    """The refund with a 1 s time limit (journaled, with a probe; checks its fence before paying).
+
+    Args:
+        order_id: The order to refund.
+        amount_cents: How much to refund.
+        pre_s: Seconds spent before the money moves.
+        post_s: Seconds spent after the money moved.
+    """
+    return _refund(ctx, order_id, amount_cents, pre_s, post_s)
+
+
+@tool(access="write", resources=lambda a: [f"order:{a['order_id']}"], timeout_s=1, idempotency_key=_refund_key)
+def quick_refund_blind(ctx: ToolContext, order_id: str, amount_cents: int, pre_s: float = 0.0,
+                       post_s: float = 0.0) -> str:
+    """The refund with a 1 s time limit, journaled, without a probe.
+
+    Args:
+        order_id: The order to refund.
+        amount_cents: How much to refund.
+        pre_s: Seconds spent before the money moves.
+        post_s: Seconds spent after the money moved.
+    """
+    return _refund(ctx, order_id, amount_cents, pre_s, post_s)
+
+
+@tool(access="write", resources=lambda a: [path_resource(a["path"])], timeout_s=1)
+def fenced_append(ctx: ToolContext, path: str, line: str, seconds: float = 0.0) -> str:
+    """Append one line to a workspace file after ``seconds``, checking the fence at the last moment.
+
+    Args:
+        path: File path relative to the workspace.
+        line: The line to append.
+        seconds: Seconds spent before the write.
+    """
+    from pathlib import Path
+
+    target = Path(ctx.workspace) / path  # tests only: fixed names in the test's workspace
+    time.sleep(seconds)
+    ctx.check_fence()
+    with open(target, "a") as out:
+        out.write(line + "\n")
+    return f"appended {line}"
+
+
+@tool(access="read", resources=lambda a: [], timeout_s=1)
+def quick_read(ctx: ToolContext, label: str, seconds: float = 0.0) -> str:
+    """A read with a 1 s time limit (idempotent: may run twice).
+
+    Args:
+        label: Any text.
+        seconds: Seconds it takes.
+    """
+    ctx.cancelled.wait(seconds)
+    return f"read {label}"

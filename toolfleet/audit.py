@@ -21,6 +21,9 @@ type            writer        data
 ``denied``      approver or   ``by`` (``policy`` when the policy refused it), ``reason``, ``rule``
                 policy
 ``cancelled``   any process   ``reason``, ``not_executed`` (call ids that never started)
+``late``        worker        as ``finished``: the outcome of a stale execution (fenced: a newer
+                              one held the call, or the caller already had its answer); a note
+                              for the operator, never the call's result
 ==============  ============  ================================================================
 
 Everything is passed through :func:`toolfleet.tools.redact.redact_value` before it is written,

@@ -90,6 +90,8 @@ def worker(
     replace: Annotated[Optional[list[str]], typer.Option(
         "--replace", help="A built-in tool that a --tools module's tool of the same name replaces "
         "(repeatable).")] = None,
+    mcp: Annotated[Optional[list[str]], typer.Option("--mcp", help="Host a stdio MCP server, NAME=COMMAND "
+                                                     "(repeatable): its tools are served as NAME__tool.")] = None,
 ) -> None:
     """Run a worker (prefork pool) serving the built-in tools plus --tools modules (--no-builtins:
     only the modules'; --replace NAME: a module's tool NAME in the built-in's place).
@@ -115,6 +117,9 @@ def worker(
             default_registry(tools or [], builtins=not no_builtins, replace=replace or []), settings)
         if message:
             err.print(message, style="bold yellow", markup=False)
+        if mcp:  # toolfleet.integrations.mcp_host (the `mcp` extra)
+            from .cli_mcp import host_servers
+            host_servers(registry, mcp)
         rules = _policy(policy)
         celery_app = create_app(settings, registry, rules)
     except ToolfleetError as exc:
@@ -208,7 +213,7 @@ def run(
     announce_pending(turn, err)
     if not as_json:
         err.print(f"turn {turn.turn_id}: {len(turn.calls)} call(s); cancel it from anywhere with "
-                  f"`toolfleet cancel {turn.turn_id}`")
+                  f"`toolfleet cancel {turn.turn_id}{where(settings)}`")
     cancelled_at: list[float] = []
     if cancel_after is not None:
         def _cancel() -> None:
@@ -226,9 +231,12 @@ def run(
     except TimeoutError as exc:
         # Giving up cancels the turn (Turn.results): nothing of it runs later. Print its results
         # as they are once the cancel has settled (final within cancel_grace_s), then exit 1.
-        gave_up = (f"{exc}; is a worker serving these tools running in namespace {settings.namespace!r}? "
-                   "`toolfleet tools` lists what the live workers serve")
+        missing = len(turn.calls) - len(_recorded(turn))
         results = _results_after_giving_up(turn, settings)
+        started = sum(1 for r in results if r.attempts)
+        gave_up = (f"{exc}; {missing} call(s) had no result yet when you gave up"
+                   + ("" if started else f"; none had started: is a worker serving these tools? `toolfleet tools"
+                      f"{where(settings)}` lists what the live workers serve"))
     except ToolfleetError as exc:
         results = _recorded(turn)
         if not results:
@@ -263,6 +271,25 @@ def run(
 def _recorded(turn: Any) -> list[Any]:
     """The results the turn holds now, in model order (calls without one are left out)."""
     return [r for r in (turn.result(c.id) for c in turn.calls) if r is not None]
+
+
+def where(settings: Settings) -> str:
+    """The options a printed follow-up command needs to reach the same turn: ``--namespace`` always
+    (the default is only right for the default namespace), ``--redis-url`` when it is not the default
+    and carries no password (a password is never printed)."""
+    extra = f" --namespace {settings.namespace}"
+    default = Settings.model_fields["redis_url"].default
+    if settings.redis_url != default and "@" not in settings.redis_url:
+        extra += f" --redis-url {settings.redis_url}"
+    return extra
+
+
+def _all_answered(ledger: Any, turn_id: str) -> bool:
+    try:
+        calls, results = ledger.calls(turn_id), ledger.results(turn_id)
+    except ToolfleetError:
+        return False
+    return bool(calls) and set(calls) <= set(results)
 
 
 def _results_after_giving_up(turn: Any, settings: Settings) -> list[Any]:
@@ -339,11 +366,14 @@ def cancel(
     from .ledger import Ledger
 
     try:
-        n = Ledger(_settings(redis_url, namespace)).cancel(turn_id, "cancelled with `toolfleet cancel`")
+        ledger = Ledger(_settings(redis_url, namespace))
+        n = ledger.cancel(turn_id, "cancelled with `toolfleet cancel`")
     except ToolfleetError as exc:
         _fail(exc)
     if n < 0:
         out.print(f"turn {turn_id} was already cancelled")
+    elif n == 0 and _all_answered(ledger, turn_id):
+        out.print(f"turn {turn_id} had already finished: every call has its result; nothing was stopped")
     else:
         out.print(f"turn {turn_id} cancelled: {n} call(s) will not start; running calls are being stopped")
 
@@ -447,6 +477,7 @@ def down() -> None:
     stack.down(console=out)
 
 
+from . import cli_mcp  # noqa: E402,F401,I001  (registers `mcp serve` on `app`)
 from . import cli_policy  # noqa: E402,F401,I001  (registers pending, approve, deny, rules, trace on `app`)
 from . import cli_sessions  # noqa: E402,F401,I001  (registers sessions on `app`)
 

@@ -41,8 +41,12 @@ def announce_pending(turn, console: Console) -> None:
         for call in pending:
             console.print(f"  {escape(call.call_id)}  {call.name} {escape(json.dumps(call.arguments))}\n"
                           f"      why: {escape(call.reason)}")
-        console.print(f"answer with: toolfleet approve {turn.turn_id} CALL_ID  |  "
-                      f"toolfleet deny {turn.turn_id} CALL_ID --reason TEXT")
+        from .cli import where
+
+        settings = getattr(turn, "_settings", None)
+        opts = where(settings) if settings is not None else ""
+        console.print(f"answer with: toolfleet approve {turn.turn_id} CALL_ID{opts}  |  "
+                      f"toolfleet deny {turn.turn_id} CALL_ID --reason TEXT{opts}")
 
     threading.Thread(target=watch, name="toolfleet-pending", daemon=True).start()
 

@@ -96,6 +96,15 @@ class ToolFailure(ToolfleetError):
             self.code = code
 
 
+class StaleFence(ToolFailure):
+    """Raised by :meth:`ToolContext.check_fence` when this execution no longer holds its call (its
+    fencing token is stale: a newer execution claimed it, the caller already has its answer, the
+    turn was cancelled, or its deadline passed). The step that was about to happen must not
+    happen; the execution's outcome is refused and kept only as a late note for the operator."""
+
+    code = "OUTCOME_UNKNOWN"
+
+
 class PermissionDenied(ToolFailure):
     """Raised when policy refuses a call (a path outside the workspace, a command not allowed)."""
 

@@ -65,6 +65,25 @@ class Keys:
         """Hash call_id -> JSON (decision approved|denied, by, reason, at): the first decision wins."""
         return f"{self.ns}:turn:{turn_id}:decisions"
 
+    def turn_fence(self, turn_id: str) -> str:
+        """Hash call_id -> "token deadline_ms pid": the fencing token of the execution that holds
+        the call (its latest claim), its deadline on the Redis clock and its process id."""
+        return f"{self.ns}:turn:{turn_id}:fence"
+
+    def turn_late(self, turn_id: str) -> str:
+        """Hash "call_id token" -> result JSON: outcomes a stale execution reported after the
+        caller's answer (kept for the operator, never the call's result; ``toolfleet trace``)."""
+        return f"{self.ns}:turn:{turn_id}:late"
+
+    def turn_sent_after(self, turn_id: str) -> str:
+        """Hash call_id -> unix s: the call was sent again then; older messages of it are superseded."""
+        return f"{self.ns}:turn:{turn_id}:sent_after"
+
+    @property
+    def fence_counter(self) -> str:
+        """Counter of the namespace's fencing tokens (claims, journal leases, locks): INCR only."""
+        return f"{self.ns}:fence"
+
     def cancel_channel(self, turn_id: str) -> str:
         """Pub/sub channel workers listen on to stop a turn's running calls."""
         return f"{self.ns}:cancel:{turn_id}"

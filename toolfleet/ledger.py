@@ -101,6 +101,7 @@ class Ledger:
         self._add = self.redis.register_script(lua.ADD)
         self.audit = AuditLog(self.redis, self.keys, settings.result_ttl_s)
         self._reopen = self.redis.register_script(lua.REOPEN)
+        self._check_fence = self.redis.register_script(lua.CHECK_FENCE)
 
     def retrying(self, op: Callable[[], T]) -> T:
         """Run ``op``; while Redis is down, retry it for ``retry_s`` (then BrokerUnavailable)."""
@@ -237,12 +238,14 @@ class Ledger:
 
     # --- both sides ---
     def record_result(self, turn_id: str, result: ToolResult, *, unless_started: bool = False,
-                      tool_worked: str | None = None) -> bool:
+                      tool_worked: str | None = None, fencing_token: int | None = None) -> bool:
         """Store ``result`` unless its call already has one (or, with ``unless_started``, a worker
         already began it: for placeholders that say "it did not run"). True if this one was kept.
         ``tool_worked``: a tool whose circuit breaker (:mod:`toolfleet.breaker`) counts this call
         as one that worked, in the same script (a worker's report, whether or not the result is
-        kept)."""
+        kept). ``fencing_token``: a worker's claim token; the result is then refused (False) when a
+        newer execution holds the call or the call already has a result, and kept as a late note
+        (:meth:`late_notes`) instead."""
         k = self.keys
         keys = [
             k.turn_results(turn_id),
@@ -255,8 +258,11 @@ class Ledger:
         payload = result.model_dump_json(exclude_none=True)
         audit = self.audit.finished_data(result)
         args = [result.call_id, payload, self.settings.result_ttl_s, audit]
-        if tool_worked is not None and not unless_started:
-            keys.append(k.breaker(tool_worked))
+        if not unless_started:
+            keys += [k.turn_fence(turn_id), k.turn_late(turn_id)]
+            args.append("" if fencing_token is None else str(fencing_token))
+            if tool_worked is not None:
+                keys.append(k.breaker(tool_worked))
         script = self._record_unstarted if unless_started else self._record
         return bool(self.retrying(lambda: script(keys=keys, args=args)))
 
@@ -267,11 +273,17 @@ class Ledger:
             self.record_result(turn_id, result)
 
     # --- worker side ---
-    def claim_start(self, turn_id: str, call_id: str, worker: str, *, arm_wait_s: float = ARM_WAIT_S) -> str:
+    def claim_start(self, turn_id: str, call_id: str, worker: str, *, arm_wait_s: float = ARM_WAIT_S,
+                    hard_limit_s: float = 3600.0, submitted_at: float = float("inf")) -> Claim:
         """Mark a call started. Returns ``ok``, ``restarted`` (started before: a redelivery),
         ``cancelled`` (turn cancelled: do not run), ``done`` (already has a result: do not run) or
         ``ended`` (the turn is over: :meth:`end_turn` was called, or its lease lapsed because its
-        dispatcher vanished; checked against Redis's clock: do not run).
+        dispatcher vanished; checked against Redis's clock: do not run) or ``superseded`` (this
+        message, sent at ``submitted_at``, was replaced by a later send of the call: do not run).
+        A claim takes a new fencing token (:attr:`Claim.token`, monotonic per namespace) and a
+        deadline ``hard_limit_s`` from now on the Redis clock; the execution holds the call while
+        its token is the latest, the call has no result and the deadline has not passed
+        (:meth:`check_fence`).
 
         A turn that is not armed yet is waited for (up to ``arm_wait_s``; normally the dispatcher
         arms it milliseconds after sending its first group); one that stays unarmed was abandoned
@@ -290,19 +302,63 @@ class Ledger:
             k.turn_ended(turn_id),
             k.turn_lease(turn_id),
         ]
-        args = [call_id, started, self.settings.result_ttl_s, self.audit.plain(worker=worker)]
-        claim = _s(self.retrying(lambda: self._claim(keys=keys, args=args)))
+        keys += [k.turn_fence(turn_id), k.fence_counter, k.turn_sent_after(turn_id)]
+        args = [call_id, started, self.settings.result_ttl_s, self.audit.plain(worker=worker),
+                int(hard_limit_s * 1000), repr(min(submitted_at, 1e15)), os.getpid()]
+        claim = Claim.parse(_s(self.retrying(lambda: self._claim(keys=keys, args=args))))
         if claim != "unarmed":
             return claim
         self._wait_armed(turn_id, arm_wait_s)
-        claim = _s(self.retrying(lambda: self._claim(keys=keys, args=args)))
+        claim = Claim.parse(_s(self.retrying(lambda: self._claim(keys=keys, args=args))))
         if claim != "unarmed":
             return claim
         try:
             self.cancel(turn_id, "the dispatcher never finished submitting the turn")
         except TurnNotFound:
             pass
-        return "cancelled"
+        return Claim("cancelled")
+
+    def check_fence(self, turn_id: str, call_id: str, token: int, *, refuse_if_cancelled: bool = True,
+                    journal_key: str | None = None) -> str:
+        """``""`` while the execution with fencing ``token`` still holds the call (its token is
+        the latest claim's, the call has no result, the turn is not cancelled unless
+        ``refuse_if_cancelled`` is False, its deadline has not passed, and it holds
+        ``journal_key`` if given); else why not. One atomic script; Redis trouble past
+        ``retry_s`` raises :class:`BrokerUnavailable` (the caller must then refuse its step)."""
+        k = self.keys
+        keys = [k.turn_fence(turn_id), k.turn_results(turn_id), k.turn_cancelled(turn_id)]
+        if journal_key:
+            keys.append(journal_key)
+        args = [call_id, str(token), "1" if refuse_if_cancelled else "0"]
+        return _s(self.retrying(lambda: self._check_fence(keys=keys, args=args)))
+
+    def fence_of(self, turn_id: str, call_id: str) -> tuple[int, int, int] | None:
+        """(token, deadline_ms on the Redis clock, pid) of the call's latest claim, or None."""
+        raw = self.retrying(lambda: self.redis.hget(self.keys.turn_fence(turn_id), call_id))
+        if raw is None:
+            return None
+        token, deadline, pid = (_s(raw).split(" ") + ["0", "0"])[:3]
+        return int(token), int(deadline), int(pid or 0)
+
+    def supersede(self, turn_id: str, call_id: str) -> None:
+        """The dispatcher is about to send ``call_id`` again: every message of it sent before now
+        can no longer claim it (``superseded``), wherever it is held (a frozen worker's socket, an
+        unacknowledged index, a queue)."""
+        key = self.keys.turn_sent_after(turn_id)
+        with translated(self.settings.redis_url):
+            pipe = self.redis.pipeline()
+            pipe.hset(key, call_id, repr(time.time()))
+            pipe.expire(key, self.settings.result_ttl_s)
+            pipe.execute()
+
+    def late_notes(self, turn_id: str) -> dict[str, list[ToolResult]]:
+        """Outcomes that stale executions reported after the caller had the call's answer, by call
+        id (for the operator: the caller's answer stays final)."""
+        notes: dict[str, list[ToolResult]] = {}
+        for field, raw in self.redis.hgetall(self.keys.turn_late(turn_id)).items():
+            call_id = _s(field).rsplit(" ", 1)[0]
+            notes.setdefault(call_id, []).append(ToolResult.model_validate_json(raw))
+        return notes
 
     def _wait_armed(self, turn_id: str, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
@@ -351,6 +407,20 @@ class Ledger:
 
     def is_cancelled(self, turn_id: str) -> bool:
         return bool(self.redis.exists(self.keys.turn_cancelled(turn_id)))
+
+
+class Claim(str):
+    """What ``claim_start`` answered (a ``str``: ``ok``, ``restarted``, ``cancelled``, ``done``,
+    ``superseded``), with the fencing ``token`` of an ``ok``/``restarted`` claim (else 0)."""
+
+    token: int = 0
+
+    @classmethod
+    def parse(cls, reply: str) -> Claim:
+        verdict, _, token = reply.partition(" ")
+        claim = cls(verdict)
+        claim.token = int(token) if token.isdigit() else 0
+        return claim
 
 
 def not_executed(call_id: str, name: str) -> ToolResult:

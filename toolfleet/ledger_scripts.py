@@ -16,23 +16,53 @@ for i = 1, 6 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end
 return 1
 """
 
+# A worker's result carries its claim's fencing token: refused (kept as a late note for the operator,
+# never as the call's result) when a newer execution holds the call or the caller already has a result.
+_FENCED = """
+if ARGV[5] ~= '' then
+  -- no fence entry at all: Redis lost its data (restarted without persistence); nobody claimed
+  -- the call since, so this execution's result is still the one (first result wins)
+  local f = redis.call('HGET', KEYS[7], ARGV[1])
+  local current = f and string.match(f, '^(%d+)') or ARGV[5]
+  if current ~= ARGV[5] or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+    redis.call('HSET', KEYS[8], ARGV[1] .. ' ' .. ARGV[5], ARGV[2])
+    redis.call('EXPIRE', KEYS[8], tonumber(ARGV[3]))
+    redis.call('XADD', KEYS[6], '*', 'type', 'late', 'call_id', ARGV[1], 'data', ARGV[4])
+    return 0
+  end
+end
+"""
+
 RECORD = """
--- KEYS: results, events, calls, started, cancelled, audit[, breaker] ; ARGV: call_id, result_json, ttl, audit_json
-if #KEYS >= 7 then""" + success_lua("KEYS[7]") + "end" + _STORE_RESULT
+-- KEYS: results, events, calls, started, cancelled, audit, fence, late[, breaker]
+-- ARGV: call_id, result_json, ttl, audit_json, fencing_token ('' = unfenced: the dispatcher's own answers)
+if #KEYS >= 9 then""" + success_lua("KEYS[9]") + "end" + _FENCED + _STORE_RESULT
 
 RECORD_UNSTARTED = """
 -- KEYS: results, events, calls, started, cancelled, audit ; ARGV: call_id, result_json, ttl, audit_json
 if redis.call('HEXISTS', KEYS[4], ARGV[1]) == 1 then return 0 end""" + _STORE_RESULT
 
 CLAIM = """
--- KEYS: results, events, started, cancelled, audit, armed, attempts, ended, lease
--- ARGV: call_id, started_json, ttl, audit
+-- KEYS: results, events, started, cancelled, audit, armed, attempts, ended, lease, fence, fence_counter, sent_after
+-- ARGV: call_id, started_json, ttl, audit, hard_limit_ms, submitted_at (unix s, dispatcher clock), pid
 if redis.call('EXISTS', KEYS[4]) == 1 then return 'cancelled' end
 if redis.call('EXISTS', KEYS[8]) == 1 or redis.call('EXISTS', KEYS[9]) == 0 then return 'ended' end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 'done' end
 if redis.call('EXISTS', KEYS[6]) == 0 then return 'unarmed' end
+""" + """
+-- fencing: a message sent before the dispatcher sent the call again is superseded; every claim
+-- takes a new token from the namespace's counter and its deadline (Redis clock + hard limit)
+local after = redis.call('HGET', KEYS[12], ARGV[1])
+if after and tonumber(ARGV[6]) < tonumber(after) then return 'superseded' end
+local ft = redis.call('TIME')
+local fnow = tonumber(ft[1]) * 1000 + math.floor(tonumber(ft[2]) / 1000)
+local token = redis.call('INCR', KEYS[11])
+redis.call('HSET', KEYS[10], ARGV[1], token .. ' ' .. (fnow + tonumber(ARGV[5])) .. ' ' .. ARGV[7])
+redis.call('EXPIRE', KEYS[10], tonumber(ARGV[3]))
+""" + """
 local before = redis.call('HGET', KEYS[3], ARGV[1])
-if before == ARGV[2] then return 'ok' end  -- this same claim, retried after its reply was lost
+-- this same claim, retried after its reply was lost: the same execution, holding the new token
+if before == ARGV[2] then return 'ok ' .. token end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 redis.call('HINCRBY', KEYS[7], ARGV[1], 1)
 redis.call('XADD', KEYS[2], '*', 'type', 'started', 'call_id', ARGV[1], 'data', ARGV[2])
@@ -40,8 +70,8 @@ redis.call('XADD', KEYS[5], '*', 'type', 'started', 'call_id', ARGV[1], 'data', 
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
 redis.call('EXPIRE', KEYS[5], tonumber(ARGV[3]))
 redis.call('EXPIRE', KEYS[7], tonumber(ARGV[3]))
-if before then return 'restarted' end
-return 'ok'
+if before then return 'restarted ' .. token end
+return 'ok ' .. token
 """
 
 ADD = """
@@ -103,4 +133,22 @@ redis.call('XADD', KEYS[5], '*', 'type', 'cancel', 'call_id', '', 'data', ARGV[1
 for i = 1, 6 do redis.call('EXPIRE', KEYS[i], ttl) end
 redis.call('PUBLISH', ARGV[3], ARGV[1])
 return ids
+"""
+
+CHECK_FENCE = """
+-- KEYS: fence, results, cancelled[, journal entry] ; ARGV: call_id, token, refuse_if_cancelled (1/0)
+-- '' while the token still holds the call, else why not (the caller refuses its step)
+local f = redis.call('HGET', KEYS[1], ARGV[1])
+if not f then return 'the ledger has no claim of this call' end
+local token, deadline = string.match(f, '^(%d+) (%d+)')
+if token ~= ARGV[2] then return 'a newer execution (fencing token ' .. token .. ') holds the call' end
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 'the caller already has the result of this call' end
+if ARGV[3] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then return 'the turn was cancelled' end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if now >= tonumber(deadline) then return 'the hard time limit of this execution has passed' end
+if #KEYS >= 4 and redis.call('HGET', KEYS[4], 'token') ~= ARGV[2] then
+  return 'another execution holds its idempotency key'
+end
+return ''
 """

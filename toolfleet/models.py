@@ -1,6 +1,6 @@
 """Wire envelopes shared by the dispatcher and the workers: tool calls, tool results, error codes.
 
-All are frozen pydantic models serialised as JSON (never pickle). Shapes follow DESIGN.md
+All are frozen pydantic models serialised as JSON (never pickle). Shapes follow docs/design.md
 ("Result contract"); error codes are the ones in its table.
 """
 

@@ -50,6 +50,10 @@ class Settings(BaseModel):
       ``turn_lease_s / 6``; when the dispatcher vanishes without ending the turn, the lease lapses
       and workers refuse the turn's calls (a turn that is over leaves nothing that can run later).
       Longer than any Redis outage a live turn should ride out.
+    - ``clock_skew_margin_s``: how much the clocks of two processes (or a paused process's idea of
+      "now") may disagree, and how long a step may take between an execution's last fencing check
+      and its effect: a takeover of a call that might still run waits until its deadline (hard
+      time limit) plus this margin has passed (issue "fencing"; docs/guarantees.md).
     - ``lock_lease_s`` / ``lock_wait_s``: resource locks across turns: the lease a turn holds on the
       paths it writes (renewed while it runs, so a dead dispatcher frees them within a lease) and
       how long a turn waits for another turn's lock before its writes get ``TOOL_UNAVAILABLE``.
@@ -79,6 +83,7 @@ class Settings(BaseModel):
     breaker_failures: int = 5
     breaker_cooldown_s: float = 30.0
     lock_lease_s: float = 30.0
+    clock_skew_margin_s: float = 1.0
     lock_wait_s: float = 600.0
     sandbox: Literal["bwrap", "none"] = "bwrap"
     sandbox_network: Literal["host", "none"] = "none"
@@ -86,7 +91,7 @@ class Settings(BaseModel):
     turn_lease_s: float = 60.0
 
     @field_validator("heartbeat_s", "max_queue_wait_s", "breaker_cooldown_s", "lock_lease_s", "lock_wait_s",
-                     "cancel_grace_s", "kill_grace_s", "turn_lease_s")
+                     "cancel_grace_s", "kill_grace_s", "turn_lease_s", "clock_skew_margin_s")
     @classmethod
     def _positive_s(cls, value: float) -> float:
         if value <= 0:
@@ -118,8 +123,9 @@ class Settings(BaseModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Settings from ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``, ``TOOLFLEET_NAMESPACE``,
-        ``TOOLFLEET_HEARTBEAT_S``, ``TOOLFLEET_TURN_LEASE_S``, ``TOOLFLEET_SANDBOX``,
-        ``TOOLFLEET_SANDBOX_NETWORK``, ``TOOLFLEET_BWRAP``; keyword overrides that are not ``None`` win."""
+        ``TOOLFLEET_HEARTBEAT_S``, ``TOOLFLEET_TURN_LEASE_S``, ``TOOLFLEET_CLOCK_SKEW_MARGIN_S``,
+        ``TOOLFLEET_SANDBOX``, ``TOOLFLEET_SANDBOX_NETWORK``, ``TOOLFLEET_BWRAP``; keyword overrides that are
+        not ``None`` win."""
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
         if env.get("REDIS_URL"):
@@ -136,5 +142,7 @@ class Settings(BaseModel):
                 values[field] = env[name]
         if env.get("TOOLFLEET_TURN_LEASE_S"):
             values["turn_lease_s"] = float(env["TOOLFLEET_TURN_LEASE_S"])
+        if env.get("TOOLFLEET_CLOCK_SKEW_MARGIN_S"):
+            values["clock_skew_margin_s"] = float(env["TOOLFLEET_CLOCK_SKEW_MARGIN_S"])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

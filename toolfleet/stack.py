@@ -90,6 +90,14 @@ def _answers(url: str) -> bool:
         return False
 
 
+# The worker is started with -P (Python 3.11+: the current directory is not put first on sys.path),
+# so a `toolfleet/` or `celery/` package planted in the directory `up` runs from (a workspace tools
+# write to) cannot replace ours; the directory is appended *after* toolfleet is imported, so tool
+# modules given with --tools still load from it.
+WORKER_BOOT = [sys.executable, "-P", "-c",
+               "import sys; from toolfleet.cli import main; sys.path.append(''); sys.argv[0] = 'toolfleet'; main()"]
+
+
 def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     handle = open(log, "ab")
     return subprocess.Popen(
@@ -184,7 +192,7 @@ def _start(
     keys = Keys(state["namespace"])
     client = redis.Redis.from_url(url)
     client.delete(keys.workers_ready)
-    argv = [sys.executable, "-m", "toolfleet", "worker", "--redis-url", url, "--namespace", state["namespace"],
+    argv = [*WORKER_BOOT, "worker", "--redis-url", url, "--namespace", state["namespace"],
             "--concurrency", str(workers), "--hostname", f"{state['namespace']}@%h"]
     for module in tool_modules:
         argv += ["--tools", module]
@@ -196,7 +204,7 @@ def _start(
     console.print(f"workers: {workers} prefork processes (pid {proc.pid}), log {log}")
     if flower_port:
         log = home() / "flower.log"
-        proc = _spawn([sys.executable, "-m", "celery", "--broker", url, "--result-backend", url, "flower",
+        proc = _spawn([sys.executable, "-P", "-m", "celery", "--broker", url, "--result-backend", url, "flower",
                        f"--port={flower_port}", "--address=127.0.0.1"], log,
                       # bound to loopback only: the local API may answer without a password
                       env={"FLOWER_UNAUTHENTICATED_API": "true"})

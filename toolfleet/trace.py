@@ -108,6 +108,10 @@ def _apply(row: CallRow, event: AuditEvent) -> None:
         row.queued_ms, row.run_ms = data.get("queued_ms"), data.get("run_ms")
         if data.get("message") and row.status != "ok" and not row.notes:
             row.notes.append(str(data["message"]))
+    elif event.type == "late":  # a stale (fenced) execution's outcome: a note, never the answer
+        outcome = "ok" if data.get("status") == "ok" else data.get("code") or data.get("status", "")
+        row.notes.append(f"late outcome of a stale execution on {data.get('worker') or '?'}, after the answer "
+                         f"(not the call's result): {outcome} {data.get('message') or ''}".rstrip())
 
 
 def bar(row: CallRow, timeline: Timeline, width: int = BAR_WIDTH) -> Text:

@@ -8,6 +8,11 @@
   ``TOOL_UNAVAILABLE``; the dispatcher that finds its cooldown over sends the health check.
 - **Worker liveness**: a worker whose catalog expired (three missed heartbeats) is dead; the turn's
   watchdog uses this to act on calls it was running long before their time limit ends.
+- **The liveness bound** (:func:`liveness_bound_s`): a tool whose catalog entries all expired is
+  unserved; once that has lasted ``UNSERVED_CONFIRM_BEATS`` heartbeats, every call of it ends.
+- **Messages nobody holds visibly** (:meth:`Availability.message_queued`): a call sent and not
+  started is either in its queue or held by a worker; one held past the bound by a worker that
+  never claims it (frozen, or killed with the message in its socket) is sent again by the watchdog.
 """
 
 from __future__ import annotations
@@ -35,6 +40,30 @@ CATALOG_CACHE_S = 1.0
 LIVENESS_CACHE_S = 0.5
 NO_LIVE_WORKER = "no live worker serves the tool"  # how a refusal for that reason begins
 DEAD_CONFIRM_S = 1.0  # a worker's catalog must stay missing this long before it is declared dead
+UNSERVED_CONFIRM_BEATS = 1.0  # heartbeats a tool stays unserved before its calls end
+CATALOG_TTL_BEATS = 3  # toolfleet.worker.catalog: a catalog expires after three missed beats
+
+_QUEUED = """
+-- KEYS: the queue's lists (one per priority step) ; ARGV: needle ('"<task id>"')
+for _, key in ipairs(KEYS) do
+  for _, body in ipairs(redis.call('LRANGE', key, 0, -1)) do
+    if string.find(body, ARGV[1], 1, true) then return 1 end
+  end
+end
+return 0
+"""
+KOMBU_PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: queue name + sep + priority step
+KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
+
+
+def liveness_bound_s(settings: Settings) -> float:
+    """The liveness bound (s): when no live worker serves a call's tool, the call ends this long
+    after the last worker serving it died or froze, at most: its catalog expires after three
+    missed heartbeats, the tool must stay unserved one more heartbeat (a worker that comes back
+    within it still takes the call), plus one second for the watchdog's tick and caches. 9 s with
+    the default ``heartbeat_s`` of 2 s. A message held past this bound by a worker that never
+    claims it is sent again."""
+    return (CATALOG_TTL_BEATS + UNSERVED_CONFIRM_BEATS) * settings.heartbeat_s + 1.0
 
 
 class Availability:
@@ -53,6 +82,9 @@ class Availability:
         self._alive: dict[str, tuple[float, bool]] = {}  # worker -> (checked at, catalog present)
         self._missing_since: dict[str, float] = {}
         self._group = threading.local()  # .closed: tools found closed in the group being sent
+        self._unserved_since: dict[str, float] = {}
+        self._queued_script = client.register_script(_QUEUED)
+        self._broker_client: redis.Redis | None = None
 
     @contextmanager
     def group(self) -> Iterator[None]:
@@ -124,6 +156,35 @@ class Availability:
                 return False
             since = self._missing_since.setdefault(worker, now)
             return now - since >= DEAD_CONFIRM_S
+
+    def unserved_for_s(self, tool: str) -> float:
+        """How long (s) no live worker has served ``tool``, as this dispatcher saw it (0 while one
+        does). Reads the catalog at most every ``LIVENESS_CACHE_S``."""
+        with self._lock:
+            stale = time.monotonic() - self._served_at > LIVENESS_CACHE_S
+        served = tool in self.served_tools(fresh=stale)
+        now = time.monotonic()
+        with self._lock:
+            if served:
+                self._unserved_since.pop(tool, None)
+                return 0.0
+            return now - self._unserved_since.setdefault(tool, now)
+
+    def unserved_confirm_s(self) -> float:
+        return UNSERVED_CONFIRM_BEATS * self.settings.heartbeat_s
+
+    def message_queued(self, queue: str, task_id: str) -> bool | None:
+        """Whether a message of ``task_id`` waits in ``queue`` (any priority step): ``None`` when
+        the broker is not Redis (RabbitMQ redelivers a lost consumer's messages itself)."""
+        if not self.settings.broker_is_redis:
+            return None
+        if self._broker_client is None:
+            self._broker_client = (self.redis if self.settings.broker == self.settings.redis_url
+                                   else redis.Redis.from_url(self.settings.broker, socket_connect_timeout=3))
+        keys = [queue if pri == 0 else f"{queue}{KOMBU_PRIORITY_SEP}{pri}" for pri in KOMBU_PRIORITY_STEPS]
+        script = self._queued_script if self._broker_client is self.redis else \
+            self._broker_client.register_script(_QUEUED)
+        return bool(script(keys=keys, args=[f'"{task_id}"']))
 
     def report_lost(self, tool: str) -> None:
         """The dispatcher declared a call of ``tool`` lost: that counts against its breaker."""

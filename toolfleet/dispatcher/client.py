@@ -1,6 +1,6 @@
 """The agent side's entry point: ``Dispatcher`` turns calls, responses and streams into turns.
 
-Path (DESIGN.md): adapter in -> check ids -> validate (name, then arguments) -> plan -> register
+Path (docs/design.md): adapter in -> check ids -> validate (name, then arguments) -> plan -> register
 in the ledger -> record the error results of bad calls -> submit what waits for nothing. A whole
 batch goes through it at once (:meth:`Dispatcher.submit`); a stream goes through it one call at a
 time as each call's arguments complete (:meth:`Dispatcher.open_stream`).

@@ -1,4 +1,4 @@
-"""History check and repair before a request is sent (DESIGN.md, error code ``ABORTED``).
+"""History check and repair before a request is sent (docs/design.md, error code ``ABORTED``).
 
 Providers refuse a request whose history has a tool call without its result, or a result without
 its call (OpenAI: "An assistant message with 'tool_calls' must be followed by tool messages

@@ -12,6 +12,12 @@ workspace. Paths are canonical (links resolved beneath the workspace, see
 :mod:`toolfleet.tools.resources`), so two spellings of one file take one lock.
 Each lock has a lease on the Redis clock, renewed by the holding dispatcher while its
 turn runs; a dead holder's locks lapse after one lease.
+
+A turn whose dispatcher answered a call that may still act (its worker went silent, or a cancel it
+could not confirm: ``WORKER_LOST``, ``OUTCOME_UNKNOWN``) is *held* (:meth:`ResourceLocks.hold`)
+until that execution's deadline (hard time limit) plus ``clock_skew_margin_s``: releasing then
+keeps its locks until that time, so the next turn's write on the same path cannot come before a
+late write of a frozen holder (which its fencing check refuses once it is past its deadline).
 """
 
 from __future__ import annotations
@@ -70,16 +76,40 @@ return ''
 """
 
 _RELEASE = """
--- KEYS: locks ; ARGV: owner
+-- KEYS: locks, holds ; ARGV: owner
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local hold = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 local held = redis.call('HGETALL', KEYS[1])
 local n = 0
 for i = 1, #held, 2 do
   if string.sub(held[i + 1], 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
-    redis.call('HDEL', KEYS[1], held[i])
-    n = n + 1
+    if hold > now then
+      redis.call('HSET', KEYS[1], held[i], ARGV[1] .. ' ' .. hold)
+    else
+      redis.call('HDEL', KEYS[1], held[i])
+      n = n + 1
+    end
   end
 end
+if hold > now then
+  if redis.call('PTTL', KEYS[1]) < hold - now then redis.call('PEXPIRE', KEYS[1], hold - now + 1000) end
+else
+  redis.call('HDEL', KEYS[2], ARGV[1])
+end
 return n
+"""
+
+_HOLD = """
+-- KEYS: holds ; ARGV: owner, ms
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local until_ms = now + tonumber(ARGV[2])
+if until_ms > tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') then
+  redis.call('HSET', KEYS[1], ARGV[1], until_ms)
+end
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) + 1000) end
+return until_ms
 """
 
 
@@ -111,6 +141,8 @@ class ResourceLocks:
         self.key = Keys(settings.namespace).locks
         self._acquire = client.register_script(_ACQUIRE)
         self._release = client.register_script(_RELEASE)
+        self._hold = client.register_script(_HOLD)
+        self.holds_key = f"{self.key}:hold"
 
     @property
     def lease_ms(self) -> int:
@@ -129,6 +161,14 @@ class ResourceLocks:
         return holder or None
 
     def release(self, owner: str) -> int:
-        """Drop every lock ``owner`` holds; returns how many."""
+        """Drop every lock ``owner`` holds; returns how many. Locks under a :meth:`hold` stay until
+        the hold ends (their lease is set to it)."""
         with translated(self.settings.redis_url):
-            return int(self._release(keys=[self.key], args=[owner]))
+            return int(self._release(keys=[self.key, self.holds_key], args=[owner]))
+
+    def hold(self, owner: str, seconds: float) -> None:
+        """Keep ``owner``'s locks at least ``seconds`` from now (Redis clock), even past their
+        release: one of its calls may still act until then (a frozen execution's deadline plus the
+        clock-skew margin). Raises :class:`~toolfleet.errors.BrokerUnavailable` if Redis is away."""
+        with translated(self.settings.redis_url):
+            self._hold(keys=[self.holds_key], args=[owner, max(int(seconds * 1000), 1)])

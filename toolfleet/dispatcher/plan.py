@@ -1,4 +1,4 @@
-"""Planning a batch (DESIGN.md, step 3).
+"""Planning a batch (docs/design.md, step 3).
 
 Two calls conflict when they share a resource (by path prefix, :func:`toolfleet.tools.overlaps`)
 and at least one of them writes. Each call waits only for the *earlier* calls in model order that

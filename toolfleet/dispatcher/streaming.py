@@ -1,5 +1,5 @@
 """Early dispatch from a stream: each call is taken by its turn the moment its arguments are
-complete, before the stream ends (DESIGN.md, step 1 for streams).
+complete, before the stream ends (docs/design.md, step 1 for streams).
 
 :class:`TurnStream` sits between a provider's event stream and a :class:`Turn`: ``feed`` each
 event as it arrives; a call whose arguments the event completed is validated, planned against the

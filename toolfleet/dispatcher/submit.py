@@ -1,4 +1,4 @@
-"""Sending one call to the workers as a Celery task (DESIGN.md, step 4).
+"""Sending one call to the workers as a Celery task (docs/design.md, step 4).
 
 The arguments Flower shows (``kwargsrepr``) are redacted (:mod:`toolfleet.tools.redact`); the message
 itself carries them whole, for the handler. Each send appends a ``submitted`` audit event.

@@ -1,18 +1,33 @@
-"""The time-based promises of a turn, checked every tick of its driver (DESIGN.md, "Cancellation
+"""The time-based promises of a turn, checked every tick of its driver (docs/design.md, "Cancellation
 and time"; issue "Faults"). The dispatcher's own clock guarantees every call a result, whatever
 happens to workers, messages or Redis:
 
-- **Cancelled**: ``cancel_grace_s`` (+ slack) after the cancel, a call still running is reported
-  ``CANCELLED`` and its process killed; one never started is ``NOT_EXECUTED``.
+- **Cancelled**: ``cancel_grace_s`` (+ slack) after the cancel, a call still running that has not
+  confirmed its stop (a worker reports ``CANCELLED`` only once the handler stopped or its process
+  was killed) is reported ``OUTCOME_UNKNOWN`` and its process killed; one never started is
+  ``NOT_EXECUTED``. A frozen worker may only get the kill when it resumes, so the dispatcher never
+  says ``CANCELLED`` itself.
 - **Worker gone**: the worker that started a call stopped sending heartbeats (its catalog expired,
-  :meth:`Availability.worker_dead`). An idempotent or journaled call is sent again (up to
-  ``max_attempts`` starts; the journal keeps a write from happening twice); any other call gets
-  ``WORKER_LOST``. This is what saves a turn when a whole worker host vanishes: with a Redis broker
-  its unacknowledged messages only come back after the visibility timeout.
+  :meth:`Availability.worker_dead`). It may be dead, or only frozen (a pause, a partition). When no
+  live worker serves the tool, the call ends at once (``WORKER_LOST``; ``OUTCOME_UNKNOWN`` for a
+  journaled write). Otherwise an idempotent call is sent again at once; a journaled one is sent
+  again only once the first execution's deadline (hard limit) plus ``clock_skew_margin_s`` has
+  passed, so the two can never act at the same time; any other call gets ``WORKER_LOST``. Every
+  send again supersedes the earlier messages of the call (:meth:`Ledger.supersede`).
 - **Hard limit passed**: a started call silent past its hard time limit + ``WATCHDOG_SLACK_S`` gets
   ``WORKER_LOST``.
+- **No live worker serves the tool** (:func:`~.availability.liveness_bound_s`): a call sent and not
+  started ends once its tool has been unserved for a heartbeat: ``TOOL_UNAVAILABLE`` (recorded
+  "unless started"), or ``WORKER_LOST`` if it had started before (a call sent again).
+- **A message nobody claims**: a call sent ``liveness_bound_s`` ago, not started and no longer in
+  its queue is held by a worker that does not claim it (frozen with the message in its socket or
+  its prefetch, or killed): it is sent again (superseding the held message).
 - **Never started**: a call sent ``max_queue_wait_s`` ago that no worker started gets
   ``TOOL_UNAVAILABLE`` (recorded "unless started": the ledger then keeps it from ever running).
+
+Whenever the dispatcher answers a call whose execution may still act, the turn's resource locks
+are held until that execution's deadline plus the margin (:meth:`ResourceLocks.hold`), and the
+execution itself is fenced: the call has a result, so its ``check_fence`` and its record refuse.
 """
 
 from __future__ import annotations
@@ -23,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..ledger import not_executed
 from ..models import ErrorCode, ToolResult
+from .availability import liveness_bound_s
 from .submit import SOFT_LIMIT_MARGIN_S
 
 if TYPE_CHECKING:
@@ -37,6 +53,8 @@ class Watchdog:
     def __init__(self, turn: Turn, availability: Any) -> None:
         self.turn = turn
         self.availability = availability
+        self._held_checked: dict[str, float] = {}  # call id -> when its queue was last searched
+        self._waiting_deadline: set[str] = set()  # journaled calls waiting out a silent holder
 
     def tick(self) -> None:
         turn = self.turn
@@ -51,21 +69,77 @@ class Watchdog:
                 self._settle_cancelled(pending, started)
             return
         sent_at = turn._sender.sent_at
+        bound_s = liveness_bound_s(turn._settings)
         for call_id in pending:
             run = turn._runnable.get(call_id)
             if run is None:
                 continue
             if call_id in started:
+                hard_s = self._hard_s(call_id)
                 worker = workers.get(call_id, "")
                 if worker and self.availability is not None and self.availability.worker_dead(worker):
-                    self._worker_gone(call_id, worker)
+                    self._worker_gone(call_id, worker, started[call_id], now)
                     continue
-                hard_s = run.spec.time_limit_s(run.arguments) + SOFT_LIMIT_MARGIN_S + turn._settings.kill_grace_s
                 if now >= started[call_id] + hard_s + WATCHDOG_SLACK_S:
                     self._lost(call_id, f"no result {hard_s + WATCHDOG_SLACK_S:g} s after the call started; "
-                               "its worker is presumed lost")
-            elif call_id in sent_at and now - sent_at[call_id] > turn._settings.max_queue_wait_s:
-                self._never_started(call_id)
+                               "its worker is presumed lost", until_s=turn._settings.clock_skew_margin_s)
+            elif call_id in sent_at:
+                waited = now - sent_at[call_id]
+                if waited > turn._settings.max_queue_wait_s:
+                    self._never_started(call_id)
+                elif self.availability is not None:
+                    self._check_queued(call_id, run.spec, waited, bound_s, now)
+
+    def _hard_s(self, call_id: str) -> float:
+        """The call's hard limit (s): how long after its start its execution may still act."""
+        turn = self.turn
+        run = turn._runnable[call_id]
+        return run.spec.time_limit_s(run.arguments) + SOFT_LIMIT_MARGIN_S + turn._settings.kill_grace_s
+
+    def _check_queued(self, call_id: str, spec: Any, waited: float, bound_s: float, now: float) -> None:
+        """A call sent and not started: end it when no live worker serves its tool; send it again
+        when its message left the queue and nobody claimed it within the liveness bound."""
+        availability = self.availability
+        if not self.turn._settings.require_live_worker:
+            pass  # a fleet that scales from zero: calls wait for a worker (max_queue_wait_s)
+        elif availability.unserved_for_s(spec.name) >= availability.unserved_confirm_s():
+            self._unserved(call_id)
+            return
+        if waited < bound_s or now - self._held_checked.get(call_id, -1e9) < bound_s:
+            return
+        self._held_checked[call_id] = now
+        turn = self.turn
+        try:
+            queued = availability.message_queued(availability.keys.queue(spec.queue), turn._submitted.get(call_id, ""))
+        except Exception as exc:  # best effort: max_queue_wait_s still bounds the wait
+            log.warning("turn %s: could not look for call %s in its queue (%s)", turn.turn_id, call_id, exc)
+            return
+        if queued is False:
+            log.warning("turn %s: call %s left its queue %.1f s ago and no worker claimed it (a frozen or dead "
+                        "worker holds its message); sending it again", turn.turn_id, call_id, waited)
+            self._send_again(call_id)
+
+    def _unserved(self, call_id: str) -> None:
+        turn = self.turn
+        run = turn._runnable[call_id]
+        if turn._sender.resends.get(call_id):
+            self._lost(call_id, f"its worker died and no live worker serves {run.spec.name!r} any more",
+                       until_s=self._hard_s(call_id) + turn._settings.clock_skew_margin_s)
+            return
+        turn._ledger.record_result(turn.turn_id, ToolResult.failure(
+            call_id, run.spec.name, ErrorCode.TOOL_UNAVAILABLE,
+            f"no live worker serves the tool {run.spec.name!r} any more (their heartbeats stopped); it did not run",
+            "start a worker that serves it, or ask again later",
+        ), unless_started=True)
+
+    def _send_again(self, call_id: str) -> None:
+        """Send the call again; every earlier message of it can no longer claim it."""
+        turn = self.turn
+        turn._ledger.supersede(turn.turn_id, call_id)
+        with turn._lock:
+            turn._started.pop(call_id, None)
+            turn._worker_of.pop(call_id, None)
+        turn._sender.submit(call_id, resend=True)
 
     def _settle_cancelled(self, pending: list[str], started: dict[str, float]) -> None:
         turn = self.turn
@@ -77,46 +151,73 @@ class Watchdog:
             if call_id in started:
                 stuck.append(turn._submitted.get(call_id, ""))
                 result = ToolResult.failure(
-                    call_id, turn._names[call_id], ErrorCode.CANCELLED,
-                    "the turn was cancelled while the call ran; it did not stop in time and was killed",
-                    "the call may have done part of its work; check before repeating it",
+                    call_id, turn._names[call_id], ErrorCode.OUTCOME_UNKNOWN,
+                    f"the turn was cancelled while the call ran; its worker did not confirm within "
+                    f"{turn._settings.cancel_grace_s:g} s that it stopped, so it was sent a kill; whether it took "
+                    "effect is unknown (a late step of it is refused by its fencing check)",
+                    "check the real state before repeating it",
                 )
+                self._hold_locks(self._hard_s(call_id) + turn._settings.clock_skew_margin_s)
             else:
                 result = not_executed(call_id, turn._names[call_id])
             turn._ledger.record_result(turn.turn_id, result)
         turn._submitter.revoke([t for t in stuck if t], kill=True)
 
-    def _worker_gone(self, call_id: str, worker: str) -> None:
+    def _worker_gone(self, call_id: str, worker: str, started_at: float, now: float) -> None:
         turn = self.turn
-        run = turn._runnable[call_id]
+        spec = turn._runnable[call_id].spec
         sender = turn._sender
         starts = sender.resends.get(call_id, 0) + 1
-        if (run.spec.idempotent or run.spec.journal) and starts < turn._settings.max_attempts:
-            log.warning("turn %s: worker %s is gone; sending call %s again", turn.turn_id, worker, call_id)
-            with turn._lock:
-                turn._started.pop(call_id, None)
-                turn._worker_of.pop(call_id, None)
-            sender.resends[call_id] = starts
-            sender.submit(call_id, resend=True)
+        # the silent worker may be frozen, not dead: its execution may act until its deadline
+        until_s = started_at + self._hard_s(call_id) + turn._settings.clock_skew_margin_s - now
+        why = f"its worker {worker} stopped sending heartbeats while it ran"
+        if turn._settings.require_live_worker and self.availability.unserved_for_s(spec.name) > 0:
+            self._lost(call_id, f"{why}, and no live worker serves {spec.name!r}", until_s=until_s,
+                       code=ErrorCode.OUTCOME_UNKNOWN if spec.journal and not spec.idempotent else None)
             return
-        self._lost(call_id, f"its worker {worker} stopped sending heartbeats while it ran")
+        if not (spec.idempotent or spec.journal) or starts >= turn._settings.max_attempts:
+            self._lost(call_id, why, until_s=until_s)
+            return
+        if not spec.idempotent and until_s > 0:
+            if call_id not in self._waiting_deadline:
+                self._waiting_deadline.add(call_id)
+                log.warning("turn %s: worker %s is silent; call %s is sent again once its first execution's "
+                            "deadline has passed (%.1f s)", turn.turn_id, worker, call_id, until_s)
+            return
+        log.warning("turn %s: worker %s is gone; sending call %s again", turn.turn_id, worker, call_id)
+        sender.resends[call_id] = starts
+        self._send_again(call_id)
 
-    def _lost(self, call_id: str, why: str) -> None:
+    def _lost(self, call_id: str, why: str, *, until_s: float = 0.0, code: ErrorCode | None = None) -> None:
+        """Answer a started call whose worker went silent: ``WORKER_LOST`` (or ``code``). Its
+        execution may still act for ``until_s``: the turn's locks are held that long."""
         turn = self.turn
         run = turn._runnable[call_id]
         kept = turn._ledger.record_result(turn.turn_id, ToolResult.failure(
-            call_id, run.spec.name, ErrorCode.WORKER_LOST, why,
+            call_id, run.spec.name, code or ErrorCode.WORKER_LOST, why,
             "the call may or may not have taken effect; check before repeating it",
         ))
+        if kept:
+            self._hold_locks(until_s)
         if kept and self.availability is not None:
             self.availability.report_lost(run.spec.name)
+
+    def _hold_locks(self, seconds: float) -> None:
+        locks = self.turn._sender.locks
+        if locks is None or seconds <= 0 or not self.turn._sender._lock_names:
+            return
+        try:
+            locks.hold(self.turn.turn_id, seconds)
+        except Exception as exc:  # the lock's own lease still bounds it
+            log.warning("turn %s: could not hold its locks for a silent call (%s)", self.turn.turn_id, exc)
 
     def _never_started(self, call_id: str) -> None:
         turn = self.turn
         run = turn._runnable[call_id]
         wait_s = turn._settings.max_queue_wait_s
         if turn._sender.resends.get(call_id):
-            self._lost(call_id, f"its worker died and no other worker took it up within {wait_s:g} s")
+            self._lost(call_id, f"its worker died and no other worker took it up within {wait_s:g} s",
+                       until_s=self._hard_s(call_id) + turn._settings.clock_skew_margin_s)
             return
         turn._ledger.record_result(turn.turn_id, ToolResult.failure(
             call_id, run.spec.name, ErrorCode.TOOL_UNAVAILABLE,

@@ -5,9 +5,11 @@ results). A ``str`` holding a lone surrogate (``"call_\\ud800"``: not valid Unic
 as UTF-8) makes redis-py raise ``UnicodeEncodeError`` at the first write, so it is stopped here,
 before anything is sent:
 
-- **call id**: a lone surrogate, a control character (NUL included) or more than
-  ``MAX_CALL_ID_CHARS`` characters refuse the whole batch (:class:`~toolfleet.errors.BatchRejected`,
-  reason ``bad_call_id``), as a missing or repeated id does: a result could not be paired with it.
+- **call id**: a lone surrogate, a control character (NUL included), more than
+  ``MAX_CALL_ID_CHARS`` characters, or the shape of a credential (it would be a Celery task id,
+  shown unmasked in Flower, task events and the audit trail) refuse the whole batch
+  (:class:`~toolfleet.errors.BatchRejected`, reason ``bad_call_id``), as a missing or repeated id
+  does: a result could not be paired with it.
 - **tool name**: lone surrogates are replaced by U+FFFD (the call then gets ``UNKNOWN_TOOL``, as
   any name no tool has).
 - **arguments**: a lone surrogate anywhere in them (raw text, a key or a value) gives the call
@@ -22,6 +24,7 @@ import unicodedata
 from typing import Any
 
 from ..models import ErrorCode, ToolCall, ToolResult
+from ..tools.redact import redact_text
 from ..worker.values import safe_text
 
 MAX_CALL_ID_CHARS = 256
@@ -45,6 +48,9 @@ def call_id_problem(call_id: Any) -> str | None:
         return f"call id {ascii(call_id)} holds a control character"
     if len(call_id) > MAX_CALL_ID_CHARS:
         return f"a call id of {len(call_id)} characters is longer than {MAX_CALL_ID_CHARS}"
+    if redact_text(call_id) != call_id:  # it would be a Celery task id: Flower, events, logs, the audit trail
+        return (f"a call id of {len(call_id)} characters has the shape of a credential (docs/secrets.md); "
+                "call ids travel unmasked as task ids, so it is refused (not shown here)")
     return None
 
 

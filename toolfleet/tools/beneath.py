@@ -1,4 +1,4 @@
-"""Opening a path beneath a directory with the kernel doing the confinement (DESIGN.md,
+"""Opening a path beneath a directory with the kernel doing the confinement (docs/design.md,
 "Boundaries enforced by the kernel").
 
 :func:`open_beneath` is ``openat2(2)`` with ``RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`` (Linux 5.6+):

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import CallCancelled
+from redis import RedisError
+
+from ..errors import BrokerUnavailable, CallCancelled, StaleFence
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -22,6 +28,11 @@ class ToolContext:
     - ``attempt``: 1 for the first execution, more when a call was redelivered.
     - ``output_store``: where the worker keeps whole outputs that were cut (``read_output`` reads
       it); ``None`` outside a worker.
+    - ``fencing_token``: this execution's fencing token (an ``int``, increasing across the
+      namespace: a later claim of any call has a larger one), or ``None`` outside a worker. Pass it
+      to your own resource so a stale execution's write is refused there too (a database row's
+      ``UPDATE ... SET fence = :token WHERE id = :id AND fence < :token``, an object store's
+      conditional write); see docs/guarantees.md, "Fencing".
     - ``session``: for a tool with stored session state (:mod:`toolfleet.tools.state`), the state
       the worker loaded for this call; a write call's handler changes it in place or assigns a
       new value, and the worker saves it after the handler. ``None`` for other tools.
@@ -37,6 +48,10 @@ class ToolContext:
     cancelled: threading.Event = field(default_factory=threading.Event)
     cancel_reason: str = ""
     output_store: Any = field(default=None, repr=False)
+    fencing_token: int | None = None
+    fence_check: Callable[[], str] | None = field(default=None, repr=False)  # set by the worker
+    fenced: str = ""  # why check_fence refused, once it has
+    hard_deadline: float = float("inf")  # time.monotonic() at which the worker kills the call
     session: Any = field(default=None, repr=False)
 
     @property
@@ -50,10 +65,29 @@ class ToolContext:
             raise CallCancelled(self.cancel_reason or "the turn was cancelled")
 
     def check_fence(self) -> None:
-        """Called by a built-in tool right before its effect happens (e.g. just before the final
-        rename of ``write_file``/``edit_file``): returns None while this execution still holds
-        the call, raises when its fencing token is stale. A no-op until fencing tokens exist."""
-        return None
+        """Call right before an effect (a file's final rename, a payment): returns ``None`` while
+        this execution still holds its call, else raises :class:`~toolfleet.errors.StaleFence`
+        (and logs it): a newer execution claimed the call, the caller already has its answer, the
+        turn was cancelled (cancellable tools), the call's hard time limit passed, or another
+        execution holds its idempotency key. One Redis round trip; Redis unreachable refuses too
+        (fail closed). Outside a worker (no ``fence_check``) it never refuses."""
+        if self.fence_check is None:
+            return
+        try:
+            why = self.fence_check()
+        except (BrokerUnavailable, RedisError, OSError) as exc:  # cannot confirm that it still holds the call
+            why = f"could not confirm the fencing token ({type(exc).__name__}: {exc})"
+        if not why:
+            return
+        if why == "the turn was cancelled":
+            self.cancel(self.cancel_reason or why)
+            raise CallCancelled(f"{why}; the step was not taken")
+        self.fenced = why
+        log.warning("call %s (turn %s, fencing token %s): step refused: %s", self.call_id, self.turn_id,
+                    self.fencing_token, why)
+        raise StaleFence(f"this execution no longer holds the call (fencing token {self.fencing_token}): {why}; "
+                         "its step was refused",
+                         "the caller's answer for this call stands; check the real state before repeating it")
 
     def resolve_path(self, path: str) -> Path:
         """Absolute path of ``path`` (relative to the workspace, or absolute inside it), with

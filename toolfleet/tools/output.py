@@ -1,4 +1,4 @@
-"""Fitting a tool's output into its budget for the model (DESIGN.md, "Adapter (out)")."""
+"""Fitting a tool's output into its budget for the model (docs/design.md, "Adapter (out)")."""
 
 from __future__ import annotations
 

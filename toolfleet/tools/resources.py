@@ -1,4 +1,4 @@
-"""Resources a call touches, and when two of them conflict (DESIGN.md, "Plan").
+"""Resources a call touches, and when two of them conflict (docs/design.md, "Plan").
 
 A resource is a string ``"<kind>:<path>"``, for example ``"fs:src/inventory/store.py"``, or
 ``"*"`` (everything). Two resources overlap when either is ``"*"``, or they have the same kind and

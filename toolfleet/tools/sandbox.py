@@ -43,6 +43,10 @@ ENV_ALLOW = ("PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSA
 """Variables of the worker's environment a command sees (when set); everything else is dropped."""
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PROBE_TIMEOUT_S = 10.0
+PROBE_SCRIPT = ("echo ok > probe && test ! -w /usr"
+                " && ! (cat /proc/sys/kernel/core_uses_pid > /proc/sys/kernel/core_uses_pid) 2>/dev/null")
+"""Run in the sandbox at start-up: the workspace is writable, the root is not, and neither is
+/proc/sys (writing a sysctl's own value back changes nothing when the check fails open)."""
 SANDBOXED_TOOLS = frozenset({"run_command"})
 """Tools a worker does not serve when the sandbox cannot be created (and ``sandbox`` is not ``"none"``)."""
 UNSANDBOXED_NOTE = '[unsandboxed: this worker runs commands without a sandbox (sandbox = "none", set by the operator)]'
@@ -120,7 +124,11 @@ def bwrap_argv(config: SandboxConfig, argv: Sequence[str], workspace: Path, netw
                           code="PERMISSION_DENIED")
     if network not in ("none", "host"):
         raise ToolFailure(f"unknown sandbox network {network!r}", 'use "none" or "host"', code="INVALID_ARGUMENT")
-    out = [config.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    # /proc read-only: a worker running as root maps the sandbox's user to host uid 0, and files of
+    # /proc/sys (0644, owned by uid 0) are writable by their owner's mode bits alone, capabilities or
+    # not: kernel.core_pattern would run a workspace program as host root (a core dump helper)
+    out = [config.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--remount-ro", "/proc",
+           "--tmpfs", "/tmp"]
     if network == "none":
         out += ["--tmpfs", "/run"]  # the host's Unix sockets (databases, docker) are reachable through a read-only bind
     out += ["--bind", root, root, "--chdir", root,
@@ -147,7 +155,7 @@ def probe(config: SandboxConfig) -> str | None:
         return f"the bubblewrap binary {config.bwrap!r} was not found (apt-get install bubblewrap)"
     with tempfile.TemporaryDirectory(prefix="toolfleet-probe-") as workspace:
         try:
-            argv = bwrap_argv(config, ["/bin/sh", "-c", "echo ok > probe && test ! -w /usr"], Path(workspace),
+            argv = bwrap_argv(config, ["/bin/sh", "-c", PROBE_SCRIPT], Path(workspace),
                               config.network, allowed_env(os.environ))
             done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=PROBE_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired, ToolFailure) as exc:

@@ -57,7 +57,7 @@ class ToolSpec:
       ``poll_interval_s`` apart are not a loop.
       A call of an idempotent tool whose worker died is simply run again.
     - ``journal``: whether executions go through the idempotency journal
-      (:mod:`toolfleet.worker.journal`); default: the tool is a write and not idempotent (DESIGN.md,
+      (:mod:`toolfleet.worker.journal`); default: the tool is a write and not idempotent (docs/design.md,
       "Side effects"). A write with neither journal nor idempotency gets ``WORKER_LOST`` when its
       worker dies under it.
     - ``idempotency_key``: function of the arguments returning the journal key (for example the

@@ -9,7 +9,7 @@ Declare it with :class:`SessionState` (a name and a type) on ``@tool(state=...)`
   Nothing a tool does reaches it: file tools and commands see the workspace only, and a result
   is written to the ledger, never here. The only writers are :meth:`SessionStore.open` (the
   caller, :meth:`Dispatcher.open_session`) and the worker's save after a *write* call.
-- **JSON, never pickle** (DESIGN.md, "Not negotiable"): the state is dumped and validated by a
+- **JSON, never pickle** (docs/design.md, "Not negotiable"): the state is dumped and validated by a
   pydantic ``TypeAdapter`` of the declared type (pydantic models, dataclasses, TypedDicts, dicts,
   lists, sets, tuples, datetimes, ... round-trip). A random generator is kept as
   :data:`JsonRandom` (``random.Random.getstate()`` as JSON lists). Loading validates against the

@@ -1,4 +1,4 @@
-"""Checking a call against its tool: name first, then arguments (DESIGN.md, step 2).
+"""Checking a call against its tool: name first, then arguments (docs/design.md, step 2).
 
 Used by the dispatcher (before anything is submitted) and again by the worker (which never trusts
 a message because it arrived). Every failure becomes that call's error result:

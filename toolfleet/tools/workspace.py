@@ -1,4 +1,4 @@
-"""Confining paths to the turn's workspace, with the kernel as the boundary (DESIGN.md,
+"""Confining paths to the turn's workspace, with the kernel as the boundary (docs/design.md,
 "Boundaries enforced by the kernel"; docs/guarantees.md, "Workspace confinement").
 
 Every open of a workspace path goes through :func:`toolfleet.tools.beneath.open_beneath` from an

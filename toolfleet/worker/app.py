@@ -20,6 +20,7 @@ the worker's log lines are redacted (:mod:`.redaction`): Flower and the logs nev
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from celery import Celery
@@ -136,7 +137,8 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
                 _abandoned(runtime, self.kwargs, broken=True)
                 _finalize(runtime, self.kwargs, ErrorCode.TIMEOUT,
                           f"the call ran past its hard time limit ({timeout:g} s) and its process was killed",
-                          "ask for less work per call, or a longer time limit where the tool allows it")
+                          "ask for less work per call, or a longer time limit where the tool allows it",
+                          pid=self.worker_pid)
 
         def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
             exc = getattr(exc_info, "exception", None)
@@ -153,7 +155,8 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
                 _abandoned(runtime, self.kwargs, broken=False)
                 _finalize(runtime, self.kwargs, ErrorCode.CANCELLED,
                           "the call was stopped when its turn was cancelled",
-                          "the call may have done part of its work; check before repeating it")
+                          "the call may have done part of its work; check before repeating it",
+                          pid=self.worker_pid)
 
     # shared=False: Celery registers a shared task on every app created later in the process, which
     # would run this app's closure (its runtime, its namespace) for another app's calls.
@@ -161,14 +164,16 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
               ignore_result=True, shared=False)
     def run_call(self: Any, envelope: dict[str, Any]) -> dict[str, Any]:
         try:
-            result = execute(runtime, envelope, worker=self.request.hostname or "worker")
+            hard_s = (self.request.timelimit or (None, None))[0]  # the kill the worker will really apply
+            result = execute(runtime, envelope, worker=self.request.hostname or "worker", hard_limit_s=hard_s)
         except SoftTimeLimitExceeded:
             # The soft limit landed outside the handler (while a result was being built or
             # recorded): the call still gets its one result; a recorded one is kept (first wins).
             _abandoned(runtime, {"envelope": envelope}, broken=False)
             _finalize(runtime, {"envelope": envelope}, ErrorCode.TIMEOUT,
                       "the call ran past its time limit and was stopped",
-                      "ask for less work per call, or a longer time limit where the tool allows it")
+                      "ask for less work per call, or a longer time limit where the tool allows it",
+                      pid=os.getpid())
             return {}
         except Exception as exc:  # Flower and the logs show the exception: redacted (worker/redaction.py)
             raise redacted_failure(exc, envelope) from None
@@ -214,14 +219,21 @@ def _abandoned(runtime: Runtime, kwargs: dict[str, Any], *, broken: bool) -> Non
         log.warning("could not release the journal key of a lost call (%s)", exc)
 
 
-def _finalize(runtime: Runtime, kwargs: dict[str, Any], code: ErrorCode, message: str, hint: str) -> None:
+def _finalize(runtime: Runtime, kwargs: dict[str, Any], code: ErrorCode, message: str, hint: str,
+              pid: int | None = None) -> None:
+    """Record the end of an execution the handler could not report (killed, interrupted), fenced:
+    with the call's latest claim token when that claim is the one process ``pid`` made, else as a
+    stale report (a late note): a newer execution holds the call."""
     try:
         env = CallEnvelope.model_validate(kwargs.get("envelope", {}))
     except Exception:
         return
     result = ToolResult.failure(env.call_id, env.name, code, message, hint)
+    ledger = runtime.ledger
     try:  # the handler ran: its claim tells the worker, the start time and the attempts
-        result = runtime.ledger.with_run_facts(env.turn_id, result)
+        result = ledger.with_run_facts(env.turn_id, result)
     except Exception as exc:  # best effort: the result itself matters more
         log.warning("could not read the claim of call %s (%s)", env.call_id, exc)
-    runtime.ledger.record_result(env.turn_id, result)
+    fence = ledger.fence_of(env.turn_id, env.call_id)
+    token = None if fence is None else (fence[0] if pid is None or fence[2] in (0, pid) else 0)
+    ledger.record_result(env.turn_id, result, fencing_token=token)

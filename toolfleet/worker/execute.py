@@ -1,4 +1,4 @@
-"""The body of the task that runs one call on a worker (DESIGN.md, step 5).
+"""The body of the task that runs one call on a worker (docs/design.md, step 5).
 
 Looks the tool up, checks the arguments and the worker's own policy again (a worker never trusts
 a message because it arrived: :mod:`.guard`), claims the call in the ledger (refused if the turn
@@ -25,15 +25,17 @@ from ..tools.validation import check_arguments
 from .guard import screen_call
 from .redaction import mask_known_secrets
 from .runtime import Runtime
-from .side_effects import arm_wait_s, run_guarded
+from .side_effects import arm_wait_s, hard_limit_for, run_guarded
 from .stateful import call_handler
 from .values import safe_text, to_content_and_data, to_json
 
 log = logging.getLogger(__name__)
 
 
-def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResult:
-    """Run one call and record its result; returns the result that the ledger holds for it."""
+def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_s: float | None = None) -> ToolResult:
+    """Run one call and record its result; returns the result that the ledger holds for it.
+    ``hard_limit_s``: the message's hard time limit (s), which the worker kills at; default: the
+    call's time limit plus this worker's margins."""
     env = CallEnvelope.model_validate(envelope)
     picked_at = time.time()
     spec = runtime.registry.get(env.name)
@@ -60,8 +62,13 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResu
         output_store=runtime.outputs,
     )
     ledger = runtime.ledger
+    hard_s = float(hard_limit_s) if hard_limit_s else hard_limit_for(runtime, env)
     with runtime.watcher.track(ctx):
-        claim = ledger.claim_start(env.turn_id, env.call_id, worker, arm_wait_s=arm_wait_s(env))
+        claim = ledger.claim_start(env.turn_id, env.call_id, worker, arm_wait_s=arm_wait_s(env),
+                                   hard_limit_s=hard_s, submitted_at=env.submitted_at)
+        if claim == "superseded":  # the dispatcher sent the call again: that message runs it, not this one
+            return ToolResult.failure(env.call_id, env.name, ErrorCode.NOT_EXECUTED,
+                                      "this message of the call was superseded by a later send; it did not run", "")
         if claim in ("cancelled", "done", "ended"):
             recorded = ledger.results(env.turn_id).get(env.call_id)
             if recorded is not None:
@@ -84,10 +91,13 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str) -> ToolResu
             )
             return _record(runtime, env, result, worker, picked_at, picked_at)
         ctx.attempt = 2 if claim == "restarted" else 1
+        ctx.hard_deadline = time.monotonic() + hard_s  # a fencing deadline (claim + hard limit), monotonic
+        ctx.fencing_token = claim.token or None
         started_at = time.time()
         result, worked = run_guarded(runtime, spec, ctx, env, claim, _run_handler)
     result = result.model_copy(update={"attempts": ctx.attempt})
-    return _record(runtime, env, result, worker, picked_at, started_at, tool_worked=spec.name if worked else None)
+    return _record(runtime, env, result, worker, picked_at, started_at, tool_worked=spec.name if worked else None,
+                   fencing_token=ctx.fencing_token)
 
 
 def _run_handler(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
@@ -158,7 +168,7 @@ def _handler_result(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, argument
 
 def _record(
     runtime: Runtime, env: CallEnvelope, result: ToolResult, worker: str, picked_at: float, started_at: float,
-    tool_worked: str | None = None,
+    tool_worked: str | None = None, fencing_token: int | None = None,
 ) -> ToolResult:
     now = time.time()
     spec = runtime.registry.get(env.name)
@@ -173,7 +183,7 @@ def _record(
     ledger = runtime.ledger
     try:
         result = storable(result)
-        kept = ledger.record_result(env.turn_id, result, tool_worked=tool_worked)
+        kept = ledger.record_result(env.turn_id, result, tool_worked=tool_worked, fencing_token=fencing_token)
     except BrokerUnavailable:
         raise
     except Exception as exc:  # the result cannot be stored: that failure is the call's result
@@ -183,9 +193,12 @@ def _record(
             f"the handler ran but its result could not be recorded: {type(exc).__name__}: {safe_text(str(exc))[:500]}",
             "the tool returned something that cannot be stored; fix the tool or ask for less",
             attempts=result.attempts, worker=result.worker, queued_ms=result.queued_ms, run_ms=result.run_ms)
-        kept = ledger.record_result(env.turn_id, result)
+        kept = ledger.record_result(env.turn_id, result, fencing_token=fencing_token)
     if kept:
         return result
+    if fencing_token is not None:
+        log.warning("call %s of turn %s: result of a stale execution (fencing token %s) refused; kept as a late "
+                    "note (%s)", env.call_id, env.turn_id, fencing_token, result.code.value if result.code else "ok")
     return ledger.results(env.turn_id).get(env.call_id, result)
 
 

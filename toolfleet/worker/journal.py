@@ -1,4 +1,4 @@
-"""The idempotency journal (DESIGN.md, "Side effects").
+"""The idempotency journal (docs/design.md, "Side effects").
 
 A side-effecting tool that is not idempotent has every execution journaled in Redis under its
 idempotency key (default: turn id + call id; or the key the tool derives from its arguments, so a
@@ -9,6 +9,10 @@ retry in a later turn is recognised too). One hash per key, ``<ns>:journal:<tool
     owner        turn_id:call_id of that execution
     lease_until  ms (Redis clock) until which the holder is presumed alive; renewed every
                  heartbeat while the handler runs, cleared when it stops without an outcome
+    deadline     ms (Redis clock) after which the holder can no longer act: its claim's hard time
+                 limit (a holder checks it at its last moment, ``ToolContext.check_fence``)
+    released     1 once the holder's end is confirmed (it stopped itself, or the worker that saw
+                 its process die released it)
     result       ToolResult JSON once done
     executions   how many times a handler was entered for this key
 
@@ -17,11 +21,17 @@ retry in a later turn is recognised too). One hash per key, ``<ns>:journal:<tool
 - ``new``: never started: run the handler (its entry is counted in the same step).
 - ``done``: finished before: replay the recorded result, do not run.
 - ``busy``: another live execution holds the key: wait for its outcome (then replay).
-- ``takeover``: started before, and its holder is gone (lease lapsed or released by the worker
-  that saw it die) without an outcome: ask the tool's probe, else ``OUTCOME_UNKNOWN``.
+- ``takeover``: started before, and its holder can no longer act, without an outcome: its end was
+  confirmed (released), or its lease lapsed *and* its deadline plus ``clock_skew_margin_s`` has
+  passed. A holder whose lease lapsed but whose deadline has not passed may only be frozen (a
+  stopped process, a long pause, a partition): that is ``busy``, never a takeover. Then ask the
+  tool's probe, else ``OUTCOME_UNKNOWN``.
 
-So a handler never runs twice for one key, as long as a live holder renews its lease (a holder
-cut off from Redis for longer than the lease can be overtaken; the lease is three heartbeats).
+Tokens are fencing tokens: the execution's ledger claim token (monotonic per namespace), so a
+stale holder's ``finish`` is refused (``finish`` returns ``None``) and ``check_fence`` tells a
+handler at its last moment whether it still holds the key. So a handler never runs twice for one
+key: a holder acts only before its deadline, a takeover happens only after it (assumption: the
+step between a holder's last ``check_fence`` and its effect takes less than the margin).
 """
 
 from __future__ import annotations
@@ -39,18 +49,22 @@ from ..models import ToolResult
 from ..settings import Settings
 
 _BEGIN = """
--- KEYS: entry ; ARGV: token, owner, lease_ms, ttl_s
+-- KEYS: entry ; ARGV: token, owner, lease_ms, ttl_s, hard_limit_ms, margin_ms
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'done' then return {'done', redis.call('HGET', KEYS[1], 'result') or ''} end
 if state == 'started' then
   local lease = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0')
-  if lease > now then return {'busy', redis.call('HGET', KEYS[1], 'owner') or ''} end
+  local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline') or '0')
+  local released = redis.call('HGET', KEYS[1], 'released') == '1'
+  if lease > now or (not released and now < deadline + tonumber(ARGV[6])) then
+    return {'busy', redis.call('HGET', KEYS[1], 'owner') or ''}
+  end
 end
 local before = redis.call('HGET', KEYS[1], 'owner') or ''
 redis.call('HSET', KEYS[1], 'state', 'started', 'token', ARGV[1], 'owner', ARGV[2],
-  'lease_until', now + tonumber(ARGV[3]))
+  'lease_until', now + tonumber(ARGV[3]), 'deadline', now + tonumber(ARGV[5]), 'released', '0')
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
 if state == 'started' then return {'takeover', before} end
 redis.call('HINCRBY', KEYS[1], 'executions', 1)  -- the caller enters the handler at once
@@ -69,13 +83,25 @@ if redis.call('HGET', KEYS[1], 'state') ~= 'started' then return 0 end
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- a holder past its deadline (it was frozen) can no longer act: it renews nothing
+if now >= tonumber(redis.call('HGET', KEYS[1], 'deadline') or '0') and redis.call('HEXISTS', KEYS[1], 'deadline') == 1
+  and tonumber(redis.call('HGET', KEYS[1], 'deadline')) > 0 then return 0 end
 redis.call('HSET', KEYS[1], 'lease_until', now + tonumber(ARGV[2]))
 return 1
 """
 
 _FINISH = """
--- KEYS: entry ; ARGV: result_json, ttl_s
+-- KEYS: entry[, ledger fence, ledger results] ; ARGV: result_json, ttl_s, token ('' = unfenced)[, call_id]
 if redis.call('HGET', KEYS[1], 'state') == 'done' then return {0, redis.call('HGET', KEYS[1], 'result')} end
+local holder = redis.call('HGET', KEYS[1], 'token')  -- false: the entry was lost with Redis's data
+if ARGV[3] ~= '' and holder and holder ~= ARGV[3] then return {-1, ''} end
+if #KEYS >= 3 then
+  -- the caller's answer is final: an execution whose call was answered by someone else (or
+  -- claimed again) does not record its outcome as the key's
+  local f = redis.call('HGET', KEYS[2], ARGV[4])
+  if f and string.match(f, '^(%d+)') ~= ARGV[3] then return {-1, ''} end
+  if redis.call('HEXISTS', KEYS[3], ARGV[4]) == 1 then return {-1, ''} end
+end
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[1], 'lease_until', 0)
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
 return {1, ARGV[1]}
@@ -85,7 +111,7 @@ _RELEASE = """
 -- KEYS: entry ; ARGV: field (token|owner), value
 if redis.call('HGET', KEYS[1], 'state') ~= 'started' then return 0 end
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], 'lease_until', 0)
+redis.call('HSET', KEYS[1], 'lease_until', 0, 'released', '1')
 return 1
 """
 
@@ -110,6 +136,7 @@ class Journal:
         self.keys = Keys(settings.namespace)
         self.redis = client
         self.lease_ms = int(settings.heartbeat_s * 3 * 1000)
+        self.margin_ms = int(settings.clock_skew_margin_s * 1000)
         self._begin = client.register_script(_BEGIN)
         self._enter = client.register_script(_ENTER)
         self._renew = client.register_script(_RENEW)
@@ -119,8 +146,10 @@ class Journal:
     def key(self, tool: str, idempotency_key: str) -> str:
         return self.keys.journal(tool, idempotency_key)
 
-    def begin(self, key: str, token: str, owner: str) -> Begun:
-        args = [token, owner, self.lease_ms, self.settings.journal_ttl_s]
+    def begin(self, key: str, token: str, owner: str, hard_limit_s: float = 0.0) -> Begun:
+        """Decide what the execution ``token`` (``owner`` = turn_id:call_id) may do (see the module
+        text); ``hard_limit_s``: how long from now it may still act (its claim's deadline)."""
+        args = [token, owner, self.lease_ms, self.settings.journal_ttl_s, int(hard_limit_s * 1000), self.margin_ms]
         verdict, payload = self._retrying(lambda: self._begin(keys=[key], args=args))
         verdict = _s(verdict)
         if verdict == "done":
@@ -135,11 +164,21 @@ class Journal:
     def renew(self, key: str, token: str) -> bool:
         return bool(self._renew(keys=[key], args=[token, self.lease_ms]))
 
-    def finish(self, key: str, result: ToolResult) -> ToolResult:
-        """Record the outcome; the first outcome recorded wins and is returned."""
+    def finish(self, key: str, result: ToolResult, token: str = "",
+               call: tuple[str, str] | None = None) -> ToolResult | None:
+        """Record the outcome; the first outcome recorded wins and is returned. With ``token``:
+        ``None`` (nothing recorded) when another execution holds the key (this one is stale), or,
+        with ``call`` = (turn_id, call_id), when the ledger's latest claim of that call is not
+        ``token``'s or the call already has its answer (the caller's answer is final)."""
         payload_in = result.model_dump_json(exclude_none=True)
-        args = [payload_in, self.settings.journal_ttl_s]
-        _, payload = self._retrying(lambda: self._finish(keys=[key], args=args))
+        args = [payload_in, self.settings.journal_ttl_s, token]
+        keys = [key]
+        if call is not None and token:
+            keys += [self.keys.turn_fence(call[0]), self.keys.turn_results(call[0])]
+            args.append(call[1])
+        kept, payload = self._retrying(lambda: self._finish(keys=keys, args=args))
+        if int(kept) < 0:
+            return None
         return ToolResult.model_validate_json(payload)
 
     def release(self, key: str, token: str) -> bool:

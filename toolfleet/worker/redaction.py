@@ -1,6 +1,6 @@
 """What a worker lets Celery, Flower and the logs see of a call: ids, codes and sizes, never content.
 
-DESIGN.md: "No tool output, secret or argument leaves the ledger unredacted: Celery messages,
+docs/design.md: "No tool output, secret or argument leaves the ledger unredacted: Celery messages,
 results, logs and Flower carry ids, codes and sizes." A call's result lives in the turn ledger,
 which is what the dispatcher reads; Celery only ever sees:
 

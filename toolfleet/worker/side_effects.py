@@ -1,4 +1,4 @@
-"""The side-effect rules around one handler run (DESIGN.md, "Side effects"; issue "Faults").
+"""The side-effect rules around one handler run (docs/design.md, "Side effects"; issue "Faults").
 
 :func:`run_guarded` is what the task body calls instead of running the handler directly:
 
@@ -12,6 +12,10 @@
   outcome; started before and abandoned → the tool's probe decides, else ``OUTCOME_UNKNOWN``.
   Only a definite outcome is recorded (a result, or a ``ToolFailure`` the handler raised); a
   handler stopped by cancel or time limit, or crashed, leaves the key "started without outcome".
+- Fencing: the execution's claim token (``ctx.fencing_token``) is its journal token too, and
+  ``ctx.check_fence()`` checks both at a handler's last moment. A stale execution (a newer one
+  claimed the call, the caller already has its answer, its deadline passed) neither finishes the
+  journal nor has its result recorded (the ledger keeps it as a late note).
 - The tool's circuit breaker (:mod:`toolfleet.breaker`) is told whether the tool worked: a failure
   at once, a call that worked together with its result (one round trip).
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -57,12 +62,26 @@ def arm_wait_s(env: CallEnvelope) -> float:
     return min(ARM_WAIT_S, env.time_limit_s / 2)
 
 
+def hard_limit_for(runtime: Runtime, env: CallEnvelope) -> float:
+    """How long after its claim a call's execution may still act (s), when the message does not
+    say (its Celery ``time_limit`` does): its time limit, the soft limit's margin and this
+    worker's kill grace."""
+    from ..dispatcher.submit import SOFT_LIMIT_MARGIN_S  # the dispatcher imports the worker's app
+
+    return env.time_limit_s + SOFT_LIMIT_MARGIN_S + runtime.settings.kill_grace_s
+
+
 def run_guarded(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnvelope, claim: str,
                 run: Runner) -> tuple[ToolResult, bool]:
     """Run ``spec``'s handler for the call under the rules above; ``claim`` is what the ledger's
     ``claim_start`` answered (``ok`` or ``restarted``); ``run`` turns a handler run into a result.
     Returns the result and whether the caller still owes the breaker a "the tool worked" (told
     with the result, in the same round trip: ``Ledger.record_result(tool_worked=...)``)."""
+    journal_key = runtime.journal.key(spec.name, env.idempotency_key) if spec.journal else None
+    if ctx.fencing_token is not None:
+        token = ctx.fencing_token
+        ctx.fence_check = lambda: runtime.ledger.check_fence(
+            env.turn_id, env.call_id, token, refuse_if_cancelled=spec.cancellable, journal_key=journal_key)
     if claim == "restarted":
         ctx.attempt = runtime.ledger.attempts(env.turn_id, env.call_id)
         if ctx.attempt > runtime.settings.max_attempts:
@@ -84,9 +103,10 @@ def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnve
     and worked (see :func:`run_guarded`)."""
     journal = runtime.journal
     key = journal.key(spec.name, env.idempotency_key)
-    token, owner = new_token(), f"{env.turn_id}:{env.call_id}"
+    token = new_token() if ctx.fencing_token is None else str(ctx.fencing_token)
+    owner = f"{env.turn_id}:{env.call_id}"
     while True:
-        begun = journal.begin(key, token, owner)
+        begun = journal.begin(key, token, owner, min(max(ctx.hard_deadline - time.monotonic(), 0.0), 1e6))
         if begun.verdict == "done" and begun.result is not None:
             log.info("call %s: replaying the journaled outcome of %s", owner, key)
             return begun.result.model_copy(update={"call_id": ctx.call_id, "name": spec.name}), False
@@ -111,17 +131,25 @@ def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnve
             if settled.code is ErrorCode.OUTCOME_UNKNOWN:
                 journal.release(key, token)
                 return settled, False
-            kept = journal.finish(key, settled)
+            kept = journal.finish(key, settled, token, fenced_call(ctx, env))
+            if kept is None:
+                return _stale(spec, ctx, key), False
             return kept.model_copy(update={"call_id": ctx.call_id, "name": spec.name}), False
         journal.enter(key, token)  # a `new` verdict counted its entry already
     with journal.holding(key, token):
         result, watch = _run_watched(runtime, spec, ctx, env.arguments, run)
     if watch.fault:
         _breaker_failure(runtime, spec)
+    if ctx.fenced:  # check_fence refused the step: this execution no longer holds the key
+        return result, False
     if watch.fault or result.code in UNSETTLED:
         journal.release(key, token)
         return result, False
-    kept = journal.finish(key, result)
+    kept = journal.finish(key, result, token, fenced_call(ctx, env))
+    if kept is None:
+        log.warning("call %s: journal %s is held by a newer execution; this stale execution's outcome is not "
+                    "recorded there", owner, key)
+        return result, False
     if kept.content != result.content or kept.status != result.status:
         log.error("call %s: journal %s already held another outcome; this execution's is dropped", owner, key)
     return result, True
@@ -188,6 +216,16 @@ def _breaker_failure(runtime: Runtime, spec: ToolSpec) -> None:
         runtime.breakers.observe(spec.name, ok=False)
     except Exception as exc:  # the breaker is advisory: never fail a call over it
         log.warning("could not update the circuit breaker of %s (%s)", spec.name, exc)
+
+
+def fenced_call(ctx: ToolContext, env: CallEnvelope) -> tuple[str, str] | None:
+    """(turn_id, call_id) for the journal's fenced finish, when this execution has a claim token."""
+    return None if ctx.fencing_token is None else (env.turn_id, env.call_id)
+
+
+def _stale(spec: ToolSpec, ctx: ToolContext, key: str) -> ToolResult:
+    return _unknown(spec, ctx, f"a newer execution took over the idempotency key {key}; this one's outcome was "
+                    "refused", "the caller's answer for this call stands")
 
 
 def _lost(spec: ToolSpec, ctx: ToolContext, why: str) -> ToolResult:

@@ -1,0 +1,101 @@
+"""``toolfleet worker --mcp NAME=COMMAND``: a tiny MCP server written with the SDK, hosted by a worker, its
+tools called through the fleet as ``NAME__tool``."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+pytest.importorskip("mcp")
+
+from toolfleet import Dispatcher, ErrorCode, ToolCall  # noqa: E402
+from toolfleet.errors import ConfigurationError  # noqa: E402
+from toolfleet.integrations.mcp_host import parse_option, with_live_tools  # noqa: E402
+
+from .conftest import ROOT, make_registry  # noqa: E402
+
+TINY = f"tiny={sys.executable} {ROOT / 'tests' / 'mcp_tiny_server.py'}"
+
+
+def call(cid: str, name: str, **arguments) -> ToolCall:
+    return ToolCall(id=cid, name=name, arguments=json.dumps(arguments))
+
+
+def test_a_hosted_mcp_server_serves_namespaced_tools_only_from_its_worker(settings, start_worker, tmp_path):
+    plain = start_worker(concurrency=1, name="plain")  # serves the test tools, not tiny's
+    host = start_worker(concurrency=1, name="host", args=["--mcp", TINY])
+    with Dispatcher(settings, with_live_tools(make_registry(), settings)) as dispatcher:
+        spec = dispatcher.registry.get("tiny__add")
+        assert spec is not None and spec.access == "read" and spec.queue == "tiny__add"
+        assert dispatcher.registry.get("tiny__note").access == "write"  # no readOnlyHint: a write on everything
+        target = tmp_path / "notes.txt"
+        results = dispatcher.run([
+            call("add", "tiny__add", a=2, b=3),
+            call("slow", "tiny__note", path=str(target), text="first", seconds=0.5),
+            call("fast", "tiny__note", path=str(target), text="second"),  # waits for the write before it
+            call("who", "tiny__whoami"),
+            call("bad", "tiny__add", a="x", b=1),
+            call("fails", "tiny__fail", message="nope"),
+        ], timeout_s=90)
+        by_id = {r.call_id: r for r in results}
+        assert by_id["add"].ok and by_id["add"].content == "5"
+        assert target.read_text() == "first\nsecond\n"  # model order, though the first was slower
+        pid, parent = map(int, by_id["who"].content.split())
+        assert parent in host.children()  # the server process lives under the hosting worker's pool process
+        assert by_id["bad"].code == ErrorCode.INVALID_ARGUMENT  # validated against the MCP tool's schema
+        assert by_id["fails"].code == ErrorCode.EXECUTION_ERROR and "fail" in by_id["fails"].content
+        ran = [r for r in results if r.call_id != "bad"]
+        assert {r.worker for r in ran} == {host.name}  # never the worker that does not host it
+        assert plain.name not in {r.worker for r in results}
+
+        # the server dies: that call is an error, the next one runs on a fresh copy under the same process
+        [crashed] = dispatcher.run([call("crash", "tiny__crash")], timeout_s=90)
+        assert crashed.code == ErrorCode.EXECUTION_ERROR and "started again" in crashed.content
+        [again] = dispatcher.run([call("who2", "tiny__whoami")], timeout_s=90)
+        assert again.ok, again.content
+        pid2, parent2 = map(int, again.content.split())
+        assert pid2 != pid and parent2 == parent
+
+
+def test_mcp_serve_offers_the_hosted_tools_it_learns_from_the_live_workers(settings, start_worker):
+    import anyio
+    from mcp import Client
+
+    from toolfleet.integrations.mcp_server import build_server
+
+    with Dispatcher(settings, make_registry()) as dispatcher:  # knows nothing of tiny yet
+        server = build_server(dispatcher, refresh=lambda: with_live_tools(dispatcher.registry, settings))
+
+        async def main() -> None:
+            with anyio.fail_after(120):
+                async with Client(server) as client:  # the SDK's client, in-process
+                    assert "tiny__add" not in {t.name for t in (await client.list_tools()).tools}
+                    await anyio.to_thread.run_sync(lambda: start_worker(concurrency=1, name="host",
+                                                                        args=["--mcp", TINY]))
+                    tools = {t.name: t for t in (await client.list_tools()).tools}
+                    assert tools["tiny__add"].annotations.read_only_hint is True
+                    result = await client.call_tool("tiny__add", {"a": 20, "b": 22})
+                    assert not result.is_error and result.content[0].text == "42"
+
+        anyio.run(main)
+
+
+def test_a_bad_mcp_option_is_a_clear_error():
+    assert parse_option("fs=npx -y server 'a b'") == ("fs", ["npx", "-y", "server", "a b"])
+    for bad in ("noequals", "a__b=cmd", "x=", "bad name=cmd", "q=unterminated 'quote"):
+        with pytest.raises(ConfigurationError):
+            parse_option(bad)
+
+
+def test_a_worker_whose_mcp_server_cannot_start_says_why(settings):
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolfleet", "worker", "--redis-url", settings.redis_url, "--namespace",
+         settings.namespace, "--mcp", "gone=/nonexistent/mcp-server"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "--mcp gone" in proc.stderr and "cannot start" in proc.stderr

@@ -1,0 +1,126 @@
+"""``toolfleet mcp serve``: the official ``mcp`` client against the fleet as an MCP server (stdio and
+streamable HTTP); each call runs on a real worker."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import anyio
+import pytest
+
+pytest.importorskip("mcp")
+
+from mcp import Client, StdioServerParameters  # noqa: E402
+
+from .conftest import ROOT, TEST_TOOLS  # noqa: E402
+
+
+def serve_argv(settings, workspace, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "toolfleet", "mcp", "serve", "--redis-url", settings.redis_url,
+            "--namespace", settings.namespace, "--tools", TEST_TOOLS, "--workspace", str(workspace), *extra]
+
+
+def env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT))
+
+
+def text(result) -> str:
+    return "\n".join(block.text for block in result.content)
+
+
+async def exercise(client: Client, workspace) -> None:
+    tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert {"read_file", "write_file", "wait_read", "wait_write"} <= tools.keys()
+    assert tools["wait_read"].annotations.read_only_hint is True
+    assert tools["write_file"].annotations.read_only_hint is False
+    assert tools["wait_read"].input_schema["required"] == ["label"]
+
+    result = await client.call_tool("wait_read", {"label": "a"})
+    assert not result.is_error and text(result) == "read a"
+    result = await client.call_tool("write_file", {"path": "made-by-mcp.txt", "content": "hello\n"})
+    assert not result.is_error, text(result)
+    assert (workspace / "made-by-mcp.txt").read_text() == "hello\n"  # ran on the worker, in the workspace
+    result = await client.call_tool("read_file", {"path": "made-by-mcp.txt"})
+    assert not result.is_error and "hello" in text(result)
+
+    result = await client.call_tool("wait_read", {"nope": 1})
+    assert result.is_error and text(result).startswith("Error [INVALID_ARGUMENT]")
+    result = await client.call_tool("no_such_tool", {})
+    assert result.is_error and text(result).startswith("Error [UNKNOWN_TOOL]")
+    result = await client.call_tool("structured", {"n": 3})
+    assert not result.is_error and isinstance(result.structured_content, dict)
+
+
+def test_an_mcp_client_over_stdio_runs_calls_on_the_fleet(settings, worker, tmp_path):
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    params = StdioServerParameters(command=sys.executable, args=serve_argv(settings, workspace)[1:], env=env(),
+                                   cwd=str(ROOT))
+
+    async def main() -> None:
+        with anyio.fail_after(120):
+            async with Client(params) as client:
+                await exercise(client, workspace)
+
+    anyio.run(main)
+
+
+def test_cancelling_an_mcp_request_cancels_the_fleet_call(settings, start_worker, tmp_path):
+    start_worker(concurrency=1)  # one process: the next call would wait behind a call that was not stopped
+    params = StdioServerParameters(command=sys.executable, args=serve_argv(settings, tmp_path)[1:], env=env(),
+                                   cwd=str(ROOT))
+
+    async def main() -> float:
+        with anyio.fail_after(120):
+            async with Client(params) as client:
+                started = time.monotonic()
+                with anyio.move_on_after(1.5):  # the client gives up: the SDK sends notifications/cancelled
+                    await client.call_tool("count_until_cancelled", {"seconds": 30})
+                # the worker is free again at once: the next call is not queued behind a 30 s call
+                result = await client.call_tool("wait_read", {"label": "after"})
+                assert text(result) == "read after"
+                return time.monotonic() - started
+
+    assert anyio.run(main) < 20
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_mcp_client_over_streamable_http_runs_calls_on_the_fleet(settings, worker, tmp_path):
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    port = _free_port()
+    proc = subprocess.Popen(serve_argv(settings, workspace, "--transport", "http", "--port", str(port)),
+                            env=env(), cwd=ROOT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the server is up once its port accepts a connection
+            assert proc.poll() is None, "mcp serve exited"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "mcp serve did not listen within 60 s"
+                time.sleep(0.1)
+
+        async def main() -> None:
+            with anyio.fail_after(120):
+                async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+                    await exercise(client, workspace)
+
+        anyio.run(main)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,1 @@
+"""Glue for the agent loops people already run: asyncio, LangGraph, OpenAI Agents SDK, MCP."""

@@ -1,0 +1,261 @@
+"""Workers host MCP servers: ``toolfleet worker --mcp NAME=COMMAND`` serves that server's tools as fleet tools.
+
+At start the worker runs ``COMMAND`` (a stdio MCP server, split like a shell would, never run by a shell),
+lists its tools with the official ``mcp`` client and registers each as the fleet tool ``NAME__tool`` (the
+namespacing MCP clients commonly use) built with :func:`~toolfleet.tools.tool_from_schema` from the tool's
+JSON Schema input. Access: a ``read`` when the MCP tool's annotations say ``readOnlyHint``, else a ``write``
+on everything (the safe default of docs/design.md, "Plan"); a write is idempotent only with ``idempotentHint``,
+otherwise journaled (a redelivered call is never run twice). Each tool's queue is its own name, so its calls
+reach only workers that host the server (a worker consumes only the queues of the tools it serves).
+
+The server process lives on the worker: each pool process starts its own copy on its first call and keeps
+it (a stdio session on a background event loop). Before each call it is pinged (bound
+:data:`PING_TIMEOUT_S`); a server that died is started again, so the call runs on a fresh copy. A server
+that dies *during* a call makes that call an ``EXECUTION_ERROR`` saying so (not re-run: its effect is
+unknown); the next call restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import re
+import shlex
+import sys
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..errors import ConfigurationError, ToolFailure
+from ..tools.registry import Registry
+from ..tools.spec import ToolSpec, tool_from_schema
+
+START_TIMEOUT_S = 30.0  # start + initialize + list tools of one server, at worker start
+PING_TIMEOUT_S = 5.0  # liveness check before each call
+SEPARATOR = "__"
+_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,40}$")
+
+
+def parse_option(text: str) -> tuple[str, list[str]]:
+    """``NAME=COMMAND`` -> ``(NAME, argv)``. Raises :class:`ConfigurationError` for a missing ``=``,
+    a name that is not 1-40 of ``[a-zA-Z0-9_-]`` or holds ``__``, or an empty or unparsable command."""
+    name, sep, command = text.partition("=")
+    name = name.strip()
+    if not sep or not _NAME.match(name) or SEPARATOR in name:
+        raise ConfigurationError(f"--mcp {text!r}: expected NAME=COMMAND with NAME of [a-zA-Z0-9_-] (no '__')")
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise ConfigurationError(f"--mcp {name}: cannot split the command: {exc}") from exc
+    if not argv:
+        raise ConfigurationError(f"--mcp {name}: the command is empty")
+    return name, argv
+
+
+class HostedServer:
+    """One MCP server process over stdio, driven from any thread through a private event loop."""
+
+    def __init__(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
+        self.name, self.argv, self.env = name, argv, dict(env or {})
+        self.starts = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name=f"mcp-{name}")
+        self._thread.start()
+        self._client: Any = None
+        self._stop: asyncio.Event | None = None
+        self._session_task: asyncio.Future | None = None
+        self._lock = asyncio.Lock()
+
+    def run(self, coro: Any, timeout_s: float) -> Any:
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout_s)
+        except BaseException:  # a time limit or signal in the calling thread: stop the coroutine too
+            future.cancel()
+            raise
+
+    async def _open(self) -> None:
+        from mcp import Client, StdioServerParameters
+
+        ready: asyncio.Future = self._loop.create_future()
+        self._stop = asyncio.Event()
+        params = StdioServerParameters(command=self.argv[0], args=self.argv[1:], env=self.env or None)
+
+        async def hold() -> None:  # the Client's context must be entered and left in one task
+            try:
+                async with Client(params, mode="legacy") as client:  # the handshake era: ping works
+                    self._client = client
+                    ready.set_result(None)
+                    await self._stop.wait()
+            except BaseException as exc:
+                if not ready.done():
+                    ready.set_exception(exc)
+            finally:
+                self._client = None
+
+        self._session_task = asyncio.ensure_future(hold())
+        self.starts += 1
+        await asyncio.wait_for(ready, START_TIMEOUT_S)
+
+    async def _close(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+        if self._session_task is not None:
+            try:
+                await asyncio.wait_for(self._session_task, 5.0)
+            except BaseException:
+                self._session_task.cancel()
+        self._session_task = self._client = None
+
+    async def _alive_client(self) -> Any:
+        async with self._lock:
+            if self._client is not None:
+                try:
+                    await asyncio.wait_for(self._client.send_ping(), PING_TIMEOUT_S)
+                    return self._client
+                except BaseException:  # died between calls: start it again
+                    await self._close()
+            await self._open()
+            return self._client
+
+    async def list_tools(self) -> list[Any]:
+        client = await self._alive_client()
+        return list((await client.list_tools()).tools)
+
+    async def call_tool(self, tool: str, arguments: Mapping[str, Any]) -> Any:
+        client = await self._alive_client()
+        try:
+            return await client.call_tool(tool, dict(arguments))
+        except Exception as exc:  # the session is in doubt (closed, broken, a protocol error): start afresh
+            await self._close()
+            raise ToolFailure(f"MCP server {self.name}: {type(exc).__name__}: {exc}; it is started again for "
+                              "the next call", "the call's effect is unknown; check before repeating it") from None
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self.run(self._close(), 10.0)
+        except BaseException:
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5.0)
+
+
+_hosted: dict[str, HostedServer] = {}  # per process: a pool process's own copies
+_hosted_pid = os.getpid()
+_hosted_lock = threading.Lock()
+
+
+def hosted(name: str, argv: list[str]) -> HostedServer:
+    """This process's :class:`HostedServer` for ``name`` (created on first use; a forked child never
+    reuses its parent's)."""
+    global _hosted_pid
+    with _hosted_lock:
+        if _hosted_pid != os.getpid():
+            _hosted.clear()
+            _hosted_pid = os.getpid()
+        if name not in _hosted:
+            _hosted[name] = HostedServer(name, argv)
+        return _hosted[name]
+
+
+@atexit.register
+def _close_all() -> None:
+    if _hosted_pid == os.getpid():
+        for server in list(_hosted.values()):
+            server.close()
+
+
+def _content(result: Any) -> Any:
+    texts = [block.text for block in result.content if getattr(block, "type", None) == "text"]
+    others = [block.type for block in result.content if getattr(block, "type", None) != "text"]
+    text = "\n".join(texts) + (f"\n[{len(others)} non-text block(s): {', '.join(others)}]" if others else "")
+    if result.is_error:
+        raise ToolFailure(text or "the MCP tool reported an error", "")
+    if result.structured_content is not None and not texts:
+        return result.structured_content
+    return text
+
+
+def spec_for(server: str, argv: list[str], tool: Any, timeout_s: float = 60.0) -> ToolSpec:
+    """The fleet tool ``server__tool`` for one MCP ``Tool``. Raises :class:`ConfigurationError` for a
+    name providers refuse or an input schema that is not JSON Schema."""
+    annotations = tool.annotations
+    read = bool(annotations and annotations.read_only_hint)
+    idempotent = read or bool(annotations and getattr(annotations, "idempotent_hint", None))
+    mcp_name = tool.name
+
+    def handler(**arguments: Any) -> Any:
+        host = hosted(server, argv)
+        return _content(host.run(host.call_tool(mcp_name, arguments), timeout_s + PING_TIMEOUT_S + START_TIMEOUT_S))
+
+    return tool_from_schema(f"{server}{SEPARATOR}{mcp_name}", tool.input_schema or {"type": "object"},
+                            description=tool.description or "", handler=handler,
+                            access="read" if read else "write", timeout_s=timeout_s, idempotent=idempotent,
+                            risk="low" if read else "medium")
+
+
+def load_server_tools(name: str, argv: list[str]) -> tuple[list[ToolSpec], list[str]]:
+    """Start the server once, list its tools, stop it. Returns ``(specs, warnings)`` (a tool that cannot
+    be a fleet tool is skipped with a warning). Raises :class:`ConfigurationError` when the server
+    cannot be started or listed within :data:`START_TIMEOUT_S`."""
+    server = HostedServer(name, argv)
+    try:
+        tools = server.run(server.list_tools(), START_TIMEOUT_S + 5)
+    except BaseException as exc:
+        raise ConfigurationError(f"--mcp {name}: cannot start {shlex.join(argv)!r} and list its tools: "
+                                 f"{type(exc).__name__}: {exc}") from None
+    finally:
+        server.close()
+    specs, warnings = [], []
+    for tool in tools:
+        try:
+            specs.append(spec_for(name, argv, tool))
+        except ConfigurationError as exc:
+            warnings.append(f"--mcp {name}: tool {tool.name!r} skipped: {exc}")
+    return specs, warnings
+
+
+def add_hosted_servers(registry: Registry, options: Iterable[str], warn: Any = None) -> list[ToolSpec]:
+    """Register the tools of every ``NAME=COMMAND`` in ``options`` on ``registry``. Raises
+    :class:`ConfigurationError` (see :func:`parse_option`, :func:`load_server_tools`, duplicate names)."""
+    added = []
+    for text in options:
+        name, argv = parse_option(text)
+        specs, warnings = load_server_tools(name, argv)
+        for message in warnings:
+            (warn or (lambda m: print(m, file=sys.stderr)))(message)
+        added += [registry.add(spec) for spec in specs]
+    return added
+
+
+def from_description(entry: Mapping[str, Any]) -> ToolSpec:
+    """A dispatcher-side spec (no handler) from a worker catalog's tool description
+    (:meth:`ToolSpec.describe`): resources are not published, so the tool is planned as touching everything."""
+    return tool_from_schema(
+        entry["name"], entry["parameters"], description=entry.get("description", ""), access=entry["access"],
+        queue=entry.get("queue", ""), timeout_s=entry.get("timeout_s", 60.0),
+        cancellable=entry.get("cancellable", True), idempotent=entry.get("idempotent", False),
+        risk=entry.get("risk", "medium"), sensitive=tuple(entry.get("sensitive", ())),
+        command_arg=entry.get("command_arg"), pollable=entry.get("pollable", False),
+        journal=entry.get("journal", False),
+    )
+
+
+def with_live_tools(registry: Registry, settings: Any) -> Registry:
+    """``registry`` plus the tools the live workers of ``settings.namespace`` publish that it lacks (the
+    hosted MCP servers' ``NAME__tool``s): what a dispatcher needs to validate and plan their calls.
+    Raises :class:`~toolfleet.errors.BrokerUnavailable` if Redis does not answer."""
+    from ..ledger import connect
+    from ..worker.catalog import live_catalog
+
+    for entry in live_catalog(settings, connect(settings.redis_url)):
+        for description in entry["tools"]:
+            if description["name"] not in registry:
+                try:
+                    registry.add(from_description(description))
+                except ConfigurationError:
+                    continue
+    return registry
