@@ -24,7 +24,8 @@ Declare it with :class:`SessionState` (a name and a type) on ``@tool(state=...)`
 - **Reads do not save**: a call whose access (per call, ``access=`` may be a function of the
   arguments) is ``read`` loads the state and never writes it back; a write call saves after the
   handler, also when the handler raised (the object keeps what it changed before it raised), not
-  when the worker was killed under it (then the state stays as it was before the call).
+  when the worker was killed under it or the execution no longer holds its call
+  (``ctx.check_fence()``: stale, or its turn cancelled); then the state stays as before the call.
 - **Lifetime**: every key of a session expires ``ttl_s`` after it was opened or last saved (sliding; default
   the settings' ``result_ttl_s``); :meth:`SessionStore.close` deletes them at once. A call on a
   session that is not open (never opened, closed or expired) fails with ``EXECUTION_ERROR``

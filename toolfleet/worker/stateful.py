@@ -1,6 +1,7 @@
 """The worker's load-before / save-after around the handler of a tool with session state
 (:mod:`toolfleet.tools.state`): the state is loaded into ``ctx.session``, the handler runs, and a
-call whose access is ``write`` saves it back, also when the handler raised."""
+call whose access is ``write`` saves it back, also when the handler raised, while the execution
+still holds its call (``ctx.check_fence()``: a stale execution or a cancelled turn saves nothing)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,15 @@ def call_handler(runtime: Any, spec: ToolSpec, ctx: ToolContext, kwargs: dict[st
     try:
         value = spec.handler(**kwargs)
     except BaseException:
-        store.save(state, ctx.session_id or "", loaded, ctx.session)  # a failed save wins: it says more
+        _save(store, spec, ctx, loaded)  # a failed save wins: it says more
         raise
-    store.save(state, ctx.session_id or "", loaded, ctx.session)
+    _save(store, spec, ctx, loaded)
     return value
+
+
+def _save(store: SessionStore, spec: ToolSpec, ctx: ToolContext, loaded: Any) -> None:
+    """Save ``ctx.session`` unless this execution no longer holds its call: ``check_fence``
+    raises for a stale execution (a newer one claimed the call, the answer was given, the hard
+    limit passed) or a cancelled turn, and then nothing is saved (the state stays as before)."""
+    ctx.check_fence()
+    store.save(spec.state, ctx.session_id or "", loaded, ctx.session)
