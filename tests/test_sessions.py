@@ -224,7 +224,7 @@ def test_builtins_left_out_or_replaced_explicitly() -> None:
     replaced = default_registry(["tests.tools_user_grep"], replace=["grep"])
     assert replaced.get("grep").handler(pattern="x") == "user grep: x" and "read_file" in replaced
     bare = default_registry(["tests.tools_user_grep", "tests.tools_for_sessions"], builtins=False)
-    assert sorted(bare.names()) == ["bump", "crash_bump", "grep", "whoami"]
+    assert sorted(bare.names()) == ["bump", "crash_bump", "grep", "slow_bump", "whoami"]
     with pytest.raises(ConfigurationError, match="no tool module"):
         default_registry(["examples.vfs"], replace=["read_file"])
     assert bare.get("whoami").context_param == "ctx"
@@ -335,3 +335,18 @@ def test_worker_killed_under_a_write_leaves_the_state_as_before(settings: Settin
         crashed = run(d, sid, ("crash_bump", {}), turn="b")[0]
         assert crashed.code in (ErrorCode.OUTCOME_UNKNOWN, ErrorCode.WORKER_LOST), crashed
         assert run(d, sid, ("bump", {}), turn="c")[0].content == "count=2"
+
+
+def test_a_cancelled_call_saves_nothing(sdispatcher: Dispatcher, start_worker) -> None:
+    """A write call of a turn cancelled while it ran is CANCELLED and its changes are not saved
+    (ctx.check_fence refuses the save): the next call sees the state as before it."""
+    from .faults import wait_started
+
+    start_worker(args=WORKER_ARGS)
+    sid = sdispatcher.open_session()
+    assert run(sdispatcher, sid, ("bump", {}), turn="a")[0].content == "count=1"
+    turn = sdispatcher.submit([ToolCall(id="slow", name="slow_bump", arguments="{}", index=0)], session_id=sid)
+    wait_started(sdispatcher, turn.turn_id, "slow")
+    turn.cancel()
+    assert turn.results(timeout_s=WAIT_S)[0].code is ErrorCode.CANCELLED
+    assert run(sdispatcher, sid, ("bump", {}), turn="c")[0].content == "count=2"

@@ -50,3 +50,12 @@ def crash_bump(ctx: ToolContext) -> str:
     ctx.session.count += 100
     os.kill(os.getpid(), signal.SIGKILL)
     return "not reached"
+
+
+@tool(state=COUNTER, loop_check=False, timeout_s=60)
+def slow_bump(ctx: ToolContext) -> str:
+    """Add 100 to the counter in memory, then wait (up to 30 s) for the turn to be cancelled."""
+    ctx.session.count += 100
+    ctx.cancelled.wait(30)
+    ctx.check_cancelled()
+    return "not cancelled"
