@@ -63,6 +63,11 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         for stat, limit in case.get("targets", {}).items():
             rows.append({"what": f"cancel latency, {case['case'].replace('_', ' ')}, {stat[:3]}",
                          "figure": f"{case[stat]:.1f} ms", "target": f"<= {limit:g} ms", "ok": case[stat] <= limit})
+    st = results.get("session_state")
+    if st:
+        rows.append({"what": "stored session state: load + save of a 5 KB state (median)",
+                     "figure": f"{st['dict_5kb']['load_and_save']['median_ms']:.2f} ms", "target": "<= 2 ms",
+                     "ok": st["dict_5kb"]["load_and_save"]["median_ms"] <= 2})
     sb = results.get("sandbox")
     if sb:
         rows.append({"what": "what the sandbox adds to a run_command call (median)",

@@ -27,7 +27,7 @@ from .plot import plot
 from .report import render
 from .stack import ROOT, PrivateRedis, RawFleet, ToolfleetFleet
 
-MEASUREMENTS = ("plan", "overhead", "throughput", "cancel", "streaming", "scale", "sandbox")
+MEASUREMENTS = ("plan", "overhead", "throughput", "cancel", "streaming", "scale", "sandbox", "session_state")
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,11 @@ def run(sizes: Sizes, only: tuple[str, ...], redis_url: str | None, out: Path, c
                 results["sandbox"] = sandbox_overhead.measure(sizes.sandbox_rounds)
             except RuntimeError as exc:
                 _log(f"sandbox not measured: {exc}")
+        if "session_state" in only:
+            from . import session_state
+
+            _log("stored session state: load + save of a 5 KB state")
+            results["session_state"] = session_state.measure(max(sizes.sandbox_rounds * 2, 100), url)
     finally:
         if private is not None:
             private.stop()

@@ -43,12 +43,17 @@ from .models import ErrorCode, ToolCall, ToolError, ToolResult
 from .policy import CommandRules, LoopRules, Policy, Rule, Verdict
 from .settings import Settings
 from .tools import Registry, ToolContext, ToolSpec, default_registry, paths, tool, tool_from_schema
+from .tools.from_class import method, tools_from_class
 from .tools.redact import redact_arguments, redact_text
+from .tools.state import JsonRandom, SessionState
 from .worker import create_app
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "JsonRandom",
+    "method",
+    "tools_from_class",
     "AnthropicAdapter",
     "AsyncDispatcher",
     "AsyncTurn",
@@ -74,6 +79,7 @@ __all__ = [
     "Repair",
     "RepairedHistory",
     "Rule",
+    "SessionState",
     "Settings",
     "ToolCall",
     "ToolContext",

@@ -86,10 +86,15 @@ def worker(
     network: Annotated[Optional[str], typer.Option(
         "--network", help='Network of sandboxed commands: "none" (default) or "host" '
         "(default: $TOOLFLEET_SANDBOX_NETWORK).")] = None,
+    no_builtins: Annotated[bool, typer.Option("--no-builtins", help="Serve only the --tools modules' tools.")] = False,
+    replace: Annotated[Optional[list[str]], typer.Option(
+        "--replace", help="A built-in tool that a --tools module's tool of the same name replaces "
+        "(repeatable).")] = None,
     mcp: Annotated[Optional[list[str]], typer.Option("--mcp", help="Host a stdio MCP server, NAME=COMMAND "
                                                      "(repeatable): its tools are served as NAME__tool.")] = None,
 ) -> None:
-    """Run a worker (prefork pool) serving the built-in tools plus --tools modules.
+    """Run a worker (prefork pool) serving the built-in tools plus --tools modules (--no-builtins:
+    only the modules'; --replace NAME: a module's tool NAME in the built-in's place).
 
     It first runs a trivial command in the sandbox: if that fails, run_command is not served
     (the reason is printed) unless --sandbox none was chosen explicitly."""
@@ -108,7 +113,8 @@ def worker(
         _fail(ToolfleetError(f"invalid setting: {exc}"))
     try:
         connect(settings.redis_url)
-        registry, message = serve_sandboxed(default_registry(tools or []), settings)
+        registry, message = serve_sandboxed(
+            default_registry(tools or [], builtins=not no_builtins, replace=replace or []), settings)
         if message:
             err.print(message, style="bold yellow", markup=False)
         if mcp:  # toolfleet.integrations.mcp_host (the `mcp` extra)
@@ -472,7 +478,8 @@ def down() -> None:
 
 
 from . import cli_mcp  # noqa: E402,F401,I001  (registers `mcp serve` on `app`)
-from . import cli_policy  # noqa: E402,F401  (registers pending, approve, deny, rules, trace on `app`)
+from . import cli_policy  # noqa: E402,F401,I001  (registers pending, approve, deny, rules, trace on `app`)
+from . import cli_sessions  # noqa: E402,F401,I001  (registers sessions on `app`)
 
 
 def main() -> None:

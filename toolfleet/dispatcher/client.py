@@ -21,6 +21,7 @@ from ..policy.loops import LoopDetector
 from ..policy.rules import Rule, RuleStore
 from ..settings import Settings
 from ..tools.registry import Registry, default_registry
+from ..tools.state import SessionStore
 from ..worker.app import create_app
 from .adapters import Adapter, as_dict, detect, get_adapter
 from .approvals import Approvals, PendingCall
@@ -58,6 +59,23 @@ class Dispatcher:
         self.guard = Guard(self.policy, self.registry, self.approvals, self.rules, loops)
         self.availability = Availability(self.settings, self.ledger.redis, self.app)
         self.locks = ResourceLocks(self.settings, self.ledger.redis)
+        self.sessions = SessionStore(self.ledger.redis, self.ledger.keys, url=self.settings.redis_url,
+                                     default_ttl_s=self.settings.result_ttl_s)  # stored session state
+
+    def open_session(self, session_id: str | None = None, *, state: dict[str, Any] | None = None,
+                     ttl_s: int | None = None, replace: bool = False) -> str:
+        """Open a session with the initial value of its stored states and return its id; pass it
+        as ``session_id`` to the turns of the conversation. See
+        :func:`toolfleet.dispatcher.sessions.open_session` (what is raised and when);
+        ``ttl_s`` (default ``settings.result_ttl_s``): the session expires that long after it was
+        opened or last saved."""
+        from .sessions import open_session
+
+        return open_session(self.sessions, self.registry, session_id, state=state, ttl_s=ttl_s, replace=replace)
+
+    def close_session(self, session_id: str) -> bool:
+        """Delete a session and its stored states at once; True if it was open."""
+        return self.sessions.close(session_id)
 
     def open_turn(
         self,

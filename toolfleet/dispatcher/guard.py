@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..models import ErrorCode, ToolCall, ToolResult
@@ -24,6 +24,7 @@ from ..policy.rules import Rule, RuleStore
 from ..tools.redact import redact_arguments, redact_text, redact_value
 from ..tools.registry import Registry
 from ..tools.spec import ToolSpec
+from ..tools.state import SessionStore, loop_epochs
 from ..tools.validation import parse_arguments
 from .approvals import Approvals, PendingCall
 
@@ -73,7 +74,7 @@ class Guard:
                 rules_cache = self.rules.all()
             return [rule for rule in rules_cache if rule.applies(name, workspace)]
 
-        looping: list[LoopCheck] = []
+        candidates: list[tuple[LoopCheck, ToolSpec, dict[str, Any]]] = []
         for call, outcome in zip(calls, checked, strict=True):
             if isinstance(outcome, ToolResult):
                 continue
@@ -88,7 +89,8 @@ class Guard:
                     call.id, spec.name, ErrorCode.PERMISSION_DENIED, f"policy: {verdict.reason}", verdict.hint
                 )
                 continue
-            looping.append(LoopCheck(call.id, spec.name, arguments, spec.poll_interval_s if spec.pollable else 0.0))
+            candidates.append((LoopCheck(call.id, spec.name, arguments, spec.poll_interval_s if spec.pollable else 0.0),
+                               spec, arguments))
             if verdict.action == "ask":
                 out.held[call.id] = PendingCall(
                     turn_id=turn_id,
@@ -100,7 +102,12 @@ class Guard:
                     workspace=workspace,
                     requested_at=time.time(),
                 )
-        for result in self.loops.check(session_id, looping):
+        # state-aware (issue 13, item 7): a write on a session state between two identical calls
+        # makes them different calls; a tool with loop_check=False is never counted
+        epochs = loop_epochs(self._sessions(), session_id, [(s, a) for _, s, a in candidates])
+        looping = [replace(check, epoch=epoch) for (check, spec, _), epoch in zip(candidates, epochs, strict=True)
+                   if spec.loop_check]
+        for result in self.loops.check(session_id, looping, turn_id=turn_id):
             out.refused[result.call_id] = result
             out.held.pop(result.call_id, None)
         return out
@@ -141,6 +148,12 @@ class Guard:
             if result.code == ErrorCode.PERMISSION_DENIED:
                 verdict = screened.verdicts[call_id]
                 self.audit.append(turn_id, "denied", call_id, by="policy", reason=verdict.reason, rule=verdict.rule)
+
+    def _sessions(self) -> SessionStore:
+        if getattr(self, "_session_store", None) is None:
+            self._session_store = SessionStore(self.approvals.ledger.redis, self.approvals.ledger.keys,
+                                               url=self.loops.url)
+        return self._session_store
 
     def _shown_arguments(self, call: ToolCall, outcome: Checked) -> object:
         if not isinstance(outcome, ToolResult):

@@ -45,6 +45,7 @@ from ..settings import Settings
 from ..tools.registry import Registry
 from ..tools.resources import resolve
 from ..tools.spec import ToolSpec
+from ..tools.state import session_resources
 from ..tools.validation import check_call
 from .plan import Plan, PlanItem, Planner
 from .sending import Sender
@@ -223,8 +224,10 @@ class Turn(TurnApprovals, TurnDriver):
                     failures.append(outcome)
                     continue
                 spec, arguments = outcome
-                item = PlanItem(call.id, spec.access, resolve(spec.resources, arguments, self._workspace))
-                if spec.access == "write":
+                item = PlanItem(call.id, spec.access_for(arguments),  # session state: tools/state.py
+                                resolve(spec.resources, arguments, self._workspace)
+                                | session_resources(spec, self._session_id))
+                if item.access == "write":
                     self._sender.note_writes(item.resources)
                 with self._lock:
                     self._runnable[call.id] = Runnable(spec, arguments)

@@ -33,6 +33,9 @@ class ToolContext:
       to your own resource so a stale execution's write is refused there too (a database row's
       ``UPDATE ... SET fence = :token WHERE id = :id AND fence < :token``, an object store's
       conditional write); see docs/guarantees.md, "Fencing".
+    - ``session``: for a tool with stored session state (:mod:`toolfleet.tools.state`), the state
+      the worker loaded for this call; a write call's handler changes it in place or assigns a
+      new value, and the worker saves it after the handler. ``None`` for other tools.
     """
 
     call_id: str
@@ -49,6 +52,7 @@ class ToolContext:
     fence_check: Callable[[], str] | None = field(default=None, repr=False)  # set by the worker
     fenced: str = ""  # why check_fence refused, once it has
     hard_deadline: float = float("inf")  # time.monotonic() at which the worker kills the call
+    session: Any = field(default=None, repr=False)
 
     @property
     def remaining_s(self) -> float:

@@ -22,12 +22,16 @@ class Registry:
         for spec in tools:
             self.add(spec)
 
-    def add(self, spec: ToolSpec) -> ToolSpec:
-        """Register ``spec``. Raises :class:`ConfigurationError` for a non-tool or a duplicate name."""
+    def add(self, spec: ToolSpec, *, replace: bool = False) -> ToolSpec:
+        """Register ``spec``; ``replace=True`` puts it in place of a tool of the same name.
+        Raises :class:`ConfigurationError` for a non-tool or a duplicate name not to be replaced."""
         if not isinstance(spec, ToolSpec):
             raise ConfigurationError(f"{spec!r} is not a tool; decorate it with @tool")
-        if spec.name in self._tools and self._tools[spec.name] is not spec:
-            raise ConfigurationError(f"a tool named {spec.name!r} is already registered")
+        if spec.name in self._tools and self._tools[spec.name] is not spec and not replace:
+            raise ConfigurationError(
+                f"a tool named {spec.name!r} is already registered (to replace a built-in, say so: "
+                f"`toolfleet worker --replace {spec.name}` or default_registry(..., replace=[...]); "
+                "or leave the built-ins out with --no-builtins)")
         self._tools[spec.name] = spec
         return spec
 
@@ -65,8 +69,10 @@ class Registry:
             for spec in self
         ]
 
-    def load_module(self, module_name: str) -> list[ToolSpec]:
-        """Import ``module_name`` and register every :class:`ToolSpec` at its top level.
+    def load_module(self, module_name: str, replace: Iterable[str] = ()) -> list[ToolSpec]:
+        """Import ``module_name`` and register every :class:`ToolSpec` at its top level, and those
+        of a top-level list or tuple of tools (``TOOLS = tools_from_class(...)``); tools named in
+        ``replace`` take the place of a tool registered before under that name.
 
         Raises :class:`ConfigurationError` if it cannot be imported or holds no tool.
         """
@@ -74,20 +80,33 @@ class Registry:
             module = importlib.import_module(module_name)
         except ImportError as exc:
             raise ConfigurationError(f"cannot import tool module {module_name!r}: {exc}") from exc
-        found = [value for value in vars(module).values() if isinstance(value, ToolSpec)]
+        found: list[ToolSpec] = []
+        for value in vars(module).values():
+            group = value if isinstance(value, (list, tuple)) else (value,)
+            found += [v for v in group if isinstance(v, ToolSpec) and not any(v is f for f in found)]
         if not found:
             raise ConfigurationError(f"module {module_name!r} defines no @tool")
-        return [self.add(spec) for spec in found]
+        names = set(replace)
+        return [self.add(spec, replace=spec.name in names) for spec in found]
 
 
-def default_registry(modules: Iterable[str] = ()) -> Registry:
-    """The built-in tools (workspace files, ``run_command``, ``read_output``) plus the tools of
-    ``modules`` (dotted import paths)."""
+def default_registry(modules: Iterable[str] = (), *, builtins: bool = True, replace: Iterable[str] = ()) -> Registry:
+    """The built-in tools (workspace files, ``run_command``, ``read_output``; none with
+    ``builtins=False``) plus the tools of ``modules`` (dotted import paths). A module's tool
+    named like a built-in is refused unless its name is in ``replace`` (then it takes the
+    built-in's place). Raises :class:`ConfigurationError` for a name in ``replace`` that no
+    module's tool has."""
     from .command import run_command
     from .files import edit_file, grep, list_dir, read_file, write_file
     from .stored_output import read_output
 
-    registry = Registry([read_file, list_dir, grep, write_file, edit_file, run_command, read_output])
+    registry = Registry([read_file, list_dir, grep, write_file, edit_file, run_command, read_output]
+                        if builtins else [])
+    replace = list(replace)
+    loaded: set[str] = set()
     for name in modules:
-        registry.load_module(name)
+        loaded |= {spec.name for spec in registry.load_module(name, replace)}
+    missing = sorted(set(replace) - loaded)
+    if missing:
+        raise ConfigurationError(f"--replace {', '.join(missing)}: no tool module defines a tool of that name")
     return registry

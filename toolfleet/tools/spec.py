@@ -27,6 +27,7 @@ from .context import ToolContext
 Access = Literal["read", "write"]
 Risk = Literal["low", "medium", "high"]
 ResourceFn = Callable[[Mapping[str, Any]], Iterable[str]]
+AccessFn = Callable[[Mapping[str, Any]], str]
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI and Anthropic both limit names to this
 
@@ -70,6 +71,15 @@ class ToolSpec:
     - ``health_check``: side-effect-free function without arguments that raises when the tool
       cannot work; a worker runs it before the tool's open circuit closes (default: the tool is
       served by a live worker).
+    - ``state``: a :class:`~toolfleet.tools.state.SessionState` the worker loads into
+      ``ctx.session`` before the handler and saves after a write call (also when it raised); the
+      plan adds the resource ``session:<id>:<name>`` to every call (:mod:`toolfleet.tools.state`).
+    - ``access_fn``: function of the arguments returning ``"read"`` or ``"write"``: the access of
+      one call (``access`` is then ``"write"``, the widest; a failing function means write).
+    - ``formatter``: function of the handler's return value giving the text the model reads
+      (``content``); ``data`` is kept as usual. Default: strings as they are, other values as
+      compact JSON (:mod:`toolfleet.worker.values`).
+    - ``loop_check``: ``False`` opts the tool out of loop detection (a ``pwd`` may be asked often).
     """
 
     name: str
@@ -95,6 +105,10 @@ class ToolSpec:
     probe: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
     health_check: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
     context_param: str | None = None
+    state: Any = field(default=None, compare=False)
+    access_fn: AccessFn | None = field(default=None, repr=False, compare=False)
+    formatter: Callable[[Any], str] | None = field(default=None, repr=False, compare=False)
+    loop_check: bool = True
     validator: Draft202012Validator = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -104,6 +118,16 @@ class ToolSpec:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the handler directly (in-process, no worker): handy in tests and notebooks."""
         return self.handler(*args, **kwargs)
+
+    def access_for(self, arguments: Mapping[str, Any]) -> str:
+        """The access of one call: ``access_fn(arguments)`` when declared (``"write"`` if it
+        fails or answers anything else), else ``access``."""
+        if self.access_fn is None:
+            return self.access
+        try:
+            return "read" if self.access_fn(arguments) == "read" else "write"
+        except Exception:  # a broken access function must not break planning: the safe answer
+            return "write"
 
     def time_limit_s(self, arguments: Mapping[str, Any]) -> float:
         """The call's time limit: the ``timeout_arg`` argument if given, else ``timeout_s``."""
@@ -139,6 +163,8 @@ class ToolSpec:
             "command_arg": self.command_arg,
             "pollable": self.pollable,
             "journal": self.journal,
+            "state": None if self.state is None else self.state.name,
+            "loop_check": self.loop_check,
         }
 
 
@@ -165,11 +191,15 @@ def tool(
     idempotency_key: Callable[[Mapping[str, Any]], str] | None = None,
     probe: Callable[..., Any] | None = None,
     health_check: Callable[[], Any] | None = None,
+    state: Any = None,
+    formatter: Callable[[Any], str] | None = None,
+    loop_check: bool = True,
 ) -> Any:
     """Decorator: ``@tool`` or ``@tool(access="read", resources=paths("path"))``.
 
     Returns a :class:`ToolSpec` (still callable like the function). Options are explained on
-    :class:`ToolSpec`; ``idempotent`` defaults to ``access == "read"``, ``journal`` to a
+    :class:`ToolSpec`; ``access`` may be a function of the arguments (per-call access, the tool
+    counting as a write where one access is needed); ``idempotent`` defaults to ``access == "read"``, ``journal`` to a
     non-idempotent write, ``risk`` to ``low`` for reads and ``medium`` for writes. Raises
     :class:`~toolfleet.errors.ConfigurationError` for a name providers refuse, an access other than
     read/write, an unknown risk level, a parameter without a JSON-representable type, a
@@ -177,13 +207,19 @@ def tool(
     ``idempotency_key``/``probe`` on a tool that is not journaled.
     """
 
+    access_fn, fixed = (access, "write") if callable(access) else (None, access)
+
     def build(func: Callable[..., Any]) -> ToolSpec:
-        is_idempotent = access == "read" if idempotent is None else idempotent
+        is_idempotent = fixed == "read" if idempotent is None else idempotent
         return make_spec(
             func,
             name=name,
             description=description,
-            access=access,
+            access=fixed,
+            access_fn=access_fn,
+            state=state,
+            formatter=formatter,
+            loop_check=loop_check,
             resources=resources,
             timeout_s=timeout_s,
             timeout_arg=timeout_arg,
@@ -192,12 +228,12 @@ def tool(
             queue=queue,
             cancellable=cancellable,
             idempotent=is_idempotent,
-            risk=("low" if access == "read" else "medium") if risk is None else risk,
+            risk=("low" if fixed == "read" else "medium") if risk is None else risk,
             sensitive=tuple(sensitive),
             command_arg=command_arg,
             pollable=pollable,
             poll_interval_s=poll_interval_s,
-            journal=(access == "write" and not is_idempotent) if journal is None else journal,
+            journal=(fixed == "write" and not is_idempotent) if journal is None else journal,
             idempotency_key=idempotency_key,
             probe=probe,
             health_check=health_check,
@@ -221,12 +257,17 @@ def tool_from_schema(
 
     ``parameters`` must be a JSON Schema (Draft 2020-12) for the arguments object; it is used as
     given (no ``additionalProperties`` added). ``handler`` is called with the arguments as keyword
-    arguments; without one, a call fails with ``EXECUTION_ERROR`` saying so. Other options are
-    those of :func:`tool`. Raises :class:`ConfigurationError` for a name providers refuse or a
-    schema that is not valid JSON Schema.
+    arguments, plus the call's :class:`ToolContext` as ``ctx`` when it has a parameter named
+    ``ctx`` or annotated ``ToolContext`` (then that parameter); ``access`` may be a function of
+    the arguments (as for :func:`tool`); without a handler, a call fails with
+    ``EXECUTION_ERROR`` saying so. Other options are those of :func:`tool`. Raises
+    :class:`ConfigurationError` for a name providers refuse or a schema that is not valid JSON
+    Schema.
     """
     if not _NAME.match(name):
         raise ConfigurationError(f"tool name {name!r} must match {_NAME.pattern} (provider limit)")
+    if callable(access):
+        options["access_fn"], access = access, "write"
     if access not in ("read", "write"):
         raise ConfigurationError(f"tool {name}: access must be 'read' or 'write', not {access!r}")
     schema = dict(parameters)
@@ -237,7 +278,8 @@ def tool_from_schema(
     if handler is None:
         def handler(**_: Any) -> Any:
             raise ToolFailure(f"the tool {name} has no handler in this process", "it can be validated, not run")
-    defaults: dict[str, Any] = {"timeout_s": 60.0, "max_output_chars": 20_000}
+    defaults: dict[str, Any] = {"timeout_s": 60.0, "max_output_chars": 20_000,
+                                "context_param": _context_param(handler)}
     defaults.update(options)
     defaults.setdefault("idempotent", access == "read")
     defaults.setdefault("journal", access == "write" and not defaults["idempotent"])
@@ -252,6 +294,23 @@ def tool_from_schema(
         validator=Draft202012Validator(schema),
         **defaults,
     )
+
+
+def _context_param(handler: Callable[..., Any]) -> str | None:
+    """The parameter of ``handler`` that takes the call's context: one annotated ``ToolContext``,
+    else one named ``ctx``; ``None`` when there is none (or the signature cannot be read)."""
+    try:
+        params = inspect.signature(handler).parameters
+    except (TypeError, ValueError):
+        return None
+    try:
+        hints = get_type_hints(handler)
+    except Exception:
+        hints = {}
+    for param in params.values():
+        if hints.get(param.name) is ToolContext:
+            return param.name
+    return "ctx" if "ctx" in params else None
 
 
 def make_spec(func: Callable[..., Any], *, name: str | None, description: str | None, **options: Any) -> ToolSpec:
@@ -273,6 +332,14 @@ def make_spec(func: Callable[..., Any], *, name: str | None, description: str | 
             )
     doc = docstring_parser.parse(inspect.getdoc(func) or "")
     parameters, context_param = _schema(func, tool_name, {p.arg_name: p.description for p in doc.params})
+    if options.get("state") is not None:
+        from .state import SessionState
+
+        if not isinstance(options["state"], SessionState):
+            raise ConfigurationError(f"tool {tool_name}: state must be a SessionState, not {options['state']!r}")
+        if context_param is None:
+            raise ConfigurationError(f"tool {tool_name}: a tool with session state reads it from ctx.session; "
+                                     "give the handler a `ctx: ToolContext` parameter")
     if options["timeout_arg"] and options["timeout_arg"] not in parameters["properties"]:
         raise ConfigurationError(f"tool {tool_name}: timeout_arg {options['timeout_arg']!r} is not a parameter")
     for declared in (*options["sensitive"], *([options["command_arg"]] if options["command_arg"] else [])):

@@ -26,6 +26,7 @@ from .guard import screen_call
 from .redaction import mask_known_secrets
 from .runtime import Runtime
 from .side_effects import arm_wait_s, hard_limit_for, run_guarded
+from .stateful import call_handler
 from .values import safe_text, to_content_and_data, to_json
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,7 @@ def _handler_result(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, argument
 
     try:
         with runtime.watcher.interruptible(ctx, spec.cancellable):
-            value = spec.handler(**kwargs)
+            value = call_handler(runtime, spec, ctx, kwargs, arguments)  # session state: worker/stateful.py
     except CallCancelled as exc:
         return ToolResult.failure(
             ctx.call_id,
@@ -152,6 +153,8 @@ def _handler_result(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, argument
         )
     try:
         text, data = to_content_and_data(value)  # every value becomes a result (worker/values.py)
+        if spec.formatter is not None:  # the tool's own text; data kept
+            text = safe_text(str(spec.formatter(value)))
     except Exception as exc:
         return ToolResult.failure(
             ctx.call_id, spec.name, ErrorCode.EXECUTION_ERROR,

@@ -70,7 +70,7 @@ def to_content_and_data(value: Any) -> tuple[str, Any]:
     data = to_json(value)
     if isinstance(data, str):
         return data, data
-    return json.dumps(data, ensure_ascii=False, indent=2), data
+    return json.dumps(data, ensure_ascii=False), data  # compact: one line (a tool's formatter may differ)
 
 
 def to_json(value: Any, depth: int = 0, seen: frozenset[int] = frozenset()) -> Any:

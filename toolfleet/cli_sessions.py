@@ -1,0 +1,75 @@
+"""``toolfleet sessions``: list the open sessions with stored state, open one, close one
+(issue 13, item 2). Imported by :mod:`.cli` at its end; importing it registers the command."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from .cli import NamespaceOpt, RedisOpt, ToolsOpt, _fail, _settings, app, out
+from .errors import ToolfleetError
+
+
+@app.command()
+def sessions(
+    redis_url: RedisOpt = None,
+    namespace: NamespaceOpt = None,
+    open_id: Annotated[Optional[str], typer.Option(
+        "--open", help="Open this session id with the initial states of the --tools modules' "
+        "tools.")] = None,
+    tools: ToolsOpt = None,
+    state: Annotated[Optional[list[str]], typer.Option(
+        "--state", help="With --open: NAME=JSON, a state's initial value (repeatable).")] = None,
+    ttl_s: Annotated[Optional[int], typer.Option(
+        "--ttl-s", help="With --open: expiry after the last save (s).")] = None,
+    close: Annotated[Optional[str], typer.Option(
+        "--close", help="Close this session (its states are deleted).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """List the open sessions with stored state (id, age, expiry, each state's version and size);
+    or open or close one. Exit 1 with a clear error when Redis does not answer or a value is bad."""
+    from .keys import Keys
+    from .ledger import connect
+    from .tools.state import SessionStore
+
+    try:
+        settings = _settings(redis_url, namespace)
+        client = connect(settings.redis_url)
+        store = SessionStore(client, Keys(settings.namespace), url=settings.redis_url,
+                             default_ttl_s=settings.result_ttl_s)
+        if open_id:
+            from .dispatcher.sessions import open_session
+            from .tools.registry import default_registry
+
+            initial = {}
+            for item in state or []:
+                name, sep, text = item.partition("=")
+                if not sep:
+                    raise ToolfleetError(f"--state {item!r}: expected NAME=JSON")
+                try:
+                    initial[name] = json.loads(text)
+                except ValueError as exc:
+                    raise ToolfleetError(f"--state {name}: not JSON ({exc})") from exc
+            open_session(store, default_registry(tools or []), open_id, state=initial, ttl_s=ttl_s)
+            out.print(f"opened session {open_id}")
+            return
+        if close:
+            out.print(f"closed session {close}" if store.close(close) else f"session {close} was not open")
+            return
+        listed = store.sessions()
+    except ToolfleetError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        print(json.dumps(listed, indent=2))
+        return
+    table = Table("session", "age", "expires in", "states (version, bytes)")
+    now = time.time()
+    for s in listed:
+        states = ", ".join(f"{n} (v{v['version']}, {v['size_bytes']} B)" for n, v in s["states"].items())
+        table.add_row(s["session_id"], f"{now - s['opened_at']:.0f} s", f"{s['expires_in_s']} s", states or "-")
+    out.print(table if listed else "no open sessions")
