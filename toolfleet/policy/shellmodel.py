@@ -41,7 +41,19 @@ RUNNERS = frozenset({
     "screen", "tmux", "expect", "sshpass", "pkexec", "capsh", "unbuffer", "rlwrap", "chrt", "vim", "vi", "nvim",
     "ex", "ed", "emacs", "less", "more", "man", "sqlite3", "psql", "mysql", "sftp", "ftp", "nc", "ncat", "socat",
     "telnet", "xdg-open", "open", "run-parts", "start-stop-daemon", "daemonize", "inotifywait",
+    "setarch", "linux32", "linux64", "i386", "x86_64", "uname26", "ssh-agent", "dbus-send", "dbus-launch",
+    "chpst", "softlimit", "envdir", "envuidgid", "setuidgid", "tini", "dumb-init", "torsocks", "proxychains",
+    "proxychains4", "tsocks", "eatmydata", "fakechroot", "nocache", "cpulimit", "trickle", "ccache", "distcc",
+    "systemd-nspawn", "machinectl", "apptainer", "singularity", "lxc-attach", "mpirun", "mpiexec", "srun",
+    "ld.so", "ld-linux.so.2", "ld-linux-x86-64.so.2", "runcon", "sudoedit", "flatpak", "flatpak-spawn", "nix",
+    "nix-shell", "ip", "systemctl", "launchctl", "keyctl", "chronic", "ifne", "vipe", "pee", "ts", "lckdo",
+    "with-lock-ex", "caffeinate", "gtimeout", "gnice", "scl", "module", "sem", "nq", "tsp", "pueue", "ssh-add",
 })
+# environment managers whose run/exec subcommand runs the command named after it: the words are
+# probed against the deny rules (``uv run rm x``) and the program itself is left to the patterns
+ENV_RUNNERS = frozenset({"uv", "poetry", "pipenv", "pdm", "hatch", "rye", "conda", "mamba", "micromamba",
+                         "direnv", "asdf", "mise", "rbenv", "pyenv", "nodenv", "goenv", "jenv", "sdk",
+                         "dotenv", "fnm", "volta", "corepack", "pixi"})
 # programs that write files their input or options name (archives, patches, remote copies)
 EXTRACTORS = frozenset({"tar", "unzip", "cpio", "patch", "7z", "bsdtar", "rsync", "scp", "ar", "zip", "rclone",
                         "git-apply"})
@@ -97,6 +109,26 @@ def base_name(word: str) -> str:
 def is_code_var(name: str) -> bool:
     """True for a variable whose value changes what later commands run or where they write."""
     return name in CODE_VARS or name.startswith(CODE_VAR_PREFIXES)
+
+
+# variables a command may set and export: they change formatting, language or time only (an
+# allow-list: any other exported variable may change what a program runs, e.g. MAKEFLAGS,
+# JAVA_TOOL_OPTIONS, GCONV_PATH, PYTHONPATH, PERL5OPT, NODE_OPTIONS, GIT_*, LESSOPEN, PAGER)
+HARMLESS_VARS = frozenset({
+    "LANG", "LANGUAGE", "TZ", "TERM", "COLORTERM", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "CLICOLOR",
+    "CLICOLOR_FORCE", "CI", "DEBIAN_FRONTEND", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING",
+    "PYTHONUTF8", "PYTHONHASHSEED", "PYTHONFAULTHANDLER", "SOURCE_DATE_EPOCH", "NODE_ENV", "RUST_BACKTRACE",
+    "RUST_LOG", "TIMEFORMAT", "OMP_NUM_THREADS", "TQDM_DISABLE",
+})
+
+
+def harmless_var(name: str, exported: bool) -> bool:
+    """True when setting ``name`` cannot change what a command runs or where it writes: an
+    allow-listed name (:data:`HARMLESS_VARS`, ``LC_*``), or a lowercase shell variable that is not
+    exported (programs never see it). Everything else is a concern: fail closed."""
+    if name in HARMLESS_VARS or (name.startswith("LC_") and name[3:].isupper()):
+        return True
+    return not exported and bool(name) and name == name.lower() and not is_code_var(name)
 
 
 def var_name(word: str) -> str:
@@ -243,10 +275,11 @@ WRITERS: dict[str, Grammar] = {
                                           "--separator", "--additional-suffix", "--filter"}), frozenset()),
     "mkfifo": Grammar("m", frozenset({"--mode"}), frozenset()),
     "mknod": Grammar("m", frozenset({"--mode"}), frozenset()),
+    "sponge": Grammar(),  # moreutils: soaks up standard input, then writes the file
 }
 # the writers that write every positional word (the rest are special cases in commands.py)
 WRITES_ALL = frozenset({"tee", "touch", "mkdir", "rm", "rmdir", "unlink", "truncate", "shred", "chmod", "chown",
-                        "chgrp", "mv", "mkfifo", "mknod"})
+                        "chgrp", "mv", "mkfifo", "mknod", "sponge"})
 WRAPPER_GRAMMARS: dict[str, tuple[Grammar, int]] = {
     # name -> (options, positional words before the command)
     "env": (Grammar("uSC", frozenset({"--unset", "--split-string", "--chdir"}),
