@@ -119,12 +119,16 @@ def _git_subcommand(w: Walker, sub: str, args: list[str], text: str) -> None:
 def make(w: Walker, name: str, words: list[Word], text: str) -> None:
     """``make --eval``/``-E`` adds makefile text; a ``VAR=value`` argument overrides any variable
     of the makefile (``SHELL``, ``MAKEFLAGS``, ``CC``: all are commands a recipe may run)."""
+    from .programs import probe_words
+
     for word in words[1:]:
         t = word.text
         if t.startswith("--") and len(t.split("=", 1)[0]) > 3 and "--eval".startswith(t.split("=", 1)[0]):
             w.concern(text, f"`{name} --eval` runs makefile text given on the command line")
+            probe_words(w, name, words, text)
         elif t.startswith("-") and not t.startswith("--") and "E" in t:
             w.concern(text, f"`{name} -E` runs makefile text given on the command line")
+            probe_words(w, name, words, text)
         elif not t.startswith("-") and "=" in t and t.split("=", 1)[0].rstrip(":+?!").replace("_", "a").isalnum():
             w.concern(text, f"`{name} {t.split('=', 1)[0]}=` overrides a makefile variable, which can change "
                             "the commands its recipes run")
