@@ -190,3 +190,88 @@ def set_builtin(w: Walker, name: str, words: list[Word], text: str) -> None:
 
 HANDLERS = {"git": git, "sysctl": sysctl, "cargo": cargo, "set": set_builtin,
             **{m: make for m in MAKES}, **{p: package_runner for p in PACKAGE_RUNNERS | NODE_MANAGERS}}
+
+
+# package installers: a package *named* on the command line is fetched and its build or install
+# scripts run (setup.py, npm lifecycle scripts, build.rs); local paths (the project) are left
+# to the patterns. name -> (subcommands that install, options that take a value)
+INSTALLERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "pip": (frozenset({"install", "download", "wheel"}), frozenset({
+        "-r", "--requirement", "-c", "--constraint", "-i", "--index-url", "--extra-index-url", "-f",
+        "--find-links", "-t", "--target", "--prefix", "--root", "--src", "--platform", "--python-version",
+        "--implementation", "--abi", "--progress-bar", "--upgrade-strategy", "--no-binary", "--only-binary", "--log",
+        "--cache-dir", "--proxy", "--retries", "--timeout", "--exists-action", "--trusted-host", "--cert",
+        "--client-cert", "--report", "--python", "-d", "--dest", "-w", "--wheel-dir", "-C", "--config-settings"})),
+    "npm": (frozenset({"install", "i", "add", "isntall", "in", "ins", "inst", "insta", "instal", "update", "up"}),
+            frozenset({"--prefix", "--registry", "--tag", "-w", "--workspace", "--omit", "--include"})),
+    "pnpm": (frozenset({"add", "install", "i", "update", "up"}), frozenset({"--filter", "-F", "--dir", "-C"})),
+    "yarn": (frozenset({"add", "global"}), frozenset({"--cwd"})),
+    "bun": (frozenset({"add", "install", "i"}), frozenset({"--cwd"})),
+    "cargo": (frozenset({"install"}), frozenset({"--version", "--root", "--path", "--git", "--branch", "--tag",
+                                                  "--rev", "--bin", "--example", "--target", "-j", "--jobs",
+                                                  "--features", "-F", "--profile", "--index", "--registry"})),
+    "go": (frozenset({"install", "get", "run"}), frozenset({"-C", "-p", "-o", "-tags", "-ldflags", "-gcflags",
+                                                           "-mod", "-modfile", "-pkgdir"})),
+    "gem": (frozenset({"install", "i"}), frozenset({"-v", "--version", "-i", "--install-dir", "-s", "--source"})),
+}
+
+
+def named_packages(name: str, words: list[Word]) -> list[str]:
+    """Packages ``words`` name for an installer (see :data:`INSTALLERS`): positional words after
+    the install subcommand that are not local paths (``.``, ``./x``, ``../x``, ``/x``)."""
+    key = "pip" if name in ("pip", "pip3") else name
+    if key not in INSTALLERS:
+        return []
+    subs, valued = INSTALLERS[key]
+    texts = [x.text for x in words]
+    positional, i = [], 1
+    while i < len(texts):
+        t = texts[i]
+        if t.startswith("-"):
+            if t in valued:
+                i += 1
+        else:
+            positional.append(t)
+        i += 1
+    if not positional or positional[0] not in subs:
+        return []
+    rest = positional[1:]
+    if key == "cargo" and ("--git" in texts or "--index" in texts):
+        rest = rest or ["(from --git)"]
+    if key == "go":
+        return [p for p in rest if "@" in p or (positional[0] == "get" and not p.startswith((".", "/")))]
+    editable = [texts[k + 1] for k, t in enumerate(texts[:-1]) if t in ("-e", "--editable")]
+    return [p for p in rest + editable if not (p in (".", "..") or p.startswith(("./", "../", "/")))]
+
+
+def installer(w: Walker, name: str, words: list[Word], text: str) -> None:
+    """``pip install requests``, ``npm i left-pad``, ``cargo install x``, ``go install x@v``:
+    fetched code runs (build and install scripts): a concern. Installing the project itself
+    (``pip install -e .``, ``npm install`` from its lock file) is left to the patterns."""
+    names = named_packages(name, words)
+    if names:
+        w.concern(text, f"`{name}` fetches and builds {', '.join(names[:3])}, whose install scripts run code "
+                        "the policy cannot read")
+    if name == "go" and any(x.text.lstrip("-").split("=", 1)[0] in ("toolexec", "exec") for x in words[1:]):
+        w.concern(text, "`go -toolexec`/`-exec` runs the program it is given")
+    if name == "go" and len(words) > 2 and words[1].text == "env" and any(x.text == "-w" for x in words[2:]):
+        w.concern(text, "`go env -w` changes settings (GOFLAGS) later go commands run")
+    if name in ("npm", "pnpm", "yarn", "bun"):
+        package_runner(w, name, words, text)
+    elif name == "cargo":
+        cargo(w, name, words, text)
+    else:
+        generic(w, name, words, text)
+
+
+def maven(w: Walker, name: str, words: list[Word], text: str) -> None:
+    """``mvn exec:exec`` runs ``-Dexec.executable``; ``gradle --init-script`` runs a script named
+    on the command line."""
+    texts = [x.text for x in words[1:]]
+    if any(t.startswith("exec:") or t.startswith(("-Dexec.", "-I", "--init-script")) for t in texts):
+        w.concern(text, f"`{name}` runs a program or script named on the command line")
+    generic(w, name, words, text)
+
+
+HANDLERS.update({name: installer for name in ("pip", "pip3", "npm", "pnpm", "yarn", "bun", "cargo", "go", "gem")})
+HANDLERS.update({name: maven for name in ("mvn", "gradle")})

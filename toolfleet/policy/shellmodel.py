@@ -53,7 +53,8 @@ RUNNERS = frozenset({
 # probed against the deny rules (``uv run rm x``) and the program itself is left to the patterns
 ENV_RUNNERS = frozenset({"uv", "poetry", "pipenv", "pdm", "hatch", "rye", "conda", "mamba", "micromamba",
                          "direnv", "asdf", "mise", "rbenv", "pyenv", "nodenv", "goenv", "jenv", "sdk",
-                         "dotenv", "fnm", "volta", "corepack", "pixi"})
+                         "dotenv", "fnm", "volta", "corepack", "pixi", "rustup", "bundle", "bundler", "opam",
+                         "stack", "cabal", "nvm", "sdkman"})
 # programs that write files their input or options name (archives, patches, remote copies)
 EXTRACTORS = frozenset({"tar", "unzip", "cpio", "patch", "7z", "bsdtar", "rsync", "scp", "ar", "zip", "rclone",
                         "git-apply"})
