@@ -43,6 +43,12 @@ def run(w: Walker, words: list[Word], text: str, assignments: tuple[str, ...] = 
         w.concern(text, f"the command name `{first.text}` is known only at run time")
         return
     name = program(first.text)
+    git_name = model.base_name(first.text)
+    if git_name.startswith("git-") and len(git_name) > 4:  # /usr/lib/git-core/git-push is `git push`
+        run(w, [Word("git"), Word(git_name[4:]), *words[1:]], text, (), wrapped_by=first.text, probe=probe)
+        return
+    if git_name == "git" and name != "git":  # /usr/lib/git-core/git: still git's options and subcommands
+        name = "git"
     if name in ("cd", "pushd", "popd") and (probe or wrapped_by not in (None, "builtin", "command")):
         return  # run by another program (env cd, xargs cd): a process of its own, the shell stays
     handler = HANDLERS.get(name)
