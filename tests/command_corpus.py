@@ -544,6 +544,9 @@ CORPUS: list[CommandCase] = [
         "echo 1 > /proc/sys/kernel/doesnotexist",
     ),
     *_cases("sysctl", "allow", "sysctl -n kernel.ostype"),
+    *_cases("system-state", "deny", "modprobe doesnotexist-xyz", "rmmod doesnotexist_xyz", "date -s 'not a date'",
+            "umount /nonexistent-xyz"),
+    *_cases("system-state", "allow", "date +%s", "mount | head -1"),
     *_cases(
         "package-runners", "ask",
         "pip install --no-index requests",

@@ -275,3 +275,34 @@ def maven(w: Walker, name: str, words: list[Word], text: str) -> None:
 
 HANDLERS.update({name: installer for name in ("pip", "pip3", "npm", "pnpm", "yarn", "bun", "cargo", "go", "gem")})
 HANDLERS.update({name: maven for name in ("mvn", "gradle")})
+
+
+# programs that change the running system (kernel modules, mounts, power, swap, disks, clock,
+# network, SELinux) rather than files: writes outside the workspace, like `sysctl -w`
+SYSTEM_WRITERS = frozenset({
+    "modprobe", "insmod", "rmmod", "kexec", "reboot", "shutdown", "poweroff", "halt", "telinit", "init",
+    "swapon", "swapoff", "mkswap", "umount", "losetup", "dmsetup", "wipefs", "fdisk", "sfdisk", "parted",
+    "setenforce", "iptables", "ip6tables", "nft", "tc", "setcap", "chattr", "mkfs", "mke2fs", "mkfs.ext4",
+    "mkfs.xfs", "mkfs.vfat", "mkfs.btrfs", "blockdev", "hdparm", "pivot_root", "switch_root", "sysrq",
+})
+# ... only when given arguments or these options (without them they only print)
+SYSTEM_WRITERS_WITH = {"mount": None, "hostname": None, "date": ("-s", "--set"), "hwclock": (
+    "-w", "--systohc", "--set", "-s", "--hctosys"), "timedatectl": ("set-time", "set-timezone", "set-ntp"),
+                       "dmesg": ("-c", "-C", "--clear", "--read-clear", "-n", "--console-level", "-D", "-E")}
+
+
+def system_writer(w: Walker, name: str, words: list[Word], text: str) -> None:
+    """A program that changes kernel or machine state: recorded as a write to ``/``, outside
+    every workspace, so the engine denies it (the sandbox, without capabilities, refuses it too)."""
+    texts = [x.text for x in words[1:]]
+    spec = SYSTEM_WRITERS_WITH.get(name, ())
+    if name in SYSTEM_WRITERS or (
+            spec is None and [t for t in texts if not t.startswith("-")]) or (
+            spec and any(t.split("=", 1)[0] in spec or (t.startswith("-") and not t.startswith("--") and any(
+                f"-{c}" in spec for c in t[1:])) for t in texts)):
+        w.add_write(Word("/"), text)
+    else:
+        generic(w, name, words, text)
+
+
+HANDLERS.update({name: system_writer for name in SYSTEM_WRITERS | set(SYSTEM_WRITERS_WITH)})
