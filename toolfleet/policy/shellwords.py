@@ -136,7 +136,7 @@ def glob_target(path: str) -> str | None:
 
 _ANSI_SIMPLE = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r", "t": "\t",
                 "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
-_EXPANSION_START = re.compile(r"[A-Za-z0-9_{(@*#?$!-]")
+_EXPANSION_START = re.compile(r"[A-Za-z0-9_{(\[@*#?$!-]")
 
 
 def dequote(raw: str) -> str | None:
