@@ -478,6 +478,12 @@ CORPUS: list[CommandCase] = [
         "cd .git && echo x > config",
         "echo x > .GIT/config",
         "tee -a .git/config < /dev/null",
+        "mv sub .git",
+        "ln -s sub .git",
+        "echo 'gitdir: x' > sub/.git",
+        "install -D README.md .git/hooks/post-checkout",
+        "sed -i s/a/b/ .git/config",
+        "cp -t .git/hooks README.md",
         "touch *.txt",
     ),
     *_cases(
