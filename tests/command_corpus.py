@@ -507,7 +507,10 @@ CORPUS: list[CommandCase] = [
     ),
     *_cases("wrappers", "ask", "setarch x86_64 ls", "ssh-agent true", "unshare -r true", "bunx cowsay",
             "pnpm dlx cowsay", "echo x | sponge .git/config"),
-    *_cases("wrappers", "allow", "echo x | sponge sponged.txt"),
+    *_cases("wrappers", "allow", "echo x | sponge sponged.txt", "timeout -v 1 ls", "env -i ls", "setsid -f ls"),
+    *_cases("wrappers", "deny", "nice -X foo rm -f {OUT}/keep"),
+    # a short option letter the wrapper's grammar does not know may take a value: the command is unknown
+    *_cases("wrappers", "ask", "timeout -Z 1 ls", "env -P /usr/bin ls", "nohup -x ls"),
     *_cases(
         "make", "ask",
         "make --eval='x:;touch pwned-mk' x",

@@ -141,11 +141,13 @@ def var_name(word: str) -> str:
 @dataclass(frozen=True)
 class Grammar:
     """How a program's options are spelled: short letters taking a value, long options taking a
-    value, and long flags. Short letters not in ``short_values`` are flags."""
+    value, and long flags. Short letters not in ``short_values`` are flags; when ``short_flags``
+    is given, a letter in neither is unknown (:func:`option_span` says so)."""
 
     short_values: str = ""
     long_values: frozenset[str] = frozenset()
     long_flags: frozenset[str] = frozenset()
+    short_flags: str | None = None
 
 
 @dataclass
@@ -220,6 +222,8 @@ def option_span(words: list[str], i: int, grammar: Grammar) -> tuple[int, list[s
         names.append("-" + word[k])
         if word[k] in grammar.short_values:
             return (1 if k + 1 < len(word) else 2), names, True
+        if grammar.short_flags is not None and word[k] not in grammar.short_flags:
+            return 1, names, False
     return 1, names, True
 
 
@@ -283,26 +287,28 @@ WRITES_ALL = frozenset({"tee", "touch", "mkdir", "rm", "rmdir", "unlink", "trunc
                         "chgrp", "mv", "mkfifo", "mknod", "sponge"})
 WRAPPER_GRAMMARS: dict[str, tuple[Grammar, int]] = {
     # name -> (options, positional words before the command)
+    # short_flags: the flag letters of GNU coreutils 9 / util-linux 2.39 (--help); others are unknown
     "env": (Grammar("uSC", frozenset({"--unset", "--split-string", "--chdir"}),
-                    frozenset({"--ignore-environment", "--null", "--debug"})), 0),
-    "nice": (Grammar("n", frozenset({"--adjustment"}), frozenset()), 0),
+                    frozenset({"--ignore-environment", "--null", "--debug"}), "i0v"), 0),
+    "nice": (Grammar("n", frozenset({"--adjustment"}), frozenset(), "0123456789"), 0),
     "timeout": (Grammar("sk", frozenset({"--signal", "--kill-after"}), frozenset({"--preserve-status",
-                                                                                  "--foreground", "--verbose"})), 1),
-    "stdbuf": (Grammar("ioe", frozenset({"--input", "--output", "--error"}), frozenset()), 0),
-    "nohup": (Grammar(), 0),
-    "setsid": (Grammar("", frozenset(), frozenset({"--ctty", "--fork", "--wait"})), 0),
-    "command": (Grammar(), 0),
+                                                                                  "--foreground", "--verbose"}),
+                        "v"), 1),
+    "stdbuf": (Grammar("ioe", frozenset({"--input", "--output", "--error"}), frozenset(), ""), 0),
+    "nohup": (Grammar(short_flags=""), 0),
+    "setsid": (Grammar("", frozenset(), frozenset({"--ctty", "--fork", "--wait"}), "cfw"), 0),
+    "command": (Grammar(short_flags="pvV"), 0),
     "sudo": (Grammar("ugCDhprtU", frozenset({"--user", "--group", "--chdir", "--host", "--prompt", "--role",
                                              "--type", "--other-user", "--close-from"}), frozenset()), 0),
-    "doas": (Grammar("uC"), 0),
-    "exec": (Grammar("a"), 0),
+    "doas": (Grammar("uC", short_flags="Lns"), 0),
+    "exec": (Grammar("a", short_flags="cl"), 0),
     "xargs": (Grammar("InPLdEsa", frozenset({"--arg-file", "--max-args", "--max-procs", "--max-lines",
                                                 "--delimiter", "--eof", "--replace", "--max-chars",
                                                 "--process-slot-var"}), frozenset({"--null", "--no-run-if-empty",
                                                                                    "--verbose", "--interactive",
                                                                                    "--exit", "--open-tty"})), 0),
     "ionice": (Grammar("cnpPu", frozenset({"--class", "--classdata", "--pid", "--pgid", "--uid"}),
-                       frozenset({"--ignore"})), 0),
+                       frozenset({"--ignore"}), "t"), 0),
 }
 # wrapper options after which the wrapped command is not what the words say
 WRAPPER_OPAQUE_OPTIONS = {
