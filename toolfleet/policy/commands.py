@@ -37,8 +37,16 @@ import bashlex.errors
 import bashlex.subst
 
 from . import shellmodel as model
-from .shellwords import brace_expand, dequote, glob_target, has_brace, has_glob, is_plain, may_be_git_dir, \
-    normalise_heredocs
+from .shellwords import (
+    brace_expand,
+    dequote,
+    glob_target,
+    has_brace,
+    has_glob,
+    is_plain,
+    may_be_git_dir,
+    normalise_heredocs,
+)
 
 WRITE_REDIRECTS = frozenset({">", ">>", ">|", "&>", "&>>", "<>", ">&"})
 MAX_DEPTH = 8

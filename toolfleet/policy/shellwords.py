@@ -211,7 +211,7 @@ def _ansi_c(raw: str, i: int) -> tuple[str | None, int]:
             i += 1 + len(digits)
         elif nxt in "xuU":
             size = {"x": 2, "u": 4, "U": 8}[nxt]
-            digits = re.match(r"[0-9a-fA-F]{1,%d}" % size, raw[i + 2 :])
+            digits = re.match(f"[0-9a-fA-F]{{1,{size}}}", raw[i + 2 :])
             if digits is None:
                 out.append("\\" + nxt)
                 i += 2
