@@ -46,6 +46,13 @@ def interpreter(w: Walker, name: str, words: list[Word], text: str) -> None:
         if not word.startswith("-") or word == "-":
             break
         if word == "-m" or (name == "python" and word.startswith("-m")):
+            module = word[2:] or (words[i + 1].text if i + 1 < len(words) else "")
+            rest = words[i + 1:] if word[2:] else words[i + 2:]
+            if name == "python" and module == "pip":
+                from .launchers import installer
+
+                installer(w, "pip", [Word("pip"), *rest], text)
+                return
             generic(w, name, words, text)  # runs a module from disk, like a script: decided by the patterns
             return
         if word in values:

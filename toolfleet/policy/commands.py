@@ -37,7 +37,16 @@ import bashlex.errors
 import bashlex.subst
 
 from . import shellmodel as model
-from .shellwords import brace_expand, glob_target, has_brace, has_glob, is_plain, normalise_heredocs
+from .shellwords import (
+    brace_expand,
+    dequote,
+    glob_target,
+    has_brace,
+    has_glob,
+    is_plain,
+    may_be_git_dir,
+    normalise_heredocs,
+)
 
 WRITE_REDIRECTS = frozenset({">", ">>", ">|", "&>", "&>>", "<>", ">&"})
 MAX_DEPTH = 8
@@ -107,6 +116,7 @@ class Word(NamedTuple):
     text: str
     dynamic: bool = False
     glob: bool = False
+    brace: bool = False  # one of several words a brace expansion made
 
 
 @dataclass
@@ -220,8 +230,8 @@ class Walker:
         redirects = []
         for part in node.parts:
             if part.kind == "assignment":
-                assignments.append(part.word)
                 self.expansions(part)
+                assignments.append(dequote(self.text(part)) or part.word)
             elif part.kind == "word":
                 words.extend(self.shell_words(part.word, self.text(part), self.expansions(part), not words))
             elif part.kind == "redirect":
@@ -230,7 +240,7 @@ class Walker:
                 raise Unanalysable(f"the shell construct {part.kind!r} is not supported")
         text = self.text(node)
         for assignment in assignments:
-            self.assignment(assignment, text)
+            self.assignment(assignment, text, exported=bool(words))
         for redirect in redirects:
             self.redirect(redirect, text)
         if words:
@@ -239,24 +249,34 @@ class Walker:
             run(self, words, text, tuple(assignments))
 
     def shell_words(self, word: str, raw: str, dynamic: bool, first: bool) -> list[Word]:
-        """What one parsed word becomes: brace expansion done, patterns and expansions marked."""
+        """What one parsed word becomes: quotes removed from ``raw`` (its source text) by
+        :func:`dequote`, brace expansion done, patterns and expansions marked."""
+        plain = dequote(raw)
+        if plain is None:
+            return [Word(word, True)]
+        if dynamic and not ("<(" in raw or ">(" in raw):
+            dynamic = False  # bashlex reads $'..' and $".." as parameters; dequote found no expansion
         if dynamic:
             return [Word(word, True)]
+        word = plain
         if has_brace(raw):
             if not first and is_plain(raw):
                 expanded = brace_expand(word)
                 if expanded is not None:
-                    return [Word(w, False, has_glob(w)) for w in expanded]
+                    return [Word(w, False, has_glob(w), len(expanded) > 1) for w in expanded]
             return [Word(word, True)]
         glob = has_glob(raw)
         return [Word(word, True)] if first and glob else [Word(word, False, glob)]
 
-    def assignment(self, word: str, text: str) -> None:
+    def assignment(self, word: str, text: str, exported: bool) -> None:
+        """``NAME=value``; ``exported``: programs started later see it (a prefix assignment,
+        ``export``, ``env``). See :func:`.shellmodel.harmless_var`."""
         name = model.var_name(word)
         if name == "CDPATH":
             self.found.cdpath = True
-        if model.is_code_var(name):
-            self.concern(text, f"sets {name}, which changes what later commands run or where they write")
+        if not model.harmless_var(name, exported):
+            self.concern(text, f"sets {name}, which may change what later commands run or where they write "
+                               "(only an allow-list of variables is known to be harmless)")
 
     def redirect(self, node: Any, text: str) -> None:
         output = node.output
@@ -295,12 +315,16 @@ class Walker:
     def add_write(self, word: Word, text: str, mention: bool = False) -> None:
         """Record that ``word`` names a file written (or, with ``mention``, maybe written)."""
         target, dynamic = word.text, word.dynamic
+        if may_be_git_dir(target) or any(may_be_git_dir(cwd or "") for cwd in self.cwds):
+            self.concern(text, f"{'names' if mention else 'writes'} a path that is or may be in .git, whose hooks "
+                               "and configuration later git commands run")
         if word.glob and not dynamic:
+            if not mention:
+                self.concern(text, f"writes to `{target}`, a file-name pattern: which files it names is known "
+                                   "only at run time")
             stand_in = glob_target(target)
             dynamic = stand_in is None
             target = stand_in or target
-        if not mention and not dynamic and ".git" in posixpath.normpath(target).split("/"):
-            self.concern(text, "writes into .git, whose hooks and configuration later git commands run")
         into = self.found.mentions if mention else self.found.writes
         relative = not (dynamic or target.startswith(("/", "~")))
         for cwd in sorted(self.cwds, key=lambda c: (c is None, c or "")) if relative else [None]:

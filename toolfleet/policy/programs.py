@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import posixpath
 
+from . import launchers
 from . import shellmodel as model
 from .code_runners import STDIN_PATHS, awk, flag_dynamic, generic, interpreter, sed
 from .commands import MAX_PROBES, Segment, Walker, Word
@@ -42,6 +43,12 @@ def run(w: Walker, words: list[Word], text: str, assignments: tuple[str, ...] = 
         w.concern(text, f"the command name `{first.text}` is known only at run time")
         return
     name = program(first.text)
+    git_name = model.base_name(first.text)
+    if git_name.startswith("git-") and len(git_name) > 4:  # /usr/lib/git-core/git-push is `git push`
+        run(w, [Word("git"), Word(git_name[4:]), *words[1:]], text, (), wrapped_by=first.text, probe=probe)
+        return
+    if git_name == "git" and name != "git":  # /usr/lib/git-core/git: still git's options and subcommands
+        name = "git"
     if name in ("cd", "pushd", "popd") and (probe or wrapped_by not in (None, "builtin", "command")):
         return  # run by another program (env cd, xargs cd): a process of its own, the shell stays
     handler = HANDLERS.get(name)
@@ -61,6 +68,9 @@ def run(w: Walker, words: list[Word], text: str, assignments: tuple[str, ...] = 
     elif name in model.RUNNERS:
         w.concern(text, f"runs `{name}`, which runs other commands in ways the policy does not model")
         probe_words(w, name, words, text)
+    elif name in model.ENV_RUNNERS:
+        probe_words(w, name, words, text)
+        generic(w, name, words, text)
     elif name in model.EVALUATORS:
         evaluator(w, name, words, text)
     elif name in model.SETTERS and not (name in ("printf", "test", "[") and "-v" not in [x.text for x in words]):
@@ -159,7 +169,7 @@ def wrapper(w: Walker, name: str, words: list[Word], text: str) -> None:
         given.update(names)
         i += taken
     while name == "env" and i < len(words) and "=" in texts[i] and model.var_name(texts[i]):
-        w.assignment(texts[i], text)
+        w.assignment(texts[i], text, exported=True)
         i += 1
     i += positionals
     if given & hidden:
@@ -237,7 +247,8 @@ def setter(w: Walker, name: str, words: list[Word], text: str) -> None:
             return
         variable = model.var_name(word.text)
         if variable and word.text.startswith(variable):
-            w.assignment(word.text, text)
+            exported = name == "export" or any(x.text.startswith("-") and "x" in x.text for x in words[1:])
+            w.assignment(word.text, text, exported=exported or name not in ("read", "printf", "getopts", "test", "["))
 
 
 def find(w: Walker, name: str, words: list[Word], text: str) -> None:
@@ -274,44 +285,13 @@ def find(w: Walker, name: str, words: list[Word], text: str) -> None:
         k += 1
 
 
-def git(w: Walker, name: str, words: list[Word], text: str) -> None:
-    texts = [x.text for x in words]
-    i = 1
-    while i < len(texts) and texts[i].startswith("-"):
-        word = texts[i]
-        if word in ("-c", "--config-env") or word.startswith(("--exec-path", "--config-env=")):
-            w.concern(text, f"`git {word}` sets configuration that can run commands")
-        elif word in ("-C", "--git-dir", "--work-tree") or word.startswith(("--git-dir=", "--work-tree=")):
-            w.concern(text, f"`git {word}` runs git on another directory")
-        i += 2 if word in ("-c", "--config-env", "-C", "--git-dir", "--work-tree", "--namespace") else 1
-    if i >= len(texts):
-        return
-    sub, args = texts[i], texts[i + 1 :]
-    reads = {"--get", "--get-all", "--get-regexp", "--list", "-l", "--show-origin", "--get-urlmatch"}
-    if sub == "config" and not reads & set(args):
-        w.concern(text, "changes git configuration, which later git commands run (aliases, hooks, pagers)")
-    if sub in ("rebase", "bisect", "submodule", "filter-branch", "difftool", "mergetool", "daemon", "send-email") \
-            and ({"-x", "--exec", "run", "foreach", "--extcmd", "-t", "--tool"} & set(args) or sub == "filter-branch"):
-        w.concern(text, f"`git {sub}` runs commands given to it")
-    if sub in ("checkout", "switch", "reset", "restore", "stash", "pull", "merge", "am", "apply", "clone",
-               "cherry-pick", "rebase", "revert", "worktree", "read-tree", "checkout-index"):
-        w.found.links.append((text, False))  # the work tree it writes may hold symbolic links
-    for k in range(i + 1, len(texts)):
-        word = texts[k]
-        if word.startswith("--output="):
-            w.add_write(Word(word.split("=", 1)[1], words[k].dynamic), text)
-        elif (word == "--output" or (word == "-o" and sub in ("format-patch", "archive"))) and k + 1 < len(texts):
-            w.add_write(words[k + 1], text)
-        elif word.startswith("-o") and not word.startswith("--") and len(word) > 2 and sub in ("format-patch",
-                                                                                               "archive"):
-            w.add_write(Word(word[2:], words[k].dynamic), text)
-    generic(w, name, words, text)
-
-
 def writer(w: Walker, name: str, words: list[Word], text: str) -> None:
     texts = [x.text for x in words]
     parsed = parse_options(texts, model.WRITERS[name])
     positional = [words[at] for at, _ in parsed.positional]
+    if name not in model.WRITES_ALL and any(x.brace for x in positional):
+        w.concern(text, f"braces expand to several arguments of `{name}`: which one is the target is not "
+                        "what the text shows")
     if any(x.glob and x.text[:1] in "*?[" for x in positional):
         w.concern(text, f"a file-name pattern may expand to an option of `{name}` (a file named like -t..)")
     option_words = {at for _, _, at in parsed.options}
@@ -367,4 +347,5 @@ def _value(words: list[Word], value: str, at: int) -> Word:
     return Word(value, source.dynamic, source.glob)
 
 
-HANDLERS = {"cd": cd, "pushd": cd, "popd": cd, "find": find, "git": git, "sed": sed, "dd": dd}
+HANDLERS = {"cd": cd, "pushd": cd, "popd": cd, "find": find, "sed": sed, "dd": dd}
+HANDLERS.update(launchers.HANDLERS)

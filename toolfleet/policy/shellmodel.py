@@ -41,7 +41,20 @@ RUNNERS = frozenset({
     "screen", "tmux", "expect", "sshpass", "pkexec", "capsh", "unbuffer", "rlwrap", "chrt", "vim", "vi", "nvim",
     "ex", "ed", "emacs", "less", "more", "man", "sqlite3", "psql", "mysql", "sftp", "ftp", "nc", "ncat", "socat",
     "telnet", "xdg-open", "open", "run-parts", "start-stop-daemon", "daemonize", "inotifywait",
+    "setarch", "linux32", "linux64", "i386", "x86_64", "uname26", "ssh-agent", "dbus-send", "dbus-launch",
+    "chpst", "softlimit", "envdir", "envuidgid", "setuidgid", "tini", "dumb-init", "torsocks", "proxychains",
+    "proxychains4", "tsocks", "eatmydata", "fakechroot", "nocache", "cpulimit", "trickle", "ccache", "distcc",
+    "systemd-nspawn", "machinectl", "apptainer", "singularity", "lxc-attach", "mpirun", "mpiexec", "srun",
+    "ld.so", "ld-linux.so.2", "ld-linux-x86-64.so.2", "runcon", "sudoedit", "flatpak", "flatpak-spawn", "nix",
+    "nix-shell", "ip", "systemctl", "launchctl", "keyctl", "chronic", "ifne", "vipe", "pee", "ts", "lckdo",
+    "with-lock-ex", "caffeinate", "gtimeout", "gnice", "scl", "module", "sem", "nq", "tsp", "pueue", "ssh-add",
 })
+# environment managers whose run/exec subcommand runs the command named after it: the words are
+# probed against the deny rules (``uv run rm x``) and the program itself is left to the patterns
+ENV_RUNNERS = frozenset({"uv", "poetry", "pipenv", "pdm", "hatch", "rye", "conda", "mamba", "micromamba",
+                         "direnv", "asdf", "mise", "rbenv", "pyenv", "nodenv", "goenv", "jenv", "sdk",
+                         "dotenv", "fnm", "volta", "corepack", "pixi", "rustup", "bundle", "bundler", "opam",
+                         "stack", "cabal", "nvm", "sdkman"})
 # programs that write files their input or options name (archives, patches, remote copies)
 EXTRACTORS = frozenset({"tar", "unzip", "cpio", "patch", "7z", "bsdtar", "rsync", "scp", "ar", "zip", "rclone",
                         "git-apply"})
@@ -99,6 +112,26 @@ def is_code_var(name: str) -> bool:
     return name in CODE_VARS or name.startswith(CODE_VAR_PREFIXES)
 
 
+# variables a command may set and export: they change formatting, language or time only (an
+# allow-list: any other exported variable may change what a program runs, e.g. MAKEFLAGS,
+# JAVA_TOOL_OPTIONS, GCONV_PATH, PYTHONPATH, PERL5OPT, NODE_OPTIONS, GIT_*, LESSOPEN, PAGER)
+HARMLESS_VARS = frozenset({
+    "LANG", "LANGUAGE", "TZ", "TERM", "COLORTERM", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "CLICOLOR",
+    "CLICOLOR_FORCE", "CI", "DEBIAN_FRONTEND", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING",
+    "PYTHONUTF8", "PYTHONHASHSEED", "PYTHONFAULTHANDLER", "SOURCE_DATE_EPOCH", "NODE_ENV", "RUST_BACKTRACE",
+    "RUST_LOG", "TIMEFORMAT", "OMP_NUM_THREADS", "TQDM_DISABLE",
+})
+
+
+def harmless_var(name: str, exported: bool) -> bool:
+    """True when setting ``name`` cannot change what a command runs or where it writes: an
+    allow-listed name (:data:`HARMLESS_VARS`, ``LC_*``), or a lowercase shell variable that is not
+    exported (programs never see it). Everything else is a concern: fail closed."""
+    if name in HARMLESS_VARS or (name.startswith("LC_") and name[3:].isupper()):
+        return True
+    return not exported and bool(name) and name == name.lower() and not is_code_var(name)
+
+
 def var_name(word: str) -> str:
     """The variable an assignment word sets (``PATH+=:/x`` -> ``PATH``, ``a[1]=x`` -> ``a``)."""
     match = re.match(r"[A-Za-z_][A-Za-z0-9_]*", word)
@@ -108,11 +141,13 @@ def var_name(word: str) -> str:
 @dataclass(frozen=True)
 class Grammar:
     """How a program's options are spelled: short letters taking a value, long options taking a
-    value, and long flags. Short letters not in ``short_values`` are flags."""
+    value, and long flags. Short letters not in ``short_values`` are flags; when ``short_flags``
+    is given, a letter in neither is unknown (:func:`option_span` says so)."""
 
     short_values: str = ""
     long_values: frozenset[str] = frozenset()
     long_flags: frozenset[str] = frozenset()
+    short_flags: str | None = None
 
 
 @dataclass
@@ -187,6 +222,8 @@ def option_span(words: list[str], i: int, grammar: Grammar) -> tuple[int, list[s
         names.append("-" + word[k])
         if word[k] in grammar.short_values:
             return (1 if k + 1 < len(word) else 2), names, True
+        if grammar.short_flags is not None and word[k] not in grammar.short_flags:
+            return 1, names, False
     return 1, names, True
 
 
@@ -243,32 +280,35 @@ WRITERS: dict[str, Grammar] = {
                                           "--separator", "--additional-suffix", "--filter"}), frozenset()),
     "mkfifo": Grammar("m", frozenset({"--mode"}), frozenset()),
     "mknod": Grammar("m", frozenset({"--mode"}), frozenset()),
+    "sponge": Grammar(),  # moreutils: soaks up standard input, then writes the file
 }
 # the writers that write every positional word (the rest are special cases in commands.py)
 WRITES_ALL = frozenset({"tee", "touch", "mkdir", "rm", "rmdir", "unlink", "truncate", "shred", "chmod", "chown",
-                        "chgrp", "mv", "mkfifo", "mknod"})
+                        "chgrp", "mv", "mkfifo", "mknod", "sponge"})
 WRAPPER_GRAMMARS: dict[str, tuple[Grammar, int]] = {
     # name -> (options, positional words before the command)
+    # short_flags: the flag letters of GNU coreutils 9 / util-linux 2.39 (--help); others are unknown
     "env": (Grammar("uSC", frozenset({"--unset", "--split-string", "--chdir"}),
-                    frozenset({"--ignore-environment", "--null", "--debug"})), 0),
-    "nice": (Grammar("n", frozenset({"--adjustment"}), frozenset()), 0),
+                    frozenset({"--ignore-environment", "--null", "--debug"}), "i0v"), 0),
+    "nice": (Grammar("n", frozenset({"--adjustment"}), frozenset(), "0123456789"), 0),
     "timeout": (Grammar("sk", frozenset({"--signal", "--kill-after"}), frozenset({"--preserve-status",
-                                                                                  "--foreground", "--verbose"})), 1),
-    "stdbuf": (Grammar("ioe", frozenset({"--input", "--output", "--error"}), frozenset()), 0),
-    "nohup": (Grammar(), 0),
-    "setsid": (Grammar("", frozenset(), frozenset({"--ctty", "--fork", "--wait"})), 0),
-    "command": (Grammar(), 0),
+                                                                                  "--foreground", "--verbose"}),
+                        "v"), 1),
+    "stdbuf": (Grammar("ioe", frozenset({"--input", "--output", "--error"}), frozenset(), ""), 0),
+    "nohup": (Grammar(short_flags=""), 0),
+    "setsid": (Grammar("", frozenset(), frozenset({"--ctty", "--fork", "--wait"}), "cfw"), 0),
+    "command": (Grammar(short_flags="pvV"), 0),
     "sudo": (Grammar("ugCDhprtU", frozenset({"--user", "--group", "--chdir", "--host", "--prompt", "--role",
                                              "--type", "--other-user", "--close-from"}), frozenset()), 0),
-    "doas": (Grammar("uC"), 0),
-    "exec": (Grammar("a"), 0),
+    "doas": (Grammar("uC", short_flags="Lns"), 0),
+    "exec": (Grammar("a", short_flags="cl"), 0),
     "xargs": (Grammar("InPLdEsa", frozenset({"--arg-file", "--max-args", "--max-procs", "--max-lines",
                                                 "--delimiter", "--eof", "--replace", "--max-chars",
                                                 "--process-slot-var"}), frozenset({"--null", "--no-run-if-empty",
                                                                                    "--verbose", "--interactive",
                                                                                    "--exit", "--open-tty"})), 0),
     "ionice": (Grammar("cnpPu", frozenset({"--class", "--classdata", "--pid", "--pgid", "--uid"}),
-                       frozenset({"--ignore"})), 0),
+                       frozenset({"--ignore"}), "t"), 0),
 }
 # wrapper options after which the wrapped command is not what the words say
 WRAPPER_OPAQUE_OPTIONS = {

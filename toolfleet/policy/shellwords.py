@@ -132,3 +132,113 @@ def glob_target(path: str) -> str | None:
             out.append(part)
     joined = "/".join(out)
     return posixpath.normpath(joined) if joined else joined
+
+
+_ANSI_SIMPLE = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r", "t": "\t",
+                "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
+_EXPANSION_START = re.compile(r"[A-Za-z0-9_{(\[@*#?$!-]")
+
+
+def dequote(raw: str) -> str | None:
+    """The word the shell makes of ``raw`` (one word's source text) after quote removal, or
+    ``None`` when it holds an expansion (``$X``, ``${..}``, ``$(..)``, backquotes), whose value is
+    known only at run time. Follows bash 5 (manual, "Quoting"): any concatenation of unquoted,
+    ``'..'``, ``".."``, ``$'..'`` (ANSI-C escapes decoded, cut at a NUL) and ``$".."`` pieces;
+    a backslash quotes the next character (``\\<newline>`` is removed). bashlex gets some of
+    these wrong (``"r"'m'`` comes back as ``r'm'``), so the policy uses this instead."""
+    out: list[str] = []
+    i, n = 0, len(raw)
+    while i < n:
+        ch = raw[i]
+        if ch == "\\":
+            if i + 1 < n and raw[i + 1] != "\n":
+                out.append(raw[i + 1])
+            i += 2
+        elif ch == "'":
+            end = raw.find("'", i + 1)
+            if end < 0:
+                return None
+            out.append(raw[i + 1 : end])
+            i = end + 1
+        elif ch == "$" and raw[i + 1 : i + 2] == "'":
+            decoded, i = _ansi_c(raw, i + 2)
+            if decoded is None:
+                return None
+            out.append(decoded)
+        elif ch == "$" and raw[i + 1 : i + 2] == '"':
+            i += 1  # $"..." is a translated string: the same text as "..." here
+        elif ch == '"':
+            i += 1
+            while i < n and raw[i] != '"':
+                if raw[i] == "\\" and i + 1 < n and raw[i + 1] in '$`"\\\n':
+                    if raw[i + 1] != "\n":
+                        out.append(raw[i + 1])
+                    i += 2
+                    continue
+                if raw[i] == "`" or (raw[i] == "$" and _EXPANSION_START.match(raw, i + 1)):
+                    return None
+                out.append(raw[i])
+                i += 1
+            if i >= n:
+                return None
+            i += 1
+        elif ch == "`" or (ch == "$" and _EXPANSION_START.match(raw, i + 1)):
+            return None
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def _ansi_c(raw: str, i: int) -> tuple[str | None, int]:
+    """Decode a ``$'...'`` body starting at ``raw[i]``; returns (text or None, index after the
+    closing quote). A NUL ends the word's text, as in bash."""
+    out: list[str] = []
+    n = len(raw)
+    while i < n and raw[i] != "'":
+        ch = raw[i]
+        if ch != "\\" or i + 1 >= n:
+            out.append(ch)
+            i += 1
+            continue
+        nxt = raw[i + 1]
+        if nxt in _ANSI_SIMPLE:
+            out.append(_ANSI_SIMPLE[nxt])
+            i += 2
+        elif nxt in "01234567":
+            digits = re.match(r"[0-7]{1,3}", raw[i + 1 :]).group(0)  # type: ignore[union-attr]
+            out.append(chr(int(digits, 8) & 0xFF))
+            i += 1 + len(digits)
+        elif nxt in "xuU":
+            size = {"x": 2, "u": 4, "U": 8}[nxt]
+            digits = re.match(f"[0-9a-fA-F]{{1,{size}}}", raw[i + 2 :])
+            if digits is None:
+                out.append("\\" + nxt)
+                i += 2
+            else:
+                try:
+                    out.append(chr(int(digits.group(0), 16)))
+                except (ValueError, OverflowError):
+                    return None, n
+                i += 2 + len(digits.group(0))
+        elif nxt == "c" and i + 2 < n:
+            out.append(chr(ord(raw[i + 2]) & 0x1F))
+            i += 3
+        else:
+            out.append("\\" + nxt)
+            i += 2
+    if i >= n:
+        return None, n
+    text = "".join(out)
+    return text.split("\x00", 1)[0], i + 1
+
+
+def may_be_git_dir(path: str) -> bool:
+    """True when a component of ``path`` is, or as a pattern may match, ``.git`` (any case: git
+    on a case-insensitive file system reads ``.GIT`` too). Used to flag writes that may plant
+    hooks or configuration (``core.fsmonitor``, ``core.hooksPath``) that later git commands run."""
+    for part in path.split("/"):
+        lowered = part.lower()
+        if lowered == ".git" or (any(ch in part for ch in "*?[") and fnmatchcase(".git", lowered)):
+            return True
+    return False
