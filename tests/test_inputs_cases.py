@@ -289,3 +289,26 @@ def test_a_recorded_stream_that_cannot_be_read_is_refused_before_anything_runs(d
         dispatcher.submit_response(stream, workspace=str(tmp_path))
     assert refused.value.pointer == "/4/choices/0/delta"
     assert redis.Redis.from_url(settings.redis_url).keys(f"{settings.namespace}:*turn*") == []
+
+
+def test_responses_stream_whose_summary_lost_a_call_is_rebuilt_from_the_stream():
+    """Found by the property run: `response.completed` whose `output` lost the first call (an
+    empty item in its place) must not replace the calls the stream carried."""
+    from toolfleet.dispatcher.adapters import get_adapter
+
+    def item(n, call_id, name, arguments):
+        return {"type": "function_call", "id": f"fc_{n}", "call_id": call_id, "name": name,
+                "arguments": arguments, "status": "completed"}
+
+    made = [item(1, "call_a", "read_file", '{"path": "a"}'), item(2, "call_b", "read_file", '{"path": "b"}')]
+    events = [{"type": "response.created", "response": {"id": "r", "output": []}}]
+    for n, it in enumerate(made):
+        events += [{"type": "response.output_item.added", "output_index": n, "item": {**it, "arguments": ""}},
+                   {"type": "response.function_call_arguments.done", "item_id": it["id"], "output_index": n,
+                    "arguments": it["arguments"]},
+                   {"type": "response.output_item.done", "output_index": n, "item": it}]
+    events.append({"type": "response.completed", "response": {"id": "r", "output": [{}, made[1]]}})
+    adapter = get_adapter("openai_responses_stream")
+    assert [c.id for c in adapter.parse(events)] == ["call_a", "call_b"]
+    echoed = [i["call_id"] for i in adapter.assistant_messages(events) if i.get("type") == "function_call"]
+    assert echoed == ["call_a", "call_b"]

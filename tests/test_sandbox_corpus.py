@@ -76,6 +76,8 @@ def leftovers(before: set[int], workspace: Path) -> list[str]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
         except OSError:
             continue  # gone, or not ours to read
+        if "toolfleet-probe-" in cmdline:
+            continue  # a worker's start-up probe of its sandbox (another test's worker), not this command
         if state != "Z" and (ns != HOST_PID_NS or cwd.startswith(str(workspace))):
             found.append(f"{pid} {cmdline}")
     return found

@@ -135,9 +135,14 @@ class OpenAIResponsesStreamParser:
                 item["status"] = "incomplete" if slot.id in self.cut_off else "completed"
             output.append(item)
         final = self._final if self._final and self._final.get("output") else None
-        if final is not None and len(final["output"]) >= len(output):
-            return final
+        if (final is not None and len(final["output"]) >= len(output)
+                and _call_ids(final["output"]) == _call_ids(output)):
+            return final  # the server's own summary, when it names the calls the stream carried, in order
         return {**self._base, "object": "response", "output": output}
+
+
+def _call_ids(items: list[Any]) -> list[Any]:
+    return [i.get("call_id") for i in items if isinstance(i, dict) and i.get("type") == "function_call"]
 
 
 def _text(value: Any, pointer: str) -> str | None:
