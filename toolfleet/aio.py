@@ -285,7 +285,8 @@ class AsyncTurnStream:
         if exc_type is not None and issubclass(exc_type, asyncio.CancelledError) and self._stream is not None:
             _quietly(lambda: self._stream.turn.cancel("the awaiting asyncio task was cancelled"))
         if self._stream is not None:
-            await asyncio.shield(asyncio.to_thread(self._stream.close))
+            await _in_thread(self._stream.close, name="toolfleet-aio-close")  # its thread starts now, so
+            # the close happens even if this task is cancelled again (asyncio.run cancels leftovers)
 
 
 class AsyncDispatcher:

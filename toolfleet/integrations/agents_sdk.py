@@ -48,6 +48,7 @@ except ImportError as exc:  # the core needs none of this: say how to get it
     raise ImportError(f"toolfleet.integrations.agents_sdk needs openai-agents: pip install 'toolfleet[agents]' "
                       f"({exc})") from exc
 
+from ..aio import _in_thread, _quietly, _start
 from ..errors import ToolfleetError
 from ..models import ErrorCode, ToolCall, ToolResult
 
@@ -147,7 +148,8 @@ class FleetTools:
             if not calls or any(c.id in self._batches for c in calls):
                 return
         try:
-            batch = await asyncio.to_thread(self._open, calls, False)
+            batch = await _start(lambda: self._open(calls, False),
+                                 lambda b: b.cancel("the agent run was cancelled"), name="toolfleet-agents-open")
         except (ToolfleetError, TimeoutError):
             return
         with self._lock:
@@ -175,19 +177,23 @@ class FleetTools:
         with self._lock:
             batch = self._batches.get(call_id) if call_id else None
         call_id = call_id or f"call_{uuid.uuid4().hex}"
+        cancelled = "the agent run was cancelled"
         try:
             if batch is None:
-                batch = await asyncio.to_thread(self._open, [ToolCall(id=call_id, name=name, arguments=arguments)],
-                                                True)
+                call = ToolCall(id=call_id, name=name, arguments=arguments)
+                batch = await _start(lambda: self._open([call], True), lambda b: b.cancel(cancelled),
+                                     name="toolfleet-agents-open")
                 with self._lock:
                     self._batches[call_id] = batch
             else:
-                await asyncio.to_thread(batch.arm)
+                await _in_thread(batch.arm, name="toolfleet-agents-arm")
             batch.invoked.add(call_id)
             result = await asyncio.shield(asyncio.wrap_future(batch.futures[call_id]))
         except asyncio.CancelledError:
+            # In this thread, before CancelledError propagates: a cancel handed to another task or
+            # to a thread may never start (asyncio.run cancels every task left when the run ends).
             if batch is not None:
-                await asyncio.shield(asyncio.to_thread(batch.cancel, "the agent run was cancelled"))
+                _quietly(lambda: batch.cancel(cancelled))
             raise
         except (ToolfleetError, TimeoutError) as exc:
             return _failure(ToolCall(id=call_id, name=name, arguments=arguments), exc).content
