@@ -199,3 +199,51 @@ def test_result_log_is_one_json_line_per_call_without_arguments_or_output(dispat
         assert line["tool"] == result.name and line["status"] == result.status and line["worker"] == w.name
         assert line["code"] == (result.code.value if result.code else None)
         assert line["queued_ms"] == result.queued_ms and line["run_ms"] == result.run_ms
+
+
+def test_result_log_text_lines_carry_the_fields(tmp_path: Path):
+    """In-process check of the text format (the JSON one runs across real workers above)."""
+    import logging
+
+    from toolfleet.models import CallEnvelope, ToolResult
+    from toolfleet.observe import results as result_log
+
+    saved = (list(result_log.log.handlers), result_log.log.level, result_log.log.propagate, result_log._json)
+    path = tmp_path / "results.log"
+    try:
+        result_log.configure_result_log("text", str(path))
+        env = CallEnvelope(turn_id="t1", call_id="c1", name="call_api", arguments={"api_token": SECRET},
+                           time_limit_s=5, idempotency_key="k", submitted_at=0.0)
+        result_log.result_recorded(env, ToolResult.failure("c1", "call_api", ErrorCode.EXECUTION_ERROR,
+                                                           f"bad token {SECRET}", "", run_ms=2.0))
+        for handler in result_log.log.handlers:
+            handler.close()
+        text = path.read_text()
+        assert "turn_id=t1 call_id=c1 tool=call_api status=error code=EXECUTION_ERROR" in text
+        assert "run_ms=2.0" in text and SECRET not in text
+        with pytest.raises(ValueError):
+            result_log.configure_result_log("xml")
+    finally:
+        result_log.log.handlers[:], result_log.log.propagate = saved[0], saved[2]
+        result_log.log.setLevel(saved[1] or logging.NOTSET)
+        result_log._json = saved[3]
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({"OTEL_TRACES_EXPORTER": "jsonl"}, "TOOLFLEET_OTEL_JSONL_PATH"),
+    ({"OTEL_TRACES_EXPORTER": "zipkin"}, "zipkin"),
+    ({"TOOLFLEET_RESULT_LOG": "xml"}, "xml"),
+])
+def test_worker_refuses_a_broken_observability_setting_naming_it(settings, env, named):
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    proc = subprocess.run([sys.executable, "-m", "toolfleet", "worker", "--redis-url", settings.redis_url,
+                           "--namespace", settings.namespace, "--sandbox", "none"],
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env}, cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode != 0 and named in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -23,6 +23,7 @@ from .tracing import add_result_events, result_attributes, trace, tracer
 
 log = logging.getLogger("toolfleet.results")
 TRACE_HEADERS = ("traceparent", "tracestate")
+_json = False  # configure_result_log("json") was called
 
 
 class JsonLineFormatter(logging.Formatter):
@@ -42,8 +43,10 @@ def configure_result_log(fmt: str = "text", path: str | None = None) -> None:
         raise ValueError(f"result log format must be 'text' or 'json', not {fmt!r}")
     if fmt == "text" and path is None:
         return
+    global _json
     handler: logging.Handler = logging.FileHandler(path, delay=True) if path else logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLineFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(message)s"))
+    _json = fmt == "json"
     log.handlers[:] = [handler]
     log.setLevel(logging.INFO)
     log.propagate = False
@@ -71,8 +74,10 @@ def result_recorded(env: Any, result: Any) -> None:
             fields = result_fields(env, result)
             if traced:
                 fields["trace_id"] = f"{span.get_span_context().trace_id:032x}"
-            log.info("call_result", extra={"fields": fields}) if log.handlers else log.info(
-                "call result %s", " ".join(f"{k}={v}" for k, v in fields.items()))
+            if _json:
+                log.info("call_result", extra={"fields": fields})
+            else:
+                log.info("call result %s", " ".join(f"{k}={v}" for k, v in fields.items()))
     except Exception as exc:  # noqa: BLE001 - observing never breaks a call
         logging.getLogger(__name__).warning("could not observe the result of call %s (%s)", env.call_id, exc)
 
