@@ -247,3 +247,12 @@ def test_worker_refuses_a_broken_observability_setting_naming_it(settings, env, 
                           text=True, timeout=60)
     assert proc.returncode != 0 and named in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_tracing_cost_bench_smoke():
+    """bench/tracing_cost.py runs both modes through the real hooks (no speed is asserted here)."""
+    from bench import tracing_cost
+
+    out = tracing_cost.measure(rounds=3)
+    assert out["off"]["n"] == out["on"]["n"] == 3 and out["calls_per_round"] == 16
+    assert observe_turn("after") is None  # the bench leaves tracing off again
