@@ -134,7 +134,9 @@ def test_metrics_of_worker_and_dispatcher_count_what_the_results_say(dispatcher,
     try:
         batch = dispatcher.submit([call("ok1", "wait_read", label="a"), call("ok2", "wait_read", label="b"),
                                    call("err1", "boom", message="no"), call("slow", "quick_read", label="x", seconds=5),
-                                   call("nope", "no_such_tool")], workspace=str(workspace))
+                                   call("nope", "no_such_tool"),
+                                   call("killed", "swallowing_sleep", seconds=10)],  # killed at its hard limit
+                                  workspace=str(workspace))
         results = batch.results(timeout_s=30)
         stop = dispatcher.submit([call("c1", "count_until_cancelled", seconds=20)], workspace=str(workspace))
         wait_started(dispatcher, stop.turn_id, "c1")
@@ -165,9 +167,10 @@ def test_metrics_of_worker_and_dispatcher_count_what_the_results_say(dispatcher,
         for (tool, _, _), n in ran.items():
             per_tool[(tool,)] += n
         queued = _by_labels(theirs["toolfleet_call_queue_seconds"], "toolfleet_call_queue_seconds_count", ("tool",))
-        assert queued == per_tool
+        assert queued == per_tool - Counter({("swallowing_sleep",): 1})  # killed: its pick-up time died with it
         run = _by_labels(theirs["toolfleet_call_run_seconds"], "toolfleet_call_run_seconds_count", ("tool",))
         assert run == per_tool  # each of these ran its handler
+        # the killed pool process's "running" no longer counts (marked dead by the main process)
         assert not _by_labels(theirs["toolfleet_worker_calls_running"], "toolfleet_worker_calls_running", ("tool",))
         beats = _by_labels(theirs["toolfleet_worker_heartbeats"], "toolfleet_worker_heartbeats_total", ("worker",))
         assert beats[(w.name,)] >= 1

@@ -176,6 +176,8 @@ def enable_worker_metrics(app: Any, runtime: Any, port: int, addr: str = "0.0.0.
         except OSError as exc:
             log.error("metrics: cannot serve on %s:%s (%s); the worker runs without its /metrics", addr, port, exc)
 
+    # sent by the pool process on exit, and by the main process for one that died (killed at its hard
+    # limit, lost, terminated: celery.concurrency.prefork.process_destructor): its "running" no longer counts
     @worker_process_shutdown.connect(weak=False)
     def _dead(pid: int | None = None, **_: Any) -> None:
         from prometheus_client import multiprocess
