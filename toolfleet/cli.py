@@ -92,6 +92,15 @@ def worker(
         "(repeatable).")] = None,
     mcp: Annotated[Optional[list[str]], typer.Option("--mcp", help="Host a stdio MCP server, NAME=COMMAND "
                                                      "(repeatable): its tools are served as NAME__tool.")] = None,
+    metrics_port: Annotated[Optional[int], typer.Option(
+        "--metrics-port", envvar="TOOLFLEET_METRICS_PORT", help="Serve Prometheus metrics of this worker node "
+        "on this port (/metrics; docs/observability.md).")] = None,
+    result_log: Annotated[str, typer.Option(
+        "--result-log", envvar="TOOLFLEET_RESULT_LOG", help='One line per call result: "text" (default, '
+        'through the worker log at INFO) or "json" (one object a line).')] = "text",
+    result_log_file: Annotated[Optional[str], typer.Option(
+        "--result-log-file", envvar="TOOLFLEET_RESULT_LOG_FILE", help="Append the result lines to this file "
+        "(default: stderr).")] = None,
 ) -> None:
     """Run a worker (prefork pool) serving the built-in tools plus --tools modules (--no-builtins:
     only the modules'; --replace NAME: a module's tool NAME in the built-in's place).
@@ -122,6 +131,12 @@ def worker(
             host_servers(registry, mcp)
         rules = _policy(policy)
         celery_app = create_app(settings, registry, rules)
+        from .observe.worker_setup import setup_worker_observability  # traces, metrics, result log
+
+        setup_worker_observability(celery_app, celery_app.toolfleet, metrics_port=metrics_port,
+                                   result_log=result_log, result_log_file=result_log_file)
+    except ValueError as exc:
+        _fail(ToolfleetError(f"invalid option: {exc}"))
     except ToolfleetError as exc:
         _fail(exc)
     keys = Keys(settings.namespace)
