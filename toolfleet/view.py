@@ -1,4 +1,4 @@
-"""Terminal output of the CLI (rich): progress while a turn runs, the results table, the catalog."""
+"""Terminal output of the CLI (rich): the results table, the catalog (the live view: :mod:`.progress`)."""
 
 from __future__ import annotations
 
@@ -6,29 +6,11 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .dispatcher.turn import Turn
+from .keys import Keys
 from .models import ToolResult
-
-
-def progress(turn: Turn, console: Console, timeout_s: float | None) -> list[ToolResult]:
-    """Show results arriving; return them in model order."""
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("turn {task.fields[turn]}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} calls"),
-        TimeElapsedColumn(),
-        TextColumn("{task.description}"),
-        console=console,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("", total=len(turn.calls), turn=turn.turn_id[:8])
-        for result in turn.as_completed(timeout_s):
-            bar.update(task, advance=1, description=f"{result.call_id} {result.status}")
-    return turn.results()
 
 
 def print_results(
@@ -41,11 +23,11 @@ def print_results(
     for column in ("#", "call id", "tool", "status", "ms", "content"):
         table.add_column(column, overflow="fold")
     for i, r in enumerate(results):
-        status = "[green]ok[/]" if r.ok else f"[red]{r.code.value if r.code else 'error'}[/]"
+        status = "[green]✓ ok[/]" if r.ok else f"[red]✗ {r.code.value if r.code else 'error'}[/]"
         ms = "" if r.run_ms is None else f"{r.run_ms:.0f}"
         lines = r.content.strip().splitlines() or [""]
         text = "\n".join(lines[:4]) + (f"\n... ({len(lines)} lines)" if len(lines) > 4 else "")
-        table.add_row(str(i), escape(r.call_id), r.name, status, ms, escape(text[:400]))
+        table.add_row(str(i), escape(r.call_id), escape(r.name), status, ms, escape(text[:400]))
     console.print(table)
     waves = turn.plan.waves()
     if waves:
@@ -70,7 +52,9 @@ def print_catalog(console: Console, entries: list[dict[str, Any]], namespace: st
             by_tool.setdefault(spec["name"], (spec, []))[1].append(entry["worker"])
     for name, (spec, workers) in sorted(by_tool.items()):
         first_line = (spec.get("description") or "").splitlines()[0] if spec.get("description") else ""
-        table.add_row(name, spec["access"], spec["queue"], f"{spec['timeout_s']:g}", ", ".join(workers), first_line)
+        queue = Keys(namespace).queue(spec["queue"])  # the Celery queue the workers consume: <namespace>.<queue>
+        table.add_row(escape(name), spec["access"], escape(queue), f"{spec['timeout_s']:g}", escape(", ".join(workers)),
+                      escape(first_line))
     console.print(table)
     for entry in entries:
         box = entry.get("sandbox") or {}
