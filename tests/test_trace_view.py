@@ -19,6 +19,8 @@ from toolfleet.audit import AuditLog
 from toolfleet.keys import Keys
 from toolfleet.terminal import PIPED_WIDTH, piped_width
 from toolfleet.trace import ERROR_MARK, ERROR_RUN, OK_MARK, OK_RUN, build_timeline, print_timeline
+from toolfleet.view import print_catalog, print_results
+from toolfleet.worker.catalog import live_catalog
 
 from .conftest import ROOT, make_registry
 
@@ -33,14 +35,25 @@ def call(cid: str, name: str, index: int, **arguments) -> ToolCall:
     return ToolCall(id=cid, name=name, arguments=json.dumps(arguments), index=index)
 
 
-def run_turn(dispatcher, workspace, session_id=None) -> str:
+def run_turn(dispatcher, workspace, session_id=None, keep=None) -> str:
     turn = dispatcher.submit([call(LONG_ID, "wait_read", 0, label="a", seconds=0.2),
                               call(ERR_ID, "boom", 1, message=MESSAGE),
                               call(COUNT_ID, "count_until_cancelled", 2, seconds=0.2)],
                              workspace=str(workspace), session_id=session_id)
     results = {r.call_id: r for r in turn.results(WAIT_S)}
     assert results[LONG_ID].ok and not results[ERR_ID].ok and results[COUNT_ID].ok
+    if keep is not None:
+        keep.append(turn)
     return turn.turn_id
+
+
+def assert_whole_tables(text: str, width: int) -> None:
+    """No line past ``width``, and every table line ends with its border (rich crops a table whose
+    columns cannot shrink to the width: the right part would be lost)."""
+    for line in text.splitlines():
+        assert len(line) <= width, (width, line)
+        if line[:1] in "┏┃┡│├└":
+            assert line.rstrip()[-1:] in "┓┃┩│┤┘", (width, line, text)
 
 
 def trail(settings, turn_id):
@@ -54,11 +67,20 @@ def rendered(timeline, width: int) -> str:
 
 
 def test_trace_is_readable_at_80_and_120_columns(dispatcher, worker, settings, workspace):
-    timeline = build_timeline("t", trail(settings, run_turn(dispatcher, workspace)))
+    turns: list = []
+    timeline = build_timeline("t", trail(settings, run_turn(dispatcher, workspace, keep=turns)))
+    for width in (80, 120):  # the results table of `toolfleet run` too
+        buffer = io.StringIO()
+        print_results(Console(file=buffer, width=width, color_system=None), turns[0], turns[0].results(), 0.5, None)
+        lines = buffer.getvalue().splitlines()
+        assert_whole_tables(buffer.getvalue(), width)
+        for whole in (LONG_ID, ERR_ID, COUNT_ID, "count_until_cancelled", f"{ERROR_MARK} EXECUTION_ERROR"):
+            assert any(whole in line for line in lines), (width, whole, buffer.getvalue())
+        assert sum(f"{OK_MARK} ok" in line for line in lines) == 2
     for width in (80, 120):
         text = rendered(timeline, width)
         lines = text.splitlines()
-        assert max(len(line) for line in lines) <= width, text
+        assert_whole_tables(text, width)
         for whole in (LONG_ID, ERR_ID, COUNT_ID, "wait_read", "boom", "count_until_cancelled"):
             assert any(whole in line for line in lines), (width, whole, text)  # on one line, not squeezed
         ok_line = next(line for line in lines if OK_MARK in line)
@@ -82,7 +104,7 @@ def test_piped_trace_and_tools_are_not_squeezed(dispatcher, worker, settings, wo
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     assert "\x1b" not in shown.stdout  # a pipe gets no control codes
-    assert max(len(line) for line in lines) <= PIPED_WIDTH
+    assert_whole_tables(shown.stdout, PIPED_WIDTH)
     assert any(len(line) > 80 for line in lines)  # laid out for 120 columns, not rich's 80
     assert any(MESSAGE in line for line in lines), shown.stdout  # not wrapped at ~15 characters
     for whole in (LONG_ID, ERR_ID, "count_until_cancelled"):
@@ -91,8 +113,16 @@ def test_piped_trace_and_tools_are_not_squeezed(dispatcher, worker, settings, wo
     tools = subprocess.run([sys.executable, "-m", "toolfleet", "tools", *where], env=env,
                            capture_output=True, text=True, timeout=60)
     assert tools.returncode == 0, tools.stderr
-    row = next(line for line in tools.stdout.splitlines() if " boom " in line)
-    assert f"{settings.namespace}.{make_registry().get('boom').queue}" in row, tools.stdout  # the real queue
+    lines = tools.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if "│ boom " in line)
+    assert f"{settings.namespace}.{make_registry().get('boom').queue}" in lines[at + 1], tools.stdout  # real queue
+    assert "\x1b" not in tools.stdout
+    assert_whole_tables(tools.stdout, PIPED_WIDTH)
+    for width in (80, 120):
+        buffer = io.StringIO()
+        print_catalog(Console(file=buffer, width=width, color_system=None), live_catalog(settings), settings.namespace)
+        assert_whole_tables(buffer.getvalue(), width)
+        assert f"{settings.namespace}.count_until_cancelled" in buffer.getvalue()
 
 
 def test_piped_width_follows_columns():
@@ -108,3 +138,22 @@ def test_session_id_is_kept_unless_credential_shaped(settings, worker, workspace
     assert plain[0].type == "planned" and plain[0].data["session_id"] == "chat-2026-12-01-alice"
     assert build_timeline("t", plain).session_id == "chat-2026-12-01-alice"
     assert secret not in json.dumps(masked[0].data) and "***" in masked[0].data["session_id"]
+
+
+def test_pending_table_keeps_ids_and_tools_whole(settings, workspace):
+    from toolfleet import Policy
+
+    with Dispatcher(settings, make_registry(), Policy.from_dict({"tools": {"wait_write": "ask"}})) as d:
+        turn = d.submit([call(LONG_ID, "wait_write", 0, label="[bold]k[/bold]")], workspace=str(workspace))
+        assert [p.call_id for p in turn.wait_settled(WAIT_S)] == [LONG_ID]
+        env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+        env.update(PYTHONPATH=str(ROOT), COLUMNS="80")
+        shown = subprocess.run([sys.executable, "-m", "toolfleet", "pending", turn.turn_id, "--redis-url",
+                                settings.redis_url, "--namespace", settings.namespace], env=env,
+                               capture_output=True, text=True, timeout=60)
+        turn.cancel("the test is done")
+    assert shown.returncode == 0, shown.stderr
+    assert_whole_tables(shown.stdout, 80)
+    lines = shown.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if LONG_ID in line)
+    assert "wait_write" in lines[at + 1] and "[bold]k[/bold]" in shown.stdout  # model text is not markup

@@ -87,11 +87,18 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per 
         if not calls:
             out.print(f"no call of turn {turn_id} waits for approval")
             return
-        table = Table(title=f"turn {turn_id}: waiting for approval")
-        for column in ("call id", "tool", "arguments", "why"):
+        from rich.text import Text
+
+        from .terminal import whole_width
+
+        table = Table(title=f"turn {turn_id}: waiting for approval", show_lines=True)
+        ids_and_tools = [c.call_id for c in calls] + [c.name for c in calls]
+        table.add_column("call id / tool", overflow="fold", width=whole_width(ids_and_tools, out.width, 40))
+        for column in ("arguments", "why"):
             table.add_column(column, overflow="fold")
-        for c in calls:
-            table.add_row(escape(c.call_id), c.name, escape(json.dumps(c.arguments)), escape(c.reason))
+        for c in calls:  # the id whole on its line, the tool under it (model-chosen text: never markup)
+            table.add_row(Text(c.call_id) + Text("\n" + c.name, style="bold"), Text(json.dumps(c.arguments)),
+                          Text(c.reason))
         out.print(table)
 
     @app.command()
@@ -157,8 +164,8 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per 
         for column in ("id", "tool", "action", "pattern", "workspace", "by"):
             table.add_column(column, overflow="fold")
         for r in found:
-            table.add_row(r.id, r.tool, r.action, escape(r.pattern or "(whole tool)"), escape(r.workspace or "(all)"),
-                          escape(r.by))
+            table.add_row(escape(r.id), escape(r.tool), r.action, escape(r.pattern or "(whole tool)"),
+                          escape(r.workspace or "(all)"), escape(r.by))
         out.print(table)
 
     @app.command()

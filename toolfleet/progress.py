@@ -32,6 +32,7 @@ from rich.text import Text
 from .audit import AuditEvent
 from .dispatcher.turn import Turn
 from .models import ToolResult
+from .terminal import whole_width
 from .trace import ERROR_MARK, OK_MARK, CallRow, build_timeline
 
 REFRESH_S = 0.25  # how often the view reads the audit trail and redraws
@@ -49,8 +50,9 @@ class CallState:
 class LiveView:
     """Follows one turn; :meth:`render` gives the table of its current state."""
 
-    def __init__(self, turn: Turn, read_events: Callable[[], list[AuditEvent]]) -> None:
+    def __init__(self, turn: Turn, read_events: Callable[[], list[AuditEvent]], width: int = 120) -> None:
         self.turn = turn
+        self.width = width  # the console's columns: ids and tool names are kept whole within them
         self.read_events = read_events
         self.started = time.monotonic()
         self.states: dict[str, CallState] = {}
@@ -94,7 +96,8 @@ class LiveView:
         return self.render()
 
     def render(self) -> Table:
-        """The turn's table: ``#``, call id, tool, state, seconds in that state (or run time when done)."""
+        """The turn's table: ``#``, call id over its tool, state, seconds in that state (none once done:
+        the state says the run time)."""
         now = time.monotonic()
         calls = self.turn.calls
         done = sum(1 for c in calls if self.turn.result(c.id) is not None)
@@ -103,14 +106,15 @@ class LiveView:
             title.append(" · cancelled", style="bold red")
         table = Table(title=title, title_justify="left")
         table.add_column("#", justify="right", no_wrap=True)
-        table.add_column("call id", overflow="fold")
-        table.add_column("tool", overflow="fold")
+        names = [c.id for c in calls] + [c.name for c in calls]
+        table.add_column("call id / tool", overflow="fold", width=whole_width(names, self.width, 40))
         table.add_column("state", overflow="fold")
         table.add_column("s", justify="right", no_wrap=True)
         for i, call in enumerate(calls):
             state = self.states.get(call.id) or CallState()
             seconds = "" if state.state == "done" else f"{now - state.since:.1f}"
-            table.add_row(str(i), Text(call.id), Text(call.name), state.text or Text(state.state), seconds)
+            cell = Text(call.id) + Text("\n" + call.name, style="bold")
+            table.add_row(str(i), cell, state.text or Text(state.state), seconds)
         return table
 
 
@@ -121,7 +125,7 @@ def live_progress(turn: Turn, console: Console, timeout_s: float | None,
     and raises ``TimeoutError``). Off a terminal, only waits: nothing is drawn."""
     if not console.is_terminal:
         return turn.results(timeout_s)
-    view = LiveView(turn, read_events)
+    view = LiveView(turn, read_events, console.width)
     view.update()
     with Live(console=console, transient=True, refresh_per_second=1 / REFRESH_S, get_renderable=view.frame):
         for _ in turn.as_completed(timeout_s):

@@ -30,3 +30,13 @@ def make_console(stderr: bool = False, file: TextIO | None = None) -> Console:
     except (AttributeError, ValueError):  # a closed or odd stream
         tty = False
     return Console(stderr=stderr, file=file, width=None if tty else piped_width())
+
+
+WHOLE_MAX_CHARS = 40  # ids and names up to this long stay on one line; longer ones fold
+
+
+def whole_width(values: list[str], console_width: int, others: int) -> int:
+    """A ``width`` for a column of ids or names: the longest value (at most
+    :data:`WHOLE_MAX_CHARS`), but leaving ``others`` columns of the console to the other columns."""
+    longest = max((len(v) for v in values), default=1)
+    return max(min(longest, WHOLE_MAX_CHARS, console_width - others), 8)

@@ -172,17 +172,18 @@ def print_timeline(console: Console, timeline: Timeline, width: int = BAR_WIDTH)
     table = Table(title=escape(title), title_justify="left", show_lines=not wide)
     table.add_column("#", justify="right", no_wrap=True)
     if wide:
-        table.add_column("call id", overflow="fold", min_width=id_chars)
-        table.add_column("tool", overflow="fold", min_width=tool_chars)
+        table.add_column("call id", overflow="fold", width=id_chars)
+        table.add_column("tool", overflow="fold", width=tool_chars)
         table.add_column("result", overflow="fold")
         table.add_column("policy", overflow="fold")
         table.add_column("worker", overflow="fold")
+        table.add_column("wait ms", justify="right", no_wrap=True)
+        table.add_column("run ms", justify="right", no_wrap=True)
     else:  # narrow: the id on its own line, the tool and the worker under it
-        room = max(console.width - 49 - index_chars, 12)
-        table.add_column("call id / tool / worker", overflow="fold", min_width=min(max(id_chars, tool_chars), room))
+        room = max(console.width - 47 - index_chars, 12)  # borders 16, result 19, times 12
+        table.add_column("call id / tool / worker", overflow="fold", width=min(max(id_chars, tool_chars), room))
         table.add_column("result / policy", overflow="fold")
-    table.add_column("wait ms", justify="right", no_wrap=True)
-    table.add_column("run ms", justify="right", no_wrap=True)
+        table.add_column("ms", justify="right", no_wrap=True)
     for row in timeline.rows:
         policy = row.verdict + (f"\n{row.decision}" if row.decision else "")
         if wide:
@@ -192,14 +193,19 @@ def print_timeline(console: Console, timeline: Timeline, width: int = BAR_WIDTH)
             if row.worker:
                 names += Text("\n" + row.worker, style="dim")
             cells = [names, result_text(row) + Text("\n" + policy)]
-        table.add_row(str(row.index), *cells, _ms(row.queued_ms), _ms(row.run_ms))
+        if wide:
+            cells += [_ms(row.queued_ms), _ms(row.run_ms)]
+        else:
+            cells.append("\n".join(f"{what} {_ms(v)}" for what, v in (("wait", row.queued_ms), ("run", row.run_ms))
+                                   if v is not None))
+        table.add_row(str(row.index), *cells)
     console.print(table)
 
     bar_width = max(min(width, console.width - id_chars - index_chars - 10), 20)
     chart_id_chars = max(min(id_chars, console.width - bar_width - index_chars - 10), 8)  # longer ids fold
     chart = Table(title=f"timeline: 0 to {timeline.span_ms} ms", title_justify="left")
     chart.add_column("#", justify="right", no_wrap=True)
-    chart.add_column("call id", overflow="fold", min_width=chart_id_chars)
+    chart.add_column("call id", overflow="fold", width=chart_id_chars)
     chart.add_column(f"{bar_width} characters", no_wrap=True, min_width=bar_width, max_width=bar_width)
     for row in timeline.rows:
         chart.add_row(str(row.index), Text(row.call_id), bar(row, timeline, bar_width))
