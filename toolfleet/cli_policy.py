@@ -92,7 +92,7 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per 
         from .terminal import whole_width
 
         table = Table(title=f"turn {turn_id}: waiting for approval", show_lines=True)
-        ids_and_tools = [c.call_id for c in calls] + [c.name for c in calls]
+        ids_and_tools = [c.call_id for c in calls] + [c.name for c in calls] + ["call id / tool"]
         table.add_column("call id / tool", overflow="fold", width=whole_width(ids_and_tools, out.width, 40))
         for column in ("arguments", "why"):
             table.add_column(column, overflow="fold")

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -90,12 +90,12 @@ class LiveView:
             return "waits", Text("waits for " + ", ".join(open_deps), style="dim")
         return "planned", Text("planned", style="dim")
 
-    def frame(self) -> Table:
+    def frame(self) -> Group:
         """:meth:`update`, then :meth:`render` (Live calls it on each refresh, on its own thread)."""
         self.update()
         return self.render()
 
-    def render(self) -> Table:
+    def render(self) -> Group:
         """The turn's table: ``#``, call id over its tool, state, seconds in that state (none once done:
         the state says the run time)."""
         now = time.monotonic()
@@ -104,9 +104,9 @@ class LiveView:
         title = Text(f"turn {self.turn.turn_id} · {done}/{len(calls)} done · {now - self.started:.1f} s")
         if self.turn.cancelled:
             title.append(" · cancelled", style="bold red")
-        table = Table(title=title, title_justify="left")
+        table = Table()
         table.add_column("#", justify="right", no_wrap=True)
-        names = [c.id for c in calls] + [c.name for c in calls]
+        names = [c.id for c in calls] + [c.name for c in calls] + ["call id / tool"]
         table.add_column("call id / tool", overflow="fold", width=whole_width(names, self.width, 40))
         table.add_column("state", overflow="fold")
         table.add_column("s", justify="right", no_wrap=True)
@@ -115,7 +115,7 @@ class LiveView:
             seconds = "" if state.state == "done" else f"{now - state.since:.1f}"
             cell = Text(call.id) + Text("\n" + call.name, style="bold")
             table.add_row(str(i), cell, state.text or Text(state.state), seconds)
-        return table
+        return Group(title, table)  # the title on its own line: as wide as the console, not the table
 
 
 def live_progress(turn: Turn, console: Console, timeout_s: float | None,

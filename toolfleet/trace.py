@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -169,11 +168,12 @@ def print_timeline(console: Console, timeline: Timeline, width: int = BAR_WIDTH)
     tool_chars = min(max(len(r.tool) for r in timeline.rows), ID_MAX_CHARS)
     index_chars = len(str(max(r.index for r in timeline.rows)))
     wide = console.width >= id_chars + tool_chars + 75  # id, tool and worker side by side
-    table = Table(title=escape(title), title_justify="left", show_lines=not wide)
+    console.print(Text(title, style="bold"))  # its own line: a table's title wraps at the table's width
+    table = Table(show_lines=not wide)
     table.add_column("#", justify="right", no_wrap=True)
     if wide:
-        table.add_column("call id", overflow="fold", width=id_chars)
-        table.add_column("tool", overflow="fold", width=tool_chars)
+        table.add_column("call id", overflow="fold", width=max(id_chars, 7))
+        table.add_column("tool", overflow="fold", width=max(tool_chars, 4))
         table.add_column("result", overflow="fold")
         table.add_column("policy", overflow="fold")
         table.add_column("worker", overflow="fold")
@@ -181,7 +181,7 @@ def print_timeline(console: Console, timeline: Timeline, width: int = BAR_WIDTH)
         table.add_column("run ms", justify="right", no_wrap=True)
     else:  # narrow: the id on its own line, the tool and the worker under it
         room = max(console.width - 47 - index_chars, 12)  # borders 16, result 19, times 12
-        table.add_column("call id / tool / worker", overflow="fold", width=min(max(id_chars, tool_chars), room))
+        table.add_column("call id / tool / worker", overflow="fold", width=min(max(id_chars, tool_chars, 23), room))
         table.add_column("result / policy", overflow="fold")
         table.add_column("ms", justify="right", no_wrap=True)
     for row in timeline.rows:
@@ -205,7 +205,7 @@ def print_timeline(console: Console, timeline: Timeline, width: int = BAR_WIDTH)
     chart_id_chars = max(min(id_chars, console.width - bar_width - index_chars - 10), 8)  # longer ids fold
     chart = Table(title=f"timeline: 0 to {timeline.span_ms} ms", title_justify="left")
     chart.add_column("#", justify="right", no_wrap=True)
-    chart.add_column("call id", overflow="fold", width=chart_id_chars)
+    chart.add_column("call id", overflow="fold", width=max(chart_id_chars, 7))
     chart.add_column(f"{bar_width} characters", no_wrap=True, min_width=bar_width, max_width=bar_width)
     for row in timeline.rows:
         chart.add_row(str(row.index), Text(row.call_id), bar(row, timeline, bar_width))

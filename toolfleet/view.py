@@ -27,13 +27,13 @@ def print_results(
     wide = console.width >= max(len(v) for v in ids) + max(len(v) for v in names) + 70
     table.add_column("#", justify="right", no_wrap=True)
     if wide:
-        table.add_column("call id", overflow="fold", width=whole_width(ids, console.width, 70))
-        table.add_column("tool", overflow="fold", width=whole_width(names, console.width, 70))
+        table.add_column("call id", overflow="fold", width=whole_width(ids + ["call id"], console.width, 70))
+        table.add_column("tool", overflow="fold", width=whole_width(names + ["tool"], console.width, 70))
         table.add_column("status", overflow="fold")
         table.add_column("ms", justify="right", no_wrap=True)
     else:  # narrow: the id on its own line, the tool and the status under it
-        table.add_column("call id / tool / status", overflow="fold",
-                         width=whole_width(ids + names, console.width, 36))
+        table.add_column("call id / tool", overflow="fold",
+                         width=whole_width(ids + names + ["call id / tool"], console.width, 36))
     table.add_column("content", overflow="fold")
     for i, r in enumerate(results):
         status = Text(f"{OK_MARK} ok", style="green") if r.ok else Text(
@@ -68,8 +68,8 @@ def print_catalog(console: Console, entries: list[dict[str, Any]], namespace: st
             by_tool.setdefault(spec["name"], (spec, []))[1].append(entry["worker"])
     keys = Keys(namespace)
     queues = {name: keys.queue(spec["queue"]) for name, (spec, _) in by_tool.items()}  # what workers consume
-    table.add_column("tool / queue / access", overflow="fold",
-                     width=whole_width(list(queues.values()), console.width, 40))
+    table.add_column("tool / queue", overflow="fold",
+                     width=whole_width([*queues.values(), "tool / queue"], console.width, 40))
     table.add_column("workers", overflow="fold")
     table.add_column("description", overflow="fold", )
     for name, (spec, workers) in sorted(by_tool.items()):
