@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 
 from . import stack
 from .errors import BatchRejected, ToolfleetError
 from .keys import Keys
 from .settings import Settings
+from .terminal import make_console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run LLM tool calls on Celery workers.")
-out = Console()
-err = Console(stderr=True)
+out = make_console()  # a terminal's width; 120 columns (or $COLUMNS) when piped
+err = make_console(stderr=True)
 
 RedisOpt = Annotated[
     Optional[str],
@@ -188,8 +188,9 @@ def run(
 
     from .dispatcher import Dispatcher
     from .dispatcher.adapters import detect, detect_event, get_adapter
+    from .progress import live_progress
     from .tools.registry import default_registry
-    from .view import print_results, progress
+    from .view import print_results
 
     # SIGTERM ends the process through SystemExit, so the exit hook cancels the turn (nothing of
     # it runs later); a process killed outright leaves that to the turn's lease (turn_lease_s).
@@ -242,7 +243,7 @@ def run(
         if as_json:
             results = turn.results(timeout_s)
         else:
-            results = progress(turn, out, timeout_s)
+            results = live_progress(turn, out, timeout_s, lambda: dispatcher.ledger.audit.read(turn.turn_id))
     except TimeoutError as exc:
         # Giving up cancels the turn (Turn.results): nothing of it runs later. Print its results
         # as they are once the cancel has settled (final within cancel_grace_s), then exit 1.
