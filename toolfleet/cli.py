@@ -1,5 +1,5 @@
-"""``toolfleet up | down | worker | run | cancel | tools`` (and, from :mod:`.cli_policy`,
-``pending | approve | deny | rules | trace``).
+"""``toolfleet worker | run | cancel | tools`` (and, from :mod:`.cli_stack`, ``up | down``; from
+:mod:`.cli_policy`, ``pending | approve | deny | rules | trace``).
 
 Environment variables are read here, at the edge: ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``,
 ``TOOLFLEET_NAMESPACE``, ``TOOLFLEET_POLICY`` (a policy file); when none is set and
@@ -437,47 +437,8 @@ def _live_entries(settings: Settings) -> list[dict[str, Any]]:
         return []
 
 
-@app.command()
-def up(
-    workers: Annotated[int, typer.Option("--workers", "-n", help="Worker processes (prefork).")] = 2,
-    detach: Annotated[
-        bool, typer.Option("-d", "--detach", help="Run in the background; stop with `toolfleet down`.")
-    ] = False,
-    flower_port: Annotated[int, typer.Option(help="Flower's port.")] = 5555,
-    no_flower: Annotated[bool, typer.Option("--no-flower", help="Do not start Flower.")] = False,
-    namespace: NamespaceOpt = None,
-    tools: ToolsOpt = None,
-) -> None:
-    """Start a local stack: Redis (reused if one answers at REDIS_URL, else private), workers, Flower."""
-    try:
-        state = stack.up(
-            workers=workers,
-            flower_port=None if no_flower else flower_port,
-            namespace=namespace,
-            tool_modules=tools or [],
-            console=out,
-        )
-    except ToolfleetError as exc:
-        _fail(exc)
-    if detach:
-        out.print("stack is running in the background; stop it with [bold]toolfleet down[/]")
-        return
-    out.print("stack is running; press Ctrl-C to stop it")
-    try:
-        stack.wait(state)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        stack.down(console=out)
-
-
-@app.command()
-def down() -> None:
-    """Stop the local stack started by `toolfleet up -d`."""
-    stack.down(console=out)
-
-
 from . import cli_mcp  # noqa: E402,F401,I001  (registers `mcp serve` on `app`)
+from . import cli_stack  # noqa: E402,F401,I001  (registers up, down on `app`)
 from . import cli_policy  # noqa: E402,F401,I001  (registers pending, approve, deny, rules, trace on `app`)
 from . import cli_sessions  # noqa: E402,F401,I001  (registers sessions on `app`)
 
