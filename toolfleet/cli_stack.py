@@ -25,8 +25,14 @@ def up(
     no_flower: Annotated[bool, typer.Option("--no-flower", help="Do not start Flower.")] = False,
     namespace: NamespaceOpt = None,
     tools: ToolsOpt = None,
+    ready_timeout_s: Annotated[float, typer.Option(
+        "--ready-timeout", help="Seconds to wait for the stack to be ready (workers' tools in the catalog, "
+        "Flower answering); past that, what started is stopped and the part not ready is named.")
+    ] = stack.START_TIMEOUT_S,
 ) -> None:
-    """Start a local stack: Redis (reused if one answers at REDIS_URL, else private), workers, Flower."""
+    """Start a local stack: Redis (reused if one answers at REDIS_URL; else a private one, at
+    REDIS_URL's port when it is set and local), workers, Flower. Returns (with -d) once the
+    workers serve their tools and Flower answers."""
     try:
         state = stack.up(
             workers=workers,
@@ -34,11 +40,13 @@ def up(
             namespace=namespace,
             tool_modules=tools or [],
             console=out,
+            ready_timeout_s=ready_timeout_s,
         )
     except ToolfleetError as exc:
         _fail(exc)
     if detach:
-        out.print("stack is running in the background; stop it with [bold]toolfleet down[/]")
+        out.print(f"stack is ready in the background (namespace {state['namespace']}); stop it with "
+                  "[bold]toolfleet down[/]")
         return
     out.print("stack is running; press Ctrl-C to stop it")
     try:

@@ -11,9 +11,11 @@ import re
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+from .defaults import DEFAULT_REDIS_URL, default_namespace
+
+__all__ = ["DEFAULT_REDIS_URL", "Settings", "default_namespace"]
 
 
 class Settings(BaseModel):
@@ -23,7 +25,9 @@ class Settings(BaseModel):
       ``broker_url`` is set).
     - ``broker_url``: Celery broker; defaults to ``redis_url``.
     - ``namespace``: prefix of every Redis key and queue name toolfleet uses, so several fleets
-      (or test runs) share one Redis without seeing each other.
+      (or test runs) share one Redis without seeing each other. Default ``toolfleet-<user>``
+      (:func:`toolfleet.defaults.default_namespace`: per user, so two users of one Redis do not
+      share queues; issue 15 point 12).
     - ``result_ttl_s``: how long a turn's ledger (results, events) is kept in Redis.
     - ``cancel_grace_s``: after a cancel, how long a running call gets to stop by itself before it
       is killed and reported ``CANCELLED`` by the dispatcher.
@@ -69,7 +73,7 @@ class Settings(BaseModel):
 
     redis_url: str = DEFAULT_REDIS_URL
     broker_url: str | None = None
-    namespace: str = "toolfleet"
+    namespace: str = Field(default_factory=default_namespace)
     result_ttl_s: int = 24 * 3600
     cancel_grace_s: float = 0.5
     kill_grace_s: float = 2.0
