@@ -9,19 +9,24 @@ Environment variables are read here, at the edge: ``REDIS_URL``, ``TOOLFLEET_BRO
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from . import stack
+from .defaults import DEFAULT_REDIS_URL
 from .errors import BatchRejected, ToolfleetError
 from .keys import Keys
-from .settings import Settings
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run LLM tool calls on Celery workers.")
 out = Console()
@@ -33,7 +38,7 @@ RedisOpt = Annotated[
 ]
 NamespaceOpt = Annotated[
     Optional[str],
-    typer.Option("--namespace", help="Key and queue prefix (default: $TOOLFLEET_NAMESPACE or 'toolfleet')."),
+    typer.Option("--namespace", help="Key and queue prefix (default: $TOOLFLEET_NAMESPACE, else toolfleet-<user>)."),
 ]
 ToolsOpt = Annotated[Optional[list[str]], typer.Option("--tools", help="Extra tool module to import (repeatable).")]
 PolicyOpt = Annotated[
@@ -51,6 +56,8 @@ BrokerOpt = Annotated[
 def _settings(redis_url: str | None, namespace: str | None, broker_url: str | None = None) -> Settings:
     import os
 
+    from .settings import Settings
+
     if not redis_url and not os.environ.get("REDIS_URL"):
         redis_url = stack.running_redis_url()
     return Settings.from_env(redis_url=redis_url, namespace=namespace, broker_url=broker_url)
@@ -66,8 +73,42 @@ def _policy(path: Path | None):  # -> Policy | None
 
 
 def _fail(exc: Exception, code: int = 1) -> None:
-    err.print(f"[bold red]error:[/] {exc}")
+    """Print ``error: MESSAGE`` on stderr as one line (not wrapped at 80 columns when piped; the
+    message's brackets are text, not markup), in the CLI's words, and exit with ``code``."""
+    err.print(f"[bold red]error:[/] {escape(cli_words(str(exc)))}", soft_wrap=True)
     raise typer.Exit(code)
+
+
+# The provider formats of toolfleet.dispatcher.adapters (ADAPTERS, then ALIASES), named here so that
+# `--help` need not import the dispatcher (tests/test_newcomer.py checks they agree).
+FORMATS = ("openai_chat", "openai_responses", "anthropic", "openai_chat_stream", "openai_responses_stream",
+           "anthropic_stream")
+FORMAT_ALIASES = ("chat", "responses", "messages", "anthropic_messages")
+FORMAT_HELP = (f"Provider format: {', '.join(FORMATS)}; short names: {', '.join(FORMAT_ALIASES)}")
+
+# Library messages speak to Python callers (keyword arguments, methods); the CLI says the same with
+# its own flags (issue 15, point 7). Applied to every error the CLI prints.
+_CLI_WORDS = (
+    (re.compile(r"pass format= one of "), "pass --format, one of: "),
+    (re.compile(r"unknown format ('[^']*'); known: "), r"unknown --format \1; choose one of: "),
+    (re.compile(r" \(a list of events, or a \.jsonl file\) or feed events to Dispatcher\.open_stream"),
+     " (a .jsonl file, one event a line)"),
+    (re.compile(r"\bpass (\w+)=(?!\S)"), r"pass --\1"),
+)
+
+
+def cli_words(message: str) -> str:
+    """``message`` with the Python API's wording (``pass format=``) put in the CLI's (``--format``)."""
+    for pattern, words in _CLI_WORDS:
+        message = pattern.sub(words, message)
+    return message
+
+
+def _check_format(value: str | None) -> str | None:
+    """``--format``'s callback: a known format or short name, else a usage error listing them."""
+    if value is not None and value not in FORMATS + FORMAT_ALIASES:
+        raise typer.BadParameter(f"unknown format {value!r}; choose one of: {', '.join(FORMATS + FORMAT_ALIASES)}")
+    return value
 
 
 @app.command()
@@ -108,7 +149,7 @@ def worker(
         if sandbox or network:
             settings = settings.model_copy(update={k: v for k, v in (("sandbox", sandbox),
                                                                      ("sandbox_network", network)) if v})
-            settings = Settings.model_validate(settings.model_dump())  # check the overridden values
+            settings = type(settings).model_validate(settings.model_dump())  # check the overridden values
     except ValueError as exc:  # pydantic's ValidationError: a wrong value in the environment or options
         _fail(ToolfleetError(f"invalid setting: {exc}"))
     try:
@@ -150,7 +191,8 @@ def run(
         Optional[float], typer.Option("--cancel-after", help="Cancel the turn after S seconds.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
-    fmt: Annotated[Optional[str], typer.Option("--format", help="Provider format (default: from the file).")] = None,
+    fmt: Annotated[Optional[str], typer.Option(
+        "--format", help=FORMAT_HELP + " (default: from the file).", callback=_check_format)] = None,
     timeout_s: Annotated[Optional[float], typer.Option(
         "--timeout", help="Give up after S seconds: the turn is cancelled (nothing of it runs later), its results "
         "so far are printed, and the exit status is 1.")] = None,
@@ -199,11 +241,11 @@ def run(
             turn = dispatcher.submit_response(payload, format=adapter.name, **options)
     except BatchRejected as exc:
         if as_json:
-            error = {"reason": exc.reason, "message": str(exc), "call_ids": list(exc.call_ids),
+            error = {"reason": exc.reason, "message": cli_words(str(exc)), "call_ids": list(exc.call_ids),
                      "pointer": getattr(exc, "pointer", "")}
             print(json.dumps({"turn_id": None, "error": error, "results": [], "messages": []}, indent=2))
         else:
-            err.print(f"[bold red]batch refused:[/] {exc}")
+            err.print(f"[bold red]batch refused:[/] {escape(cli_words(str(exc)))}", soft_wrap=True)
         raise typer.Exit(2) from None
     except ToolfleetError as exc:
         _fail(exc)
@@ -211,9 +253,10 @@ def run(
     from .cli_policy import announce_pending
 
     announce_pending(turn, err)
-    if not as_json:
-        err.print(f"turn {turn.turn_id}: {len(turn.calls)} call(s); cancel it from anywhere with "
-                  f"`toolfleet cancel {turn.turn_id}{where(settings)}`")
+    # at once, with --json too (on stderr: stdout stays one JSON document), so the turn can be
+    # cancelled from another terminal while it runs (issue 15, point 4)
+    print(f"turn {turn.turn_id}: {len(turn.calls)} call(s); cancel it from anywhere with "
+          f"`toolfleet cancel {turn.turn_id}{where(settings)}`", file=sys.stderr, flush=True)
     cancelled_at: list[float] = []
     if cancel_after is not None:
         def _cancel() -> None:
@@ -278,8 +321,7 @@ def where(settings: Settings) -> str:
     (the default is only right for the default namespace), ``--redis-url`` when it is not the default
     and carries no password (a password is never printed)."""
     extra = f" --namespace {settings.namespace}"
-    default = Settings.model_fields["redis_url"].default
-    if settings.redis_url != default and "@" not in settings.redis_url:
+    if settings.redis_url != DEFAULT_REDIS_URL and "@" not in settings.redis_url:
         extra += f" --redis-url {settings.redis_url}"
     return extra
 
@@ -384,7 +426,8 @@ def tools_cmd(
     namespace: NamespaceOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     fmt: Annotated[Optional[str], typer.Option(
-        "--format", help="Print the request's `tools` list for chat, responses or anthropic.")] = None,
+        "--format", help="Print the request's `tools` list for a provider format: " + ", ".join(FORMATS[:3])
+        + " (or a short name: " + ", ".join(FORMAT_ALIASES) + ").", callback=_check_format)] = None,
     local: Annotated[bool, typer.Option(
         "--local", help="With --format: describe the built-in tools plus --tools, not the live workers'.")] = False,
     tools: ToolsOpt = None,
@@ -444,7 +487,26 @@ from . import cli_sessions  # noqa: E402,F401,I001  (registers sessions on `app`
 
 
 def main() -> None:
-    app()
+    """The ``toolfleet`` command. Arguments read ``TURN_ID`` in usage lines, not typer's
+    ``{turn_id}`` (issue 15, point 7)."""
+    import typer.main
+
+    command = typer.main.get_command(app)
+    _plain_argument_names(command)
+    command(prog_name="toolfleet")
+
+
+def _plain_argument_names(command: Any) -> None:
+    """Give every positional argument of ``command`` and its subcommands an upper-case metavar
+    and a usage piece without typer's braces (``RESPONSE``, ``[NAME]`` when optional)."""
+    for param in getattr(command, "params", []):
+        if getattr(param, "param_type_name", "") == "argument":
+            name = param.metavar or (param.name or "arg").upper()
+            param.metavar = name
+            piece = (name if param.required else f"[{name}]") + ("..." if param.nargs != 1 else "")
+            param.get_usage_pieces = lambda ctx, piece=piece: [piece]
+    for sub in getattr(command, "commands", {}).values():
+        _plain_argument_names(sub)
 
 
 if __name__ == "__main__":
