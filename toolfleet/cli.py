@@ -491,9 +491,30 @@ def main() -> None:
     ``{turn_id}`` (issue 15, point 7)."""
     import typer.main
 
-    command = typer.main.get_command(app)
+    command = typer.main.get_command(_only(sys.argv[1] if len(sys.argv) > 1 else None))
     _plain_argument_names(command)
     command(prog_name="toolfleet")
+
+
+def _only(name: str | None) -> typer.Typer:
+    """``app`` with only the command (or group) ``name`` when there is one by that name: typer
+    builds every command's parameters from its signature before running one (~0.1 s for all of
+    them); the others are not needed to run this one. ``app`` itself for ``--help``, no name, or
+    a name that is no command (click then says so, listing them)."""
+    import copy
+
+    commands = [c for c in app.registered_commands if (c.name or c.callback.__name__.replace("_", "-")) == name]
+    groups = [g for g in app.registered_groups if g.name == name]
+    if not commands and not groups:
+        return app
+    only = copy.copy(app)
+    only.registered_commands, only.registered_groups = commands, groups
+    only.callback()(_group)  # a group still (typer runs a lone command as the program itself)
+    return only
+
+
+def _group() -> None:
+    """Run LLM tool calls on Celery workers."""
 
 
 def _plain_argument_names(command: Any) -> None:
