@@ -201,6 +201,13 @@ def test_format_errors_name_the_cli_flag(tmp_path, workspace):
     assert ".jsonl" in one.stderr and "Dispatcher" not in one.stderr, one.stderr
 
 
+def test_session_errors_name_the_cli_flag(redis_url, namespace):
+    argv = ["sessions", "--open", "s1", "--tools", "examples.vfs", "--redis-url", redis_url, "--namespace", namespace]
+    assert cli(*argv).returncode == 0
+    again = cli(*argv)
+    assert again.returncode == 1 and "--close" in again.stderr and "replace=" not in again.stderr, again.stderr
+
+
 # --- point 8: cheap commands import nothing heavy -----------------------------------------------------
 
 @pytest.mark.parametrize("argv, allowed", [

@@ -93,6 +93,7 @@ _CLI_WORDS = (
     (re.compile(r"unknown format ('[^']*'); known: "), r"unknown --format \1; choose one of: "),
     (re.compile(r" \(a list of events, or a \.jsonl file\) or feed events to Dispatcher\.open_stream"),
      " (a .jsonl file, one event a line)"),
+    (re.compile(r"close it first or pass replace=True"), "close it first (`toolfleet sessions --close ID`)"),
     (re.compile(r"\bpass (\w+)=(?!\S)"), r"pass --\1"),
 )
 
