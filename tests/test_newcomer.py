@@ -166,6 +166,22 @@ def test_a_tool_module_that_fails_at_import_gets_one_line_with_file_and_line(tmp
         assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("argv, env_extra, named", [
+    (["cancel", "t1", "--namespace", "bad ns"], {}, "namespace"),
+    (["tools", "--namespace", "bad ns"], {}, "namespace"),
+    (["pending", "t1"], {"TOOLFLEET_HEARTBEAT_S": "abc"}, "TOOLFLEET_HEARTBEAT_S"),
+    (["run", str(ROOT / "examples/cases/openai_chat/01_parallel_reads.json"), "-w", str(ROOT)],
+     {"TOOLFLEET_SANDBOX": "foo"}, "sandbox"),
+])
+def test_a_bad_setting_is_one_line_naming_it_for_every_command(argv, env_extra, named):
+    """A sibling of point 6: a bad value in the environment or an option is a one-line error naming
+    it (it was a pydantic traceback for every command but `worker`)."""
+    done = cli(*argv, env=dict(os.environ, **env_extra))
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "invalid setting" in lines[0] and named in lines[0], done.stderr
+
+
 # --- point 7: the CLI's own words for formats ---------------------------------------------------------
 
 def test_format_values_in_help_match_the_adapters_and_usage_lines_name_arguments_plainly():

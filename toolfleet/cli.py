@@ -60,7 +60,20 @@ def _settings(redis_url: str | None, namespace: str | None, broker_url: str | No
 
     if not redis_url and not os.environ.get("REDIS_URL"):
         redis_url = stack.running_redis_url()
-    return Settings.from_env(redis_url=redis_url, namespace=namespace, broker_url=broker_url)
+    try:
+        return Settings.from_env(redis_url=redis_url, namespace=namespace, broker_url=broker_url)
+    except ValueError as exc:  # a bad value in the environment or an option: one line naming it
+        _fail(ToolfleetError(f"invalid setting: {_one_line(exc)}"))
+        raise  # unreachable: _fail exits
+
+
+def _one_line(exc: ValueError) -> str:
+    """A ValueError's message on one line; pydantic's ValidationError as ``field: message; ...``."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']} (got {e.get('input')!r})"
+                         for e in errors())
+    return " ".join(str(exc).split())
 
 
 def _policy(path: Path | None):  # -> Policy | None

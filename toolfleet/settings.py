@@ -139,14 +139,22 @@ class Settings(BaseModel):
         if env.get("TOOLFLEET_NAMESPACE"):
             values["namespace"] = env["TOOLFLEET_NAMESPACE"]
         if env.get("TOOLFLEET_HEARTBEAT_S"):
-            values["heartbeat_s"] = float(env["TOOLFLEET_HEARTBEAT_S"])
+            values["heartbeat_s"] = _seconds(env, "TOOLFLEET_HEARTBEAT_S")
         for name, field in (("TOOLFLEET_SANDBOX", "sandbox"), ("TOOLFLEET_SANDBOX_NETWORK", "sandbox_network"),
                             ("TOOLFLEET_BWRAP", "bwrap_path")):
             if env.get(name):
                 values[field] = env[name]
         if env.get("TOOLFLEET_TURN_LEASE_S"):
-            values["turn_lease_s"] = float(env["TOOLFLEET_TURN_LEASE_S"])
+            values["turn_lease_s"] = _seconds(env, "TOOLFLEET_TURN_LEASE_S")
         if env.get("TOOLFLEET_CLOCK_SKEW_MARGIN_S"):
-            values["clock_skew_margin_s"] = float(env["TOOLFLEET_CLOCK_SKEW_MARGIN_S"])
+            values["clock_skew_margin_s"] = _seconds(env, "TOOLFLEET_CLOCK_SKEW_MARGIN_S")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+def _seconds(env: Mapping[str, str], name: str) -> float:
+    """``env[name]`` as a number of seconds; a ValueError naming the variable otherwise."""
+    try:
+        return float(env[name])
+    except ValueError:
+        raise ValueError(f"{name}={env[name]!r} is not a number of seconds") from None
