@@ -185,7 +185,8 @@ def test_a_bad_setting_is_one_line_naming_it_for_every_command(argv, env_extra, 
 # --- point 7: the CLI's own words for formats ---------------------------------------------------------
 
 def test_format_values_in_help_match_the_adapters_and_usage_lines_name_arguments_plainly():
-    from toolfleet.cli import FORMAT_ALIASES, FORMATS, app
+    from toolfleet.cli import app
+    from toolfleet.cli_words import FORMAT_ALIASES, FORMATS
     from toolfleet.dispatcher.adapters import ADAPTERS, ALIASES
 
     assert (list(FORMATS), list(FORMAT_ALIASES)) == (list(ADAPTERS), list(ALIASES))

@@ -9,7 +9,6 @@ Environment variables are read here, at the edge: ``REDIS_URL``, ``TOOLFLEET_BRO
 from __future__ import annotations
 
 import json
-import re
 import sys
 import threading
 import time
@@ -21,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from . import stack
+from .cli_words import FORMAT_ALIASES, FORMAT_HELP, FORMATS, check_format, cli_words, one_line, plain_argument_names
 from .defaults import DEFAULT_REDIS_URL
 from .errors import BatchRejected, ToolfleetError
 from .keys import Keys
@@ -63,17 +63,8 @@ def _settings(redis_url: str | None, namespace: str | None, broker_url: str | No
     try:
         return Settings.from_env(redis_url=redis_url, namespace=namespace, broker_url=broker_url)
     except ValueError as exc:  # a bad value in the environment or an option: one line naming it
-        _fail(ToolfleetError(f"invalid setting: {_one_line(exc)}"))
+        _fail(ToolfleetError(f"invalid setting: {one_line(exc)}"))
         raise  # unreachable: _fail exits
-
-
-def _one_line(exc: ValueError) -> str:
-    """A ValueError's message on one line; pydantic's ValidationError as ``field: message; ...``."""
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']} (got {e.get('input')!r})"
-                         for e in errors())
-    return " ".join(str(exc).split())
 
 
 def _policy(path: Path | None):  # -> Policy | None
@@ -90,39 +81,6 @@ def _fail(exc: Exception, code: int = 1) -> None:
     message's brackets are text, not markup), in the CLI's words, and exit with ``code``."""
     err.print(f"[bold red]error:[/] {escape(cli_words(str(exc)))}", soft_wrap=True)
     raise typer.Exit(code)
-
-
-# The provider formats of toolfleet.dispatcher.adapters (ADAPTERS, then ALIASES), named here so that
-# `--help` need not import the dispatcher (tests/test_newcomer.py checks they agree).
-FORMATS = ("openai_chat", "openai_responses", "anthropic", "openai_chat_stream", "openai_responses_stream",
-           "anthropic_stream")
-FORMAT_ALIASES = ("chat", "responses", "messages", "anthropic_messages")
-FORMAT_HELP = (f"Provider format: {', '.join(FORMATS)}; short names: {', '.join(FORMAT_ALIASES)}")
-
-# Library messages speak to Python callers (keyword arguments, methods); the CLI says the same with
-# its own flags (issue 15, point 7). Applied to every error the CLI prints.
-_CLI_WORDS = (
-    (re.compile(r"pass format= one of "), "pass --format, one of: "),
-    (re.compile(r"unknown format ('[^']*'); known: "), r"unknown --format \1; choose one of: "),
-    (re.compile(r" \(a list of events, or a \.jsonl file\) or feed events to Dispatcher\.open_stream"),
-     " (a .jsonl file, one event a line)"),
-    (re.compile(r"close it first or pass replace=True"), "close it first (`toolfleet sessions --close ID`)"),
-    (re.compile(r"\bpass (\w+)=(?!\S)"), r"pass --\1"),
-)
-
-
-def cli_words(message: str) -> str:
-    """``message`` with the Python API's wording (``pass format=``) put in the CLI's (``--format``)."""
-    for pattern, words in _CLI_WORDS:
-        message = pattern.sub(words, message)
-    return message
-
-
-def _check_format(value: str | None) -> str | None:
-    """``--format``'s callback: a known format or short name, else a usage error listing them."""
-    if value is not None and value not in FORMATS + FORMAT_ALIASES:
-        raise typer.BadParameter(f"unknown format {value!r}; choose one of: {', '.join(FORMATS + FORMAT_ALIASES)}")
-    return value
 
 
 @app.command()
@@ -206,7 +164,7 @@ def run(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
     fmt: Annotated[Optional[str], typer.Option(
-        "--format", help=FORMAT_HELP + " (default: from the file).", callback=_check_format)] = None,
+        "--format", help=FORMAT_HELP + " (default: from the file).", callback=check_format)] = None,
     timeout_s: Annotated[Optional[float], typer.Option(
         "--timeout", help="Give up after S seconds: the turn is cancelled (nothing of it runs later), its results "
         "so far are printed, and the exit status is 1.")] = None,
@@ -441,7 +399,7 @@ def tools_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     fmt: Annotated[Optional[str], typer.Option(
         "--format", help="Print the request's `tools` list for a provider format: " + ", ".join(FORMATS[:3])
-        + " (or a short name: " + ", ".join(FORMAT_ALIASES) + ").", callback=_check_format)] = None,
+        + " (or a short name: " + ", ".join(FORMAT_ALIASES) + ").", callback=check_format)] = None,
     local: Annotated[bool, typer.Option(
         "--local", help="With --format: describe the built-in tools plus --tools, not the live workers'.")] = False,
     tools: ToolsOpt = None,
@@ -506,7 +464,7 @@ def main() -> None:
     import typer.main
 
     command = typer.main.get_command(_only(sys.argv[1] if len(sys.argv) > 1 else None))
-    _plain_argument_names(command)
+    plain_argument_names(command)
     command(prog_name="toolfleet")
 
 
@@ -529,19 +487,6 @@ def _only(name: str | None) -> typer.Typer:
 
 def _group() -> None:
     """Run LLM tool calls on Celery workers."""
-
-
-def _plain_argument_names(command: Any) -> None:
-    """Give every positional argument of ``command`` and its subcommands an upper-case metavar
-    and a usage piece without typer's braces (``RESPONSE``, ``[NAME]`` when optional)."""
-    for param in getattr(command, "params", []):
-        if getattr(param, "param_type_name", "") == "argument":
-            name = param.metavar or (param.name or "arg").upper()
-            param.metavar = name
-            piece = (name if param.required else f"[{name}]") + ("..." if param.nargs != 1 else "")
-            param.get_usage_pieces = lambda ctx, piece=piece: [piece]
-    for sub in getattr(command, "commands", {}).values():
-        _plain_argument_names(sub)
 
 
 if __name__ == "__main__":
