@@ -123,7 +123,7 @@ def worker(
                                                                      ("sandbox_network", network)) if v})
             settings = type(settings).model_validate(settings.model_dump())  # check the overridden values
     except ValueError as exc:  # pydantic's ValidationError: a wrong value in the environment or options
-        _fail(ToolfleetError(f"invalid setting: {exc}"))
+        _fail(ToolfleetError(f"invalid setting: {one_line(exc)}"))
     try:
         connect(settings.redis_url)
         registry, message = serve_sandboxed(
