@@ -51,6 +51,14 @@ def _stats(times: list[float]) -> dict[str, Any]:
             "all_s": [round(t, 3) for t in times]}
 
 
+def _delete_namespace(redis_url: str, namespace: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match=f"{namespace}[:.]*", count=500):
+        client.delete(key)
+
+
 def measure(runs: int = 5, redis_url: str = "redis://127.0.0.1:6379/0") -> dict[str, Any]:
     """Median wall seconds of each command over ``runs`` runs, with the targets and verdicts."""
     tf = [sys.executable, "-m", "toolfleet"]
@@ -82,6 +90,7 @@ def measure(runs: int = 5, redis_url: str = "redis://127.0.0.1:6379/0") -> dict[
                         times["run_noop"].append(elapsed)
             finally:
                 times["down"].append(_timed([*tf, "down"], env)[0])
+        _delete_namespace(redis_url, env["TOOLFLEET_NAMESPACE"])
     out: dict[str, Any] = {"runs": runs, "load_1min": os.getloadavg()[0], "targets_s": TARGETS_S,
                            "date": time.strftime("%Y-%m-%d %H:%M %Z"), "cpu_count": os.cpu_count()}
     out.update({name: _stats(values) for name, values in times.items()})
