@@ -23,6 +23,7 @@ SECTIONS = (
     "5. Streaming",
     "6. Scale (on paper)",
     "7. Sandbox overhead",
+    "8. CLI start-up",
     "Profiles and fixes",
 )
 
@@ -335,6 +336,30 @@ def _sandbox(results: dict[str, Any]) -> str | None:
     )
 
 
+def _cli(results: dict[str, Any]) -> str | None:
+    cli = results.get("cli")
+    if not cli:
+        return None
+    names = {"python": "`python -c pass` (the floor)", "help": "`toolfleet --help`",
+             "run_noop": "`toolfleet run` of one `list_dir` call, `--json`",
+             "up": "`toolfleet up -d` (1 worker, no Flower)",
+             "down": "`toolfleet down`"}
+    rows = [[label, f"{cli[name]['median_s']:.2f}", f"{cli[name]['min_s']:.2f}-{cli[name]['max_s']:.2f}",
+             f"{cli[name].get('cpu_median_s', float('nan')):.2f}",
+             f"<= {cli['targets_s'][name]:g}" if name in cli["targets_s"] else "",
+             _verdict(cli["met"].get(name)) if name in cli["met"] else ""] for name, label in names.items()]
+    return (
+        f"Each command run {cli['runs']} times as a user runs it (a new process, Python's start included), against "
+        f"a live local stack for `run`; wall seconds, load average {cli['load_1min']:.1f} at the end"
+        + (f" (measured on {cli['date']} with `python -m bench.cli_speed`)" if cli.get("date") else "")
+        + "; CPU s is the command's own process (for `up`, not the workers it starts). `--help` and "
+        "`down` import neither Celery nor redis-py (lazy imports; `tests/test_newcomer.py` checks it); `down` waits "
+        "on the processes' exit (pidfd), and most of its time is the Celery worker's warm shutdown of its prefork "
+        "pool. Alone: `python -m bench.cli_speed`.\n\n"
+        + _table(["command", "median s", "range s", "CPU s", "target s", "met"], rows)
+    )
+
+
 def _fixes(results: dict[str, Any]) -> str:
     if results.get("meta", {}).get("quick"):
         return ("Not repeated for a quick run: `bench/fixes.md` explains the full run committed in "
@@ -351,6 +376,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str | None]] = {
     "5. Streaming": _streaming,
     "6. Scale (on paper)": _scale,
     "7. Sandbox overhead": _sandbox,
+    "8. CLI start-up": _cli,
     "Profiles and fixes": _fixes,
 }
 

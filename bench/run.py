@@ -27,7 +27,7 @@ from .plot import plot
 from .report import render
 from .stack import ROOT, PrivateRedis, RawFleet, ToolfleetFleet
 
-MEASUREMENTS = ("plan", "overhead", "throughput", "cancel", "streaming", "scale", "sandbox", "session_state")
+MEASUREMENTS = ("plan", "overhead", "throughput", "cancel", "streaming", "scale", "sandbox", "session_state", "cli")
 
 
 @dataclass(frozen=True)
@@ -162,6 +162,11 @@ def run(sizes: Sizes, only: tuple[str, ...], redis_url: str | None, out: Path, c
 
             _log("stored session state: load + save of a 5 KB state")
             results["session_state"] = session_state.measure(max(sizes.sandbox_rounds * 2, 100), url)
+        if "cli" in only:
+            from . import cli_speed
+
+            _log("CLI: --help, a no-op run, up -d and down, 5 times each")
+            results["cli"] = cli_speed.measure(5, url)
     finally:
         if private is not None:
             private.stop()

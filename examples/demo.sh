@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The demo behind `make demo`: local stack up, the example model responses run, a cancel
-# mid-batch, the Flower URL, stack down. Set DEMO_KEEP=1 to leave the stack running, FLOWER_PORT=N
-# when 5555 is taken.
+# mid-batch, stack down. Set DEMO_KEEP=1 to leave the stack running (its Flower URL is printed then),
+# FLOWER_PORT=N when 5555 is taken.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TF=${TF:-.venv/bin/toolfleet}
@@ -34,5 +34,11 @@ echo; echo "== 04_slow_commands again, cancelled 2.5 s in"
 $TF run "$CASES/04_slow_commands.json" --workspace "$ws" --cancel-after 2.5
 
 flower=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1])).get('flower_url',''))" "$TOOLFLEET_HOME/stack.json")
-echo; echo "Flower: $flower/tasks  (API: $flower/api/tasks)"
-[ "${DEMO_KEEP:-0}" = 1 ] && echo "stack left running; stop it with: $TF down" || true
+echo
+if [ "${DEMO_KEEP:-0}" = 1 ]; then
+  echo "Flower: $flower/tasks  (API: $flower/api/tasks)"
+  echo "stack left running; stop it with: TOOLFLEET_HOME=$TOOLFLEET_HOME $TF down"
+else
+  # the stack (Flower with it) stops as this script exits: no URL that would not answer
+  echo "the stack stops now; run with DEMO_KEEP=1 to keep it (and look at the calls in Flower)"
+fi

@@ -1,4 +1,4 @@
-"""The plan rule (DESIGN.md, step 3), checked on its own: no Redis needed."""
+"""The plan rule (docs/design.md, "The path of one batch", step 3), checked on its own: no Redis needed."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Validation of calls against tools (DESIGN.md step 2): the messages a model acts on.
+"""Validation of calls against tools (docs/design.md, "The path of one batch", step 2): the messages a model acts on.
 
 Pure checks of toolfleet.tools.validation, which both the dispatcher and the worker use."""
 

@@ -1,5 +1,5 @@
-"""``toolfleet up | down | worker | run | cancel | tools`` (and, from :mod:`.cli_policy`,
-``pending | approve | deny | rules | trace``).
+"""``toolfleet worker | run | cancel | tools`` (and, from :mod:`.cli_stack`, ``up | down``; from
+:mod:`.cli_policy`, ``pending | approve | deny | rules | trace``).
 
 Environment variables are read here, at the edge: ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``,
 ``TOOLFLEET_NAMESPACE``, ``TOOLFLEET_POLICY`` (a policy file); when none is set and
@@ -13,15 +13,20 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
+from rich.markup import escape
 
 from . import stack
+from .cli_words import FORMAT_ALIASES, FORMAT_HELP, FORMATS, check_format, cli_words, one_line, plain_argument_names
+from .defaults import DEFAULT_REDIS_URL
 from .errors import BatchRejected, ToolfleetError
 from .keys import Keys
-from .settings import Settings
 from .terminal import make_console
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run LLM tool calls on Celery workers.")
 out = make_console()  # a terminal's width; 120 columns (or $COLUMNS) when piped
@@ -33,7 +38,7 @@ RedisOpt = Annotated[
 ]
 NamespaceOpt = Annotated[
     Optional[str],
-    typer.Option("--namespace", help="Key and queue prefix (default: $TOOLFLEET_NAMESPACE or 'toolfleet')."),
+    typer.Option("--namespace", help="Key and queue prefix (default: $TOOLFLEET_NAMESPACE, else toolfleet-<user>)."),
 ]
 ToolsOpt = Annotated[Optional[list[str]], typer.Option("--tools", help="Extra tool module to import (repeatable).")]
 PolicyOpt = Annotated[
@@ -51,9 +56,15 @@ BrokerOpt = Annotated[
 def _settings(redis_url: str | None, namespace: str | None, broker_url: str | None = None) -> Settings:
     import os
 
+    from .settings import Settings
+
     if not redis_url and not os.environ.get("REDIS_URL"):
         redis_url = stack.running_redis_url()
-    return Settings.from_env(redis_url=redis_url, namespace=namespace, broker_url=broker_url)
+    try:
+        return Settings.from_env(redis_url=redis_url, namespace=namespace, broker_url=broker_url)
+    except ValueError as exc:  # a bad value in the environment or an option: one line naming it
+        _fail(ToolfleetError(f"invalid setting: {one_line(exc)}"))
+        raise  # unreachable: _fail exits
 
 
 def _policy(path: Path | None):  # -> Policy | None
@@ -66,7 +77,9 @@ def _policy(path: Path | None):  # -> Policy | None
 
 
 def _fail(exc: Exception, code: int = 1) -> None:
-    err.print(f"[bold red]error:[/] {exc}")
+    """Print ``error: MESSAGE`` on stderr as one line (not wrapped at 80 columns when piped; the
+    message's brackets are text, not markup), in the CLI's words, and exit with ``code``."""
+    err.print(f"[bold red]error:[/] {escape(cli_words(str(exc)))}", soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -117,9 +130,9 @@ def worker(
         if sandbox or network:
             settings = settings.model_copy(update={k: v for k, v in (("sandbox", sandbox),
                                                                      ("sandbox_network", network)) if v})
-            settings = Settings.model_validate(settings.model_dump())  # check the overridden values
+            settings = type(settings).model_validate(settings.model_dump())  # check the overridden values
     except ValueError as exc:  # pydantic's ValidationError: a wrong value in the environment or options
-        _fail(ToolfleetError(f"invalid setting: {exc}"))
+        _fail(ToolfleetError(f"invalid setting: {one_line(exc)}"))
     try:
         connect(settings.redis_url)
         registry, message = serve_sandboxed(
@@ -165,7 +178,8 @@ def run(
         Optional[float], typer.Option("--cancel-after", help="Cancel the turn after S seconds.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
-    fmt: Annotated[Optional[str], typer.Option("--format", help="Provider format (default: from the file).")] = None,
+    fmt: Annotated[Optional[str], typer.Option(
+        "--format", help=FORMAT_HELP + " (default: from the file).", callback=check_format)] = None,
     timeout_s: Annotated[Optional[float], typer.Option(
         "--timeout", help="Give up after S seconds: the turn is cancelled (nothing of it runs later), its results "
         "so far are printed, and the exit status is 1.")] = None,
@@ -215,11 +229,11 @@ def run(
             turn = dispatcher.submit_response(payload, format=adapter.name, **options)
     except BatchRejected as exc:
         if as_json:
-            error = {"reason": exc.reason, "message": str(exc), "call_ids": list(exc.call_ids),
+            error = {"reason": exc.reason, "message": cli_words(str(exc)), "call_ids": list(exc.call_ids),
                      "pointer": getattr(exc, "pointer", "")}
             print(json.dumps({"turn_id": None, "error": error, "results": [], "messages": []}, indent=2))
         else:
-            err.print(f"[bold red]batch refused:[/] {exc}")
+            err.print(f"[bold red]batch refused:[/] {escape(cli_words(str(exc)))}", soft_wrap=True)
         raise typer.Exit(2) from None
     except ToolfleetError as exc:
         _fail(exc)
@@ -227,9 +241,10 @@ def run(
     from .cli_policy import announce_pending
 
     announce_pending(turn, err)
-    if not as_json:
-        err.print(f"turn {turn.turn_id}: {len(turn.calls)} call(s); cancel it from anywhere with "
-                  f"`toolfleet cancel {turn.turn_id}{where(settings)}`")
+    # at once, with --json too (on stderr: stdout stays one JSON document), so the turn can be
+    # cancelled from another terminal while it runs (issue 15, point 4)
+    print(f"turn {turn.turn_id}: {len(turn.calls)} call(s); cancel it from anywhere with "
+          f"`toolfleet cancel {turn.turn_id}{where(settings)}`", file=sys.stderr, flush=True)
     cancelled_at: list[float] = []
     if cancel_after is not None:
         def _cancel() -> None:
@@ -294,8 +309,7 @@ def where(settings: Settings) -> str:
     (the default is only right for the default namespace), ``--redis-url`` when it is not the default
     and carries no password (a password is never printed)."""
     extra = f" --namespace {settings.namespace}"
-    default = Settings.model_fields["redis_url"].default
-    if settings.redis_url != default and "@" not in settings.redis_url:
+    if settings.redis_url != DEFAULT_REDIS_URL and "@" not in settings.redis_url:
         extra += f" --redis-url {settings.redis_url}"
     return extra
 
@@ -400,7 +414,8 @@ def tools_cmd(
     namespace: NamespaceOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     fmt: Annotated[Optional[str], typer.Option(
-        "--format", help="Print the request's `tools` list for chat, responses or anthropic.")] = None,
+        "--format", help="Print the request's `tools` list for a provider format: " + ", ".join(FORMATS[:3])
+        + " (or a short name: " + ", ".join(FORMAT_ALIASES) + ").", callback=check_format)] = None,
     local: Annotated[bool, typer.Option(
         "--local", help="With --format: describe the built-in tools plus --tools, not the live workers'.")] = False,
     tools: ToolsOpt = None,
@@ -453,53 +468,41 @@ def _live_entries(settings: Settings) -> list[dict[str, Any]]:
         return []
 
 
-@app.command()
-def up(
-    workers: Annotated[int, typer.Option("--workers", "-n", help="Worker processes (prefork).")] = 2,
-    detach: Annotated[
-        bool, typer.Option("-d", "--detach", help="Run in the background; stop with `toolfleet down`.")
-    ] = False,
-    flower_port: Annotated[int, typer.Option(help="Flower's port.")] = 5555,
-    no_flower: Annotated[bool, typer.Option("--no-flower", help="Do not start Flower.")] = False,
-    namespace: NamespaceOpt = None,
-    tools: ToolsOpt = None,
-) -> None:
-    """Start a local stack: Redis (reused if one answers at REDIS_URL, else private), workers, Flower."""
-    try:
-        state = stack.up(
-            workers=workers,
-            flower_port=None if no_flower else flower_port,
-            namespace=namespace,
-            tool_modules=tools or [],
-            console=out,
-        )
-    except ToolfleetError as exc:
-        _fail(exc)
-    if detach:
-        out.print("stack is running in the background; stop it with [bold]toolfleet down[/]")
-        return
-    out.print("stack is running; press Ctrl-C to stop it")
-    try:
-        stack.wait(state)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        stack.down(console=out)
-
-
-@app.command()
-def down() -> None:
-    """Stop the local stack started by `toolfleet up -d`."""
-    stack.down(console=out)
-
-
 from . import cli_mcp  # noqa: E402,F401,I001  (registers `mcp serve` on `app`)
+from . import cli_stack  # noqa: E402,F401,I001  (registers up, down on `app`)
 from . import cli_policy  # noqa: E402,F401,I001  (registers pending, approve, deny, rules, trace on `app`)
 from . import cli_sessions  # noqa: E402,F401,I001  (registers sessions on `app`)
 
 
 def main() -> None:
-    app()
+    """The ``toolfleet`` command. Arguments read ``TURN_ID`` in usage lines, not typer's
+    ``{turn_id}`` (issue 15, point 7)."""
+    import typer.main
+
+    command = typer.main.get_command(_only(sys.argv[1] if len(sys.argv) > 1 else None))
+    plain_argument_names(command)
+    command(prog_name="toolfleet")
+
+
+def _only(name: str | None) -> typer.Typer:
+    """``app`` with only the command (or group) ``name`` when there is one by that name: typer
+    builds every command's parameters from its signature before running one (~0.1 s for all of
+    them); the others are not needed to run this one. ``app`` itself for ``--help``, no name, or
+    a name that is no command (click then says so, listing them)."""
+    import copy
+
+    commands = [c for c in app.registered_commands if (c.name or c.callback.__name__.replace("_", "-")) == name]
+    groups = [g for g in app.registered_groups if g.name == name]
+    if not commands and not groups:
+        return app
+    only = copy.copy(app)
+    only.registered_commands, only.registered_groups = commands, groups
+    only.callback()(_group)  # a group still (typer runs a lone command as the program itself)
+    return only
+
+
+def _group() -> None:
+    """Run LLM tool calls on Celery workers."""
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Every Redis key and queue name toolfleet uses, in one place.
 
-All live under the settings' ``namespace`` (default ``toolfleet``).
+All live under the settings' ``namespace`` (default ``toolfleet-<user>``, toolfleet/defaults.py).
 """
 
 from __future__ import annotations

