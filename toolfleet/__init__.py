@@ -29,6 +29,7 @@ from .dispatcher.adapters import (
 from .dispatcher.approvals import PendingCall
 from .errors import (
     BatchRejected,
+    BrokerRefused,
     BrokerUnavailable,
     CallCancelled,
     ConfigurationError,
@@ -59,6 +60,7 @@ __all__ = [
     "AsyncTurn",
     "AnthropicStreamAdapter",
     "BatchRejected",
+    "BrokerRefused",
     "BrokerUnavailable",
     "CallCancelled",
     "CommandRules",

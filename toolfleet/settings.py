@@ -11,7 +11,9 @@ import re
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from .redis_tls import TLS_QUERY, with_tls
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -63,6 +65,11 @@ class Settings(BaseModel):
     - ``sandbox_network``: ``"none"`` (default; the command has only a loopback of its own) or
       ``"host"`` (the worker's network).
     - ``bwrap_path``: the bubblewrap binary (a name looked up on ``PATH``, or a path).
+    - ``redis_ca_file`` / ``redis_cert_file`` / ``redis_key_file`` / ``redis_cert_reqs``: TLS to a
+      ``rediss://`` Redis (CA bundle, client certificate and key: PEM paths; ``required`` (default),
+      ``optional`` or ``none``). They are written into ``redis_url`` and ``broker_url`` as the query
+      parameters every Redis client reads (:mod:`toolfleet.redis_tls`); a URL's own parameters win.
+      ACL users go in the URL: ``rediss://user:password@host:6380/0`` (docs/deploying.md).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -89,6 +96,20 @@ class Settings(BaseModel):
     sandbox_network: Literal["host", "none"] = "none"
     bwrap_path: str = "bwrap"
     turn_lease_s: float = 60.0
+    redis_ca_file: str | None = None
+    redis_cert_file: str | None = None
+    redis_key_file: str | None = None
+    redis_cert_reqs: Literal["required", "optional", "none"] = "required"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tls_into_urls(cls, data: object) -> object:
+        """``rediss://`` URLs carry the TLS options (:func:`toolfleet.redis_tls.with_tls`)."""
+        if not isinstance(data, dict):
+            return data
+        options = {field: data.get(field) for field in TLS_QUERY}
+        return {**data, **{name: with_tls(data[name], options) for name in ("redis_url", "broker_url")
+                           if isinstance(data.get(name), str)}}
 
     @field_validator("heartbeat_s", "max_queue_wait_s", "breaker_cooldown_s", "lock_lease_s", "lock_wait_s",
                      "cancel_grace_s", "kill_grace_s", "turn_lease_s", "clock_skew_margin_s")
@@ -124,8 +145,9 @@ class Settings(BaseModel):
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Settings from ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``, ``TOOLFLEET_NAMESPACE``,
         ``TOOLFLEET_HEARTBEAT_S``, ``TOOLFLEET_TURN_LEASE_S``, ``TOOLFLEET_CLOCK_SKEW_MARGIN_S``,
-        ``TOOLFLEET_SANDBOX``, ``TOOLFLEET_SANDBOX_NETWORK``, ``TOOLFLEET_BWRAP``; keyword overrides that are
-        not ``None`` win."""
+        ``TOOLFLEET_SANDBOX``, ``TOOLFLEET_SANDBOX_NETWORK``, ``TOOLFLEET_BWRAP``, ``TOOLFLEET_REDIS_CA_FILE``,
+        ``TOOLFLEET_REDIS_CERT_FILE``, ``TOOLFLEET_REDIS_KEY_FILE``, ``TOOLFLEET_REDIS_CERT_REQS``; keyword
+        overrides that are not ``None`` win."""
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
         if env.get("REDIS_URL"):
@@ -137,7 +159,9 @@ class Settings(BaseModel):
         if env.get("TOOLFLEET_HEARTBEAT_S"):
             values["heartbeat_s"] = float(env["TOOLFLEET_HEARTBEAT_S"])
         for name, field in (("TOOLFLEET_SANDBOX", "sandbox"), ("TOOLFLEET_SANDBOX_NETWORK", "sandbox_network"),
-                            ("TOOLFLEET_BWRAP", "bwrap_path")):
+                            ("TOOLFLEET_BWRAP", "bwrap_path"), ("TOOLFLEET_REDIS_CA_FILE", "redis_ca_file"),
+                ("TOOLFLEET_REDIS_CERT_FILE", "redis_cert_file"), ("TOOLFLEET_REDIS_KEY_FILE", "redis_key_file"),
+                ("TOOLFLEET_REDIS_CERT_REQS", "redis_cert_reqs")):
             if env.get(name):
                 values[field] = env[name]
         if env.get("TOOLFLEET_TURN_LEASE_S"):

@@ -25,7 +25,7 @@ from rich.console import Console
 
 from .errors import BrokerUnavailable, ToolfleetError
 from .keys import Keys
-from .settings import DEFAULT_REDIS_URL
+from .settings import DEFAULT_REDIS_URL, Settings
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
@@ -168,9 +168,12 @@ def _start(
 ) -> dict[str, Any]:
     state = {"namespace": namespace or os.environ.get("TOOLFLEET_NAMESPACE") or "toolfleet", "pids": {}}
     _write(state)
-    url = os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+    # REDIS_URL with the TLS options of the environment written into it (toolfleet/redis_tls.py)
+    url = Settings.from_env(redis_url=os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL).redis_url
     if _answers(url):
-        console.print(f"redis: reusing the one at {url}")
+        from kombu.utils.url import maybe_sanitize_url
+
+        console.print(f"redis: reusing the one at {maybe_sanitize_url(url)}")  # password masked
     else:
         binary = _redis_binary()
         if binary is None:
@@ -204,10 +207,12 @@ def _start(
     console.print(f"workers: {workers} prefork processes (pid {proc.pid}), log {log}")
     if flower_port:
         log = home() / "flower.log"
-        proc = _spawn([sys.executable, "-P", "-m", "celery", "--broker", url, "--result-backend", url, "flower",
+        # toolfleet.monitor: the Celery app built from REDIS_URL (TLS options and ACL user included)
+        proc = _spawn([sys.executable, "-P", "-m", "celery", "-A", "toolfleet.monitor", "flower",
                        f"--port={flower_port}", "--address=127.0.0.1"], log,
                       # bound to loopback only: the local API may answer without a password
-                      env={"FLOWER_UNAUTHENTICATED_API": "true"})
+                      env={"FLOWER_UNAUTHENTICATED_API": "true", "REDIS_URL": url,
+                           "TOOLFLEET_NAMESPACE": state["namespace"]})
         state["pids"]["flower"] = proc.pid
         state["flower_url"] = f"http://127.0.0.1:{flower_port}"
         _write(state)

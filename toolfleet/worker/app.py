@@ -30,6 +30,7 @@ from celery.worker.request import Request
 from ..errors import ConfigurationError
 from ..models import CallEnvelope, ErrorCode, ToolResult
 from ..policy.config import Policy
+from ..redis_tls import ssl_options
 from ..settings import Settings
 from ..tools.registry import Registry, default_registry
 from .affinity import connect_affinity
@@ -115,6 +116,10 @@ def celery_config(settings: Settings, registry: Registry | None = None) -> dict[
         "task_reject_on_worker_lost": True,
         "worker_hijack_root_logger": False,
         "task_publish_retry": False,
+        # rediss:// URLs: TLS options for the broker and the result backend (toolfleet/redis_tls.py);
+        # Flower reads broker_use_ssl too. None: not TLS (Celery's default)
+        "broker_use_ssl": ssl_options(settings.broker) if settings.broker_is_redis else None,
+        "redis_backend_use_ssl": ssl_options(settings.redis_url),
     }
 
 

@@ -1,0 +1,197 @@
+"""The core path over TLS, each role logged in as its own Redis ACL user with the least-privilege
+rules of docs/deploying.md (issue 18 point 1).
+
+A private redis-server (TLS only, the ``default`` user off) is started with a CA, server and
+client certificates made here; the dispatcher and the prefork workers reach it by ``rediss://``
+URLs with the CA given as ``TOOLFLEET_REDIS_CA_FILE``-style settings. The rules below are the ones
+docs/deploying.md prints (``NS`` there is the namespace, ``0`` the database): if they change, change
+both. A role missing a permission fails with a message that names the refusal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from toolfleet import BrokerRefused, Dispatcher, ErrorCode, Settings
+from toolfleet.ledger import Ledger
+from toolfleet.worker.catalog import live_catalog
+
+from .conftest import ROOT, WorkerProcess, make_registry
+from .faults import call, wait_started
+from .secure_redis import SecureRedis, make_pki, tls_redis_binary
+
+# docs/deploying.md, "Redis ACL users": one line per role (NS: the namespace, DB 0)
+COMMANDS = "-@all +@read +@write +@scripting +@transaction +@pubsub +@connection +time -@dangerous"
+CHANNELS = "resetchannels &/0.celeryev/* &/0.celery.pidbox &NS:cancel:* &celery-task-meta-*"
+ROLE_RULES = {
+    "dispatcher": f"resetkeys ~NS:* ~NS.* ~_kombu.binding* ~celery-task-meta-* {CHANNELS} {COMMANDS}",
+    "worker": f"resetkeys ~NS:* ~NS.* ~_kombu.binding* ~celery-task-meta-* ~*.celery.pidbox* ~reply.celery.pidbox* "
+              f"{CHANNELS} {COMMANDS}",
+    "monitor": "resetkeys %R~NS:* %R~NS.* resetchannels -@all +@read +@connection -@dangerous",
+}
+PASSWORDS = {role: f"{role}-{uuid.uuid4().hex}" for role in ROLE_RULES}
+
+
+def acl_users(namespace: str) -> list[str]:
+    """The ``user`` lines of the server: each role with its rules and password (>), plus an admin
+    the test uses only to read the ACL log."""
+    return [f"{role} on >{PASSWORDS[role]} {rules.replace('NS', namespace)}" for role, rules in ROLE_RULES.items()]
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory) -> Iterator[tuple[SecureRedis, str]]:
+    binary, why_not = tls_redis_binary()
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the ACL + TLS test: {why_not}")
+        pytest.skip(why_not)
+    directory = tmp_path_factory.mktemp("secure-redis")
+    namespace = f"t-{uuid.uuid4().hex[:10]}"
+    admin_password = uuid.uuid4().hex
+    server = SecureRedis(binary, directory, make_pki(directory),
+                         [*acl_users(namespace), f"admin on >{admin_password} ~* &* +@all"])
+    try:
+        server.wait_ready("admin", admin_password)
+        server.admin_password = admin_password  # type: ignore[attr-defined]
+        yield server, namespace
+    finally:
+        server.stop()
+
+
+def role_settings(server: SecureRedis, namespace: str, role: str) -> Settings:
+    """The settings a process of ``role`` runs with: its user in a rediss:// URL, the test CA."""
+    return Settings(redis_url=server.url(role, PASSWORDS[role]), namespace=namespace, redis_ca_file=str(server.pki.ca),
+                    cancel_grace_s=0.5, kill_grace_s=1.0)
+
+
+def denied(server: SecureRedis) -> list[dict]:
+    """Redis's ACL log: every refusal since the server started."""
+    return server.client("admin", server.admin_password).acl_log(200)  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def fleet(secure) -> Iterator[tuple[SecureRedis, str]]:
+    """One worker (prefork, 2 processes) logged in as ``worker``, for the whole module."""
+    server, namespace = secure
+    worker = WorkerProcess(role_settings(server, namespace, "worker"), 2, "acl")
+    try:
+        worker.wait_ready()
+        yield server, namespace
+    finally:
+        worker.stop()
+
+
+def test_core_path_over_tls_with_least_privilege_users(fleet, tmp_path: Path):
+    """Submit a batch, run on prefork workers, cancel mid-batch, results in call order: every
+    process an ACL user of its role, every connection TLS, and Redis refused nothing."""
+    server, namespace = fleet
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with Dispatcher(role_settings(server, namespace, "dispatcher"), make_registry()) as dispatcher:
+        turn = dispatcher.submit([call("c1", "structured", n=2), call("c2", "count_until_cancelled", seconds=20),
+                                  call("c3", "count_until_cancelled", seconds=20)], workspace=str(workspace))
+        wait_started(dispatcher, turn.turn_id, "c2")
+        first = next(iter(turn.as_completed(timeout_s=30)))  # c1 ends at once; c2 runs 20 s
+        assert first.call_id == "c1" and first.status == "ok", first
+        turn.cancel()
+        results = turn.results(timeout_s=30)
+    assert [r.call_id for r in results] == ["c1", "c2", "c3"]
+    assert results[1].code is ErrorCode.CANCELLED, results[1]
+    assert results[2].code in (ErrorCode.CANCELLED, ErrorCode.NOT_EXECUTED), results[2]
+    assert denied(server) == []
+
+
+def test_every_connection_is_tls_and_no_user_is_default(fleet):
+    server, namespace = fleet
+    admin = server.client("admin", server.admin_password)  # type: ignore[attr-defined]
+    clients = admin.client_list()
+    users = {c["user"] for c in clients}
+    assert "default" not in users and {"worker"} <= users, users
+    # the server listens on TLS only: a plain connection to its port gets no Redis answer
+    import redis
+
+    with pytest.raises((redis.ConnectionError, OSError)):
+        redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=3, socket_connect_timeout=3).ping()
+
+
+def test_read_only_monitor_reads_the_fleet_and_cannot_command_it(fleet, tmp_path: Path):
+    """The monitor user reads a turn's results and the live catalog; a submit with its
+    credentials fails with BrokerRefused naming the refusal, and nothing runs."""
+    server, namespace = fleet
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with Dispatcher(role_settings(server, namespace, "dispatcher"), make_registry()) as dispatcher:
+        turn = dispatcher.submit([call("r1", "structured", n=3)], workspace=str(workspace))
+        assert turn.results(timeout_s=30)[0].status == "ok"
+    monitor = role_settings(server, namespace, "monitor")
+    ledger = Ledger(monitor)
+    assert ledger.results(turn.turn_id)["r1"].status == "ok"
+    assert live_catalog(monitor, ledger.redis), "the monitor sees the live workers' catalog"
+    with pytest.raises(BrokerRefused) as info:
+        with Dispatcher(monitor, make_registry()) as dispatcher:
+            dispatcher.submit([call("m1", "structured", n=1)], workspace=str(workspace))
+    message = str(info.value)
+    assert "refused" in message and "no permissions" in message, message
+    assert PASSWORDS["monitor"] not in message and "monitor:**@" in message, message
+
+
+def test_a_wrong_password_is_refused_with_a_clear_message_and_masked(fleet):
+    server, namespace = fleet
+    wrong = role_settings(server, namespace, "dispatcher").model_copy(
+        update={"redis_url": role_settings(server, namespace, "dispatcher").redis_url.replace(
+            PASSWORDS["dispatcher"], "not-the-password")})
+    with pytest.raises(BrokerRefused) as info:
+        Ledger(wrong)
+    assert "not-the-password" not in str(info.value) and "refused" in str(info.value), str(info.value)
+
+
+def test_cli_worker_with_a_role_lacking_permissions_exits_with_a_clear_message(fleet):
+    """`toolfleet worker` logged in as the read-only monitor: it stops at start-up and says that
+    Redis refused it, instead of serving nothing."""
+    server, namespace = fleet
+    settings = role_settings(server, namespace, "monitor")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("REDIS_URL", None)
+    proc = subprocess.run([sys.executable, "-m", "toolfleet", "worker", "--redis-url", settings.redis_url,
+                           "--namespace", namespace, "--concurrency", "1", "--loglevel", "WARNING"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "refused" in proc.stderr and "docs/deploying.md" in proc.stderr, proc.stderr[-3000:]
+    assert PASSWORDS["monitor"] not in proc.stderr + proc.stdout
+
+
+def test_rediss_urls_carry_the_tls_options_to_every_client():
+    """Settings write the TLS options into rediss:// URLs (what redis-py, kombu, Celery and Flower
+    read); Celery's broker_use_ssl / redis_backend_use_ssl get them too; redis:// stays as given."""
+    import ssl
+
+    from toolfleet.worker.app import celery_config
+
+    settings = Settings(redis_url="rediss://w:pw@redis.example:6380/0", redis_ca_file="/etc/tf/ca.pem",
+                        redis_cert_file="/etc/tf/c.pem", redis_key_file="/etc/tf/c.key")
+    assert settings.redis_url == ("rediss://w:pw@redis.example:6380/0?ssl_ca_certs=/etc/tf/ca.pem"
+                                  "&ssl_certfile=/etc/tf/c.pem&ssl_keyfile=/etc/tf/c.key&ssl_cert_reqs=required")
+    config = celery_config(settings)
+    expected = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": "/etc/tf/ca.pem",
+                "ssl_certfile": "/etc/tf/c.pem", "ssl_keyfile": "/etc/tf/c.key"}
+    assert config["broker_use_ssl"] == expected and config["redis_backend_use_ssl"] == expected
+    # a parameter of the URL itself wins; a bare rediss:// URL still checks the certificate
+    assert Settings(redis_url="rediss://h/0?ssl_cert_reqs=none", redis_ca_file="/x").redis_url == \
+        "rediss://h/0?ssl_cert_reqs=none&ssl_ca_certs=/x"
+    assert Settings(redis_url="rediss://h/0").redis_url == "rediss://h/0?ssl_cert_reqs=required"
+    plain = Settings(redis_url="redis://u:p@h/0", redis_ca_file="/x")
+    assert plain.redis_url == "redis://u:p@h/0" and celery_config(plain)["broker_use_ssl"] is None
+    env = Settings.from_env({"REDIS_URL": "rediss://h/1", "TOOLFLEET_REDIS_CA_FILE": "/ca.pem",
+                             "TOOLFLEET_REDIS_CERT_REQS": "optional"})
+    assert env.redis_url == "rediss://h/1?ssl_ca_certs=/ca.pem&ssl_cert_reqs=optional"
+    with pytest.raises(ValueError):
+        Settings(redis_url="rediss://h/0", redis_cert_reqs="sometimes")
+    json.dumps(config["broker_transport_options"])  # the rest of the config is untouched
