@@ -33,8 +33,10 @@ COMMANDS = "-@all +@read +@write +@scripting +@transaction +@pubsub +@connection
 CHANNELS = "resetchannels &/0.celeryev/* &/0.celery.pidbox &NS:cancel:* &celery-task-meta-*"
 ROLE_RULES = {
     "dispatcher": f"resetkeys ~NS:* ~NS.* ~_kombu.binding* ~celery-task-meta-* {CHANNELS} {COMMANDS}",
-    "worker": f"resetkeys ~NS:* ~NS.* ~_kombu.binding* ~celery-task-meta-* ~*.celery.pidbox* ~reply.celery.pidbox* "
+    "worker": f"resetkeys ~NS:* ~NS.* ~_kombu.binding* ~celery-task-meta-* ~*.celery.pidbox* "
               f"{CHANNELS} {COMMANDS}",
+    "flower": "resetkeys %R~NS.* ~_kombu.binding* ~*.reply.celery.pidbox* ~celeryev.* %R~celery-task-meta-* "
+              f"resetchannels &/0.celeryev/* &/0.celery.pidbox {COMMANDS}",
     "monitor": "resetkeys %R~NS:* %R~NS.* resetchannels -@all +@read +@connection -@dangerous",
 }
 PASSWORDS = {role: f"{role}-{uuid.uuid4().hex}" for role in ROLE_RULES}
@@ -106,20 +108,23 @@ def test_core_path_over_tls_with_least_privilege_users(fleet, tmp_path: Path):
     assert [r.call_id for r in results] == ["c1", "c2", "c3"]
     assert results[1].code is ErrorCode.CANCELLED, results[1]
     assert results[2].code in (ErrorCode.CANCELLED, ErrorCode.NOT_EXECUTED), results[2]
-    assert denied(server) == []
+    assert [e for e in denied(server) if e.get("username") in ("dispatcher", "worker")] == []
 
 
-def test_every_connection_is_tls_and_no_user_is_default(fleet):
-    server, namespace = fleet
-    admin = server.client("admin", server.admin_password)  # type: ignore[attr-defined]
-    clients = admin.client_list()
-    users = {c["user"] for c in clients}
-    assert "default" not in users and {"worker"} <= users, users
-    # the server listens on TLS only: a plain connection to its port gets no Redis answer
+def test_no_password_no_plain_text(fleet):
+    """The server has no ``default`` user (a client without credentials is refused) and no plain
+    port (a client without TLS gets no Redis answer); the live clients are the roles' users."""
     import redis
 
+    server, _ = fleet
+    anonymous = redis.Redis.from_url(f"rediss://127.0.0.1:{server.port}/0", ssl_ca_certs=str(server.pki.ca),
+                                     socket_timeout=5)
+    with pytest.raises(redis.AuthenticationError):
+        anonymous.ping()
     with pytest.raises((redis.ConnectionError, OSError)):
         redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=3, socket_connect_timeout=3).ping()
+    admin = server.client("admin", server.admin_password)  # type: ignore[attr-defined]
+    assert "worker" in {c["user"] for c in admin.client_list()}
 
 
 def test_read_only_monitor_reads_the_fleet_and_cannot_command_it(fleet, tmp_path: Path):
@@ -195,3 +200,94 @@ def test_rediss_urls_carry_the_tls_options_to_every_client():
     with pytest.raises(ValueError):
         Settings(redis_url="rediss://h/0", redis_cert_reqs="sometimes")
     json.dumps(config["broker_transport_options"])  # the rest of the config is untouched
+
+
+def test_flower_as_its_own_user_over_tls_sees_workers_tasks_and_queues(fleet, tmp_path: Path):
+    """Flower (``celery -A toolfleet.monitor flower``, as docker-compose.yml and ``toolfleet up``
+    start it) logged in as ``flower``: behind basic auth, it lists the live worker (a control
+    broadcast and its reply), the tasks of a turn (task events) and the queue lengths (its own
+    Redis client, TLS from broker_use_ssl); Redis refused it nothing."""
+    import base64
+    import time
+    import urllib.error
+    import urllib.request
+
+    from toolfleet.stack import _free_port
+
+    server, namespace = fleet
+    port = _free_port()
+    flower = role_settings(server, namespace, "flower")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), REDIS_URL=flower.redis_url, TOOLFLEET_NAMESPACE=namespace,
+               FLOWER_BASIC_AUTH="admin:flower-pw")
+    env.pop("TOOLFLEET_BROKER_URL", None)
+    log = (tmp_path / "flower.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "celery", "-A", "toolfleet.monitor", "flower",
+                             f"--port={port}", "--address=127.0.0.1"], cwd=tmp_path, env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": "Basic " + base64.b64encode(b"admin:flower-pw").decode()}
+
+    def get(path: str, headers: dict[str, str] | None = None):
+        request = urllib.request.Request(base + path, headers=headers or {})
+        with urllib.request.urlopen(request, timeout=10) as reply:  # noqa: S310 (local URL)
+            return json.load(reply) if "json" in reply.headers.get("Content-Type", "") else reply.read()
+
+    def until(check, what: str, timeout_s: float = 30.0):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                found = check()
+                if found:
+                    return found
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.2)  # Flower learns from events and broadcasts asynchronously: look again
+        raise AssertionError(f"{what}; flower log: {(tmp_path / 'flower.log').read_text(errors='replace')[-3000:]}")
+
+    try:
+        until(lambda: get("/healthcheck") == b"OK", "flower did not start")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            get("/api/workers")
+        assert info.value.code == 401  # no password, no answer
+        workers = until(lambda: get("/api/workers?refresh=1", auth), "flower listed no worker")
+        assert any(name.endswith(f"@{namespace}") for name in workers), workers
+        workspace = tmp_path / "ws"
+        workspace.mkdir()
+        with Dispatcher(role_settings(server, namespace, "dispatcher"), make_registry()) as dispatcher:
+            turn = dispatcher.submit([call("f1", "structured", n=1)], workspace=str(workspace))
+            assert turn.results(timeout_s=30)[0].status == "ok"
+        task_id = f"{turn.turn_id}:f1"
+        until(lambda: get("/api/tasks", auth).get(task_id, {}).get("state") == "SUCCESS", "flower saw no task")
+        queues = until(lambda: get("/api/queues/length", auth), "flower showed no queue lengths")
+        assert "active_queues" in queues, queues
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    # on purpose: Flower may not take kombu's unacked mutex, so it never moves other consumers'
+    # unacknowledged messages back to their queues (kombu skips the restore when refused)
+    refusals = [entry for entry in denied(server)
+                if entry.get("username") == "flower" and entry.get("object") != f"{namespace}.unacked_mutex"]
+    assert refusals == [], refusals
+
+
+def test_password_file_logs_the_urls_in(tmp_path: Path):
+    """TOOLFLEET_REDIS_PASSWORD_FILE (a Docker secret) puts the password, quoted, into Redis URLs
+    that carry none; an unreadable file is a ValueError naming the variable."""
+    import redis
+
+    secret = tmp_path / "redis_password"
+    secret.write_text("p@ss:w/rd\n")
+    env = {"TOOLFLEET_REDIS_PASSWORD_FILE": str(secret), "REDIS_URL": "redis://redis:6379/0"}
+    settings = Settings.from_env(env)
+    assert redis.connection.parse_url(settings.redis_url)["password"] == "p@ss:w/rd"
+    worker = Settings.from_env({**env, "REDIS_URL": "rediss://redis:6380/0", "TOOLFLEET_REDIS_USER": "worker"})
+    parsed = redis.connection.parse_url(worker.redis_url)
+    assert (parsed["username"], parsed["password"]) == ("worker", "p@ss:w/rd")
+    assert Settings.from_env({**env, "REDIS_URL": "redis://u:own@h/0"}).redis_url == "redis://u:own@h/0"
+    with pytest.raises(ValueError, match="TOOLFLEET_REDIS_PASSWORD_FILE"):
+        Settings.from_env({"TOOLFLEET_REDIS_PASSWORD_FILE": str(tmp_path / "missing")})

@@ -14,6 +14,7 @@ from celery import Celery
 
 from .redis_tls import ssl_options
 from .settings import Settings
+from .worker.app import unacked_keys
 
 
 def monitor_app(settings: Settings) -> Celery:
@@ -25,6 +26,9 @@ def monitor_app(settings: Settings) -> Celery:
         event_serializer="json",
         task_default_queue=f"{settings.namespace}.default",
         broker_connection_retry_on_startup=True,
+        # the namespace's unacked keys, as workers use them (kombu's defaults are outside the
+        # namespace, where Flower's ACL user may not write)
+        broker_transport_options=unacked_keys(settings.namespace) if settings.broker_is_redis else {},
         broker_use_ssl=ssl_options(settings.broker) if settings.broker_is_redis else None,
         redis_backend_use_ssl=ssl_options(settings.redis_url),
     )

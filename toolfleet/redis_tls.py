@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ssl
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 TLS_SCHEME = "rediss"
 CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
@@ -68,3 +68,15 @@ def ssl_options(url: str | None) -> dict[str, Any] | None:
         if query.get(param):
             options[param] = query[param]
     return options
+
+
+def with_login(url: str, user: str | None, password: str) -> str:
+    """``url`` (``redis://`` or ``rediss://``) logging in as ``user`` (``None``: the URL's own user,
+    else Redis's ``default``) with ``password``, quoted for the URL; a URL that has a password of
+    its own, or is not a Redis URL, is returned unchanged."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", TLS_SCHEME) or parts.password is not None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[-1]
+    name = quote(user if user is not None else (parts.username or ""), safe="")
+    return urlunsplit(parts._replace(netloc=f"{name}:{quote(password, safe='')}@{host}"))

@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from .redis_tls import TLS_QUERY, with_tls
+from .redis_tls import TLS_QUERY, with_login, with_tls
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -147,7 +148,10 @@ class Settings(BaseModel):
         ``TOOLFLEET_HEARTBEAT_S``, ``TOOLFLEET_TURN_LEASE_S``, ``TOOLFLEET_CLOCK_SKEW_MARGIN_S``,
         ``TOOLFLEET_SANDBOX``, ``TOOLFLEET_SANDBOX_NETWORK``, ``TOOLFLEET_BWRAP``, ``TOOLFLEET_REDIS_CA_FILE``,
         ``TOOLFLEET_REDIS_CERT_FILE``, ``TOOLFLEET_REDIS_KEY_FILE``, ``TOOLFLEET_REDIS_CERT_REQS``; keyword
-        overrides that are not ``None`` win."""
+        overrides that are not ``None`` win. ``TOOLFLEET_REDIS_PASSWORD_FILE`` (a file holding the Redis
+        password, e.g. a Docker secret; ``TOOLFLEET_REDIS_USER`` the ACL user, default Redis's ``default``)
+        logs the Redis URLs in unless they carry a password already. Raises ``ValueError`` when that
+        file cannot be read."""
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
         if env.get("REDIS_URL"):
@@ -169,4 +173,22 @@ class Settings(BaseModel):
         if env.get("TOOLFLEET_CLOCK_SKEW_MARGIN_S"):
             values["clock_skew_margin_s"] = float(env["TOOLFLEET_CLOCK_SKEW_MARGIN_S"])
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if env.get("TOOLFLEET_REDIS_PASSWORD_FILE"):  # a Docker secret: the password never in an env var
+            password = _read_secret(env["TOOLFLEET_REDIS_PASSWORD_FILE"], "TOOLFLEET_REDIS_PASSWORD_FILE")
+            for name in ("redis_url", "broker_url"):
+                url = values.get(name, DEFAULT_REDIS_URL if name == "redis_url" else None)
+                if isinstance(url, str):
+                    values[name] = with_login(url, env.get("TOOLFLEET_REDIS_USER") or None, password)
         return cls(**values)
+
+
+def _read_secret(path: str, variable: str) -> str:
+    """The content of a secret file, without its final newline; ``ValueError`` naming ``variable``
+    when it cannot be read or is empty."""
+    try:
+        value = Path(path).read_text(encoding="utf-8").rstrip("\r\n")
+    except OSError as exc:
+        raise ValueError(f"{variable}={path}: cannot read the secret ({exc.strerror})") from exc
+    if not value:
+        raise ValueError(f"{variable}={path}: the secret file is empty")
+    return value

@@ -79,13 +79,13 @@ def broker_transport_options(settings: Settings, registry: Registry) -> dict[str
     the namespace (kombu's default keys ``unacked*`` are shared by every app on the database)."""
     if not settings.broker_is_redis:
         return {}
-    ns = settings.namespace
-    return {
-        "visibility_timeout": visibility_timeout_s(settings, registry),
-        "unacked_key": f"{ns}.unacked",
-        "unacked_index_key": f"{ns}.unacked_index",
-        "unacked_mutex_key": f"{ns}.unacked_mutex",
-    }
+    return {"visibility_timeout": visibility_timeout_s(settings, registry), **unacked_keys(settings.namespace)}
+
+
+def unacked_keys(namespace: str) -> dict[str, str]:
+    """kombu's unacknowledged-message keys (Redis broker), under ``namespace`` (Flower uses them too)."""
+    return {"unacked_key": f"{namespace}.unacked", "unacked_index_key": f"{namespace}.unacked_index",
+            "unacked_mutex_key": f"{namespace}.unacked_mutex"}
 
 
 def celery_config(settings: Settings, registry: Registry | None = None) -> dict[str, Any]:
