@@ -3,9 +3,9 @@ rules of docs/deploying.md (issue 18 point 1).
 
 A private redis-server (TLS only, the ``default`` user off) is started with a CA, server and
 client certificates made here; the dispatcher and the prefork workers reach it by ``rediss://``
-URLs with the CA given as ``TOOLFLEET_REDIS_CA_FILE``-style settings. The rules below are the ones
-docs/deploying.md prints (``NS`` there is the namespace, ``0`` the database): if they change, change
-both. A role missing a permission fails with a message that names the refusal.
+URLs with the CA given as ``TOOLFLEET_REDIS_CA_FILE``-style settings. The ACL rules are read from
+docs/deploying.md (the block operators copy), so the page and the test cannot drift apart. A role
+missing a permission fails with a message that names the refusal.
 """
 
 from __future__ import annotations
@@ -28,24 +28,32 @@ from .conftest import ROOT, WorkerProcess, make_registry
 from .faults import call, wait_started
 from .secure_redis import SecureRedis, make_pki, tls_redis_binary
 
-# docs/deploying.md, "Redis ACL users": one line per role (NS: the namespace, DB 0)
-COMMANDS = "-@all +@read +@write +@scripting +@transaction +@pubsub +@connection +time -@dangerous"
-CHANNELS = "resetchannels &/0.celeryev/* &/0.celery.pidbox &NS:cancel:* &celery-task-meta-*"
-ROLE_RULES = {
-    "dispatcher": f"resetkeys ~NS:* ~NS.* ~_kombu.binding* ~celery-task-meta-* {CHANNELS} {COMMANDS}",
-    "worker": f"resetkeys ~NS:* ~NS.* ~_kombu.binding* ~celery-task-meta-* ~*.celery.pidbox* "
-              f"{CHANNELS} {COMMANDS}",
-    "flower": "resetkeys %R~NS.* ~_kombu.binding* ~*.reply.celery.pidbox* ~celeryev.* %R~celery-task-meta-* "
-              f"resetchannels &/0.celeryev/* &/0.celery.pidbox {COMMANDS}",
-    "monitor": "resetkeys %R~NS:* %R~NS.* resetchannels -@all +@read +@connection -@dangerous",
-}
-PASSWORDS = {role: f"{role}-{uuid.uuid4().hex}" for role in ROLE_RULES}
+DOCS = ROOT / "docs" / "deploying.md"
+ROLES = ("dispatcher", "worker", "flower", "monitor")
+PASSWORDS = {role: f"{role}-{uuid.uuid4().hex}" for role in ROLES}
+
+
+def documented_rules() -> dict[str, str]:
+    """The ``user`` lines of docs/deploying.md's ACL block (namespace ``toolfleet``), by user: the
+    test runs what the page tells operators to load, so the two cannot drift apart."""
+    text = DOCS.read_text()
+    block = text.split("<!-- acl-rules", 1)[1].split("<!-- /acl-rules -->", 1)[0]
+    lines = [line.strip() for line in block.splitlines() if line.strip().startswith("user ")]
+    return {line.split()[1]: line for line in lines}
 
 
 def acl_users(namespace: str) -> list[str]:
-    """The ``user`` lines of the server: each role with its rules and password (>), plus an admin
-    the test uses only to read the ACL log."""
-    return [f"{role} on >{PASSWORDS[role]} {rules.replace('NS', namespace)}" for role, rules in ROLE_RULES.items()]
+    """The documented rules of each role for ``namespace``, with a password of this run (the
+    ``default`` user is switched off by SecureRedis, as the page's first line does)."""
+    rules = documented_rules()
+    assert rules.pop("default") == "user default off"
+    assert set(rules) == set(ROLES), rules
+    users = []
+    for role, line in rules.items():
+        line = line.replace(f">{role.upper()}_PASSWORD", f">{PASSWORDS[role]}")
+        line = line.replace("toolfleet:", f"{namespace}:").replace("toolfleet.", f"{namespace}.")
+        users.append(line.removeprefix("user "))
+    return users
 
 
 @pytest.fixture(scope="module")
