@@ -2,8 +2,9 @@
 
 The certificates are made here with the ``cryptography`` package: a self-signed CA, a server
 certificate for 127.0.0.1/localhost and a client certificate, all signed by the CA. The server
-listens on TLS only (``--port 0``), asks for client certificates optionally, and has the users the
-test gives it (``default`` is switched off, so every client must log in).
+listens on TLS only (``--port 0``), requires a client certificate signed by the CA
+(``tls-auth-clients yes``), and has the users the test gives it (``default`` is switched off, so
+every client must log in).
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class SecureRedis:
         config.write_text("\n".join([
             "port 0", f"tls-port {self.port}", "bind 127.0.0.1", f"dir {directory}", 'save ""', "appendonly no",
             f"tls-cert-file {pki.server_cert}", f"tls-key-file {pki.server_key}", f"tls-ca-cert-file {pki.ca}",
-            "tls-auth-clients optional", "user default off", *[f"user {rule}" for rule in users], ""]))
+            "tls-auth-clients yes", "user default off", *[f"user {rule}" for rule in users], ""]))
         self.log = directory / "redis.log"
         self.proc = subprocess.Popen([binary, str(config)], stdout=self.log.open("wb"), stderr=subprocess.STDOUT)
 
@@ -129,7 +130,8 @@ class SecureRedis:
         return f"rediss://{user}:{password}@127.0.0.1:{self.port}/{db}"
 
     def client(self, user: str, password: str) -> redis.Redis:
-        return redis.Redis.from_url(self.url(user, password), ssl_ca_certs=str(self.pki.ca), socket_timeout=10)
+        return redis.Redis.from_url(self.url(user, password), ssl_ca_certs=str(self.pki.ca), socket_timeout=10,
+                                    ssl_certfile=str(self.pki.client_cert), ssl_keyfile=str(self.pki.client_key))
 
     def wait_ready(self, user: str, password: str) -> None:
         client = self.client(user, password)

@@ -77,8 +77,10 @@ def secure(tmp_path_factory) -> Iterator[tuple[SecureRedis, str]]:
 
 
 def role_settings(server: SecureRedis, namespace: str, role: str) -> Settings:
-    """The settings a process of ``role`` runs with: its user in a rediss:// URL, the test CA."""
+    """The settings a process of ``role`` runs with: its user in a rediss:// URL, the test CA, the
+    client certificate (the server requires one)."""
     return Settings(redis_url=server.url(role, PASSWORDS[role]), namespace=namespace, redis_ca_file=str(server.pki.ca),
+                    redis_cert_file=str(server.pki.client_cert), redis_key_file=str(server.pki.client_key),
                     cancel_grace_s=0.5, kill_grace_s=1.0)
 
 
@@ -120,15 +122,20 @@ def test_core_path_over_tls_with_least_privilege_users(fleet, tmp_path: Path):
 
 
 def test_no_password_no_plain_text(fleet):
-    """The server has no ``default`` user (a client without credentials is refused) and no plain
-    port (a client without TLS gets no Redis answer); the live clients are the roles' users."""
+    """The server has no ``default`` user (a client without credentials is refused), no plain port
+    (a client without TLS gets no Redis answer) and wants a client certificate signed by its CA;
+    the live clients are the roles' users."""
     import redis
 
     server, _ = fleet
-    anonymous = redis.Redis.from_url(f"rediss://127.0.0.1:{server.port}/0", ssl_ca_certs=str(server.pki.ca),
-                                     socket_timeout=5)
+    tls = {"ssl_ca_certs": str(server.pki.ca), "socket_timeout": 5}
+    anonymous = redis.Redis.from_url(f"rediss://127.0.0.1:{server.port}/0", ssl_certfile=str(server.pki.client_cert),
+                                     ssl_keyfile=str(server.pki.client_key), **tls)
     with pytest.raises(redis.AuthenticationError):
         anonymous.ping()
+    no_certificate = redis.Redis.from_url(server.url("dispatcher", PASSWORDS["dispatcher"]), **tls)
+    with pytest.raises((redis.ConnectionError, OSError)):
+        no_certificate.ping()
     with pytest.raises((redis.ConnectionError, OSError)):
         redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=3, socket_connect_timeout=3).ping()
     admin = server.client("admin", server.admin_password)  # type: ignore[attr-defined]
@@ -207,6 +214,9 @@ def test_rediss_urls_carry_the_tls_options_to_every_client():
     assert env.redis_url == "rediss://h/1?ssl_ca_certs=/ca.pem&ssl_cert_reqs=optional"
     with pytest.raises(ValueError):
         Settings(redis_url="rediss://h/0", redis_cert_reqs="sometimes")
+    with pytest.raises(ValueError, match="ssl_cert_reqs") as info:  # the URL's own, checked too
+        Settings(redis_url="rediss://u:hunter22@h/0?ssl_cert_reqs=sometimes")
+    assert "hunter22" not in str(info.value)  # errors never quote the URL
     json.dumps(config["broker_transport_options"])  # the rest of the config is untouched
 
 

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from .redis_tls import TLS_QUERY, with_login, with_tls
+from .redis_tls import TLS_QUERY, ssl_options, with_login, with_tls
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -73,7 +73,8 @@ class Settings(BaseModel):
       ACL users go in the URL: ``rediss://user:password@host:6380/0`` (docs/deploying.md).
     """
 
-    model_config = ConfigDict(frozen=True)
+    # errors never quote a value: a Redis URL holds a password
+    model_config = ConfigDict(frozen=True, hide_input_in_errors=True)
 
     redis_url: str = DEFAULT_REDIS_URL
     broker_url: str | None = None
@@ -111,6 +112,12 @@ class Settings(BaseModel):
         options = {field: data.get(field) for field in TLS_QUERY}
         return {**data, **{name: with_tls(data[name], options) for name in ("redis_url", "broker_url")
                            if isinstance(data.get(name), str)}}
+
+    @field_validator("redis_url", "broker_url")
+    @classmethod
+    def _tls_options_known(cls, value: str | None) -> str | None:
+        ssl_options(value)  # ValueError for an ssl_cert_reqs that is not required/optional/none
+        return value
 
     @field_validator("heartbeat_s", "max_queue_wait_s", "breaker_cooldown_s", "lock_lease_s", "lock_wait_s",
                      "cancel_grace_s", "kill_grace_s", "turn_lease_s", "clock_skew_margin_s")
