@@ -78,10 +78,12 @@ def secure(tmp_path_factory) -> Iterator[tuple[SecureRedis, str]]:
 
 def role_settings(server: SecureRedis, namespace: str, role: str) -> Settings:
     """The settings a process of ``role`` runs with: its user in a rediss:// URL, the test CA, the
-    client certificate (the server requires one)."""
-    return Settings(redis_url=server.url(role, PASSWORDS[role]), namespace=namespace, redis_ca_file=str(server.pki.ca),
-                    redis_cert_file=str(server.pki.client_cert), redis_key_file=str(server.pki.client_key),
-                    cancel_grace_s=0.5, kill_grace_s=1.0)
+    client certificate (the server requires one), and the test run's fleet key when there is one in
+    the environment (docs/signing.md)."""
+    fleet_key = {k: v for k, v in os.environ.items() if k.startswith("TOOLFLEET_FLEET_KEY")}
+    return Settings.from_env(fleet_key, redis_url=server.url(role, PASSWORDS[role]), namespace=namespace,
+                             redis_ca_file=str(server.pki.ca), redis_cert_file=str(server.pki.client_cert),
+                             redis_key_file=str(server.pki.client_key), cancel_grace_s=0.5, kill_grace_s=1.0)
 
 
 def denied(server: SecureRedis) -> list[dict]:
