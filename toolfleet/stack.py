@@ -231,7 +231,10 @@ def _http_ok(url: str) -> bool:
 
 
 def _write(state: dict[str, Any]) -> None:
-    _state_file().write_text(json.dumps(state, indent=2))
+    path = _state_file()
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)  # it holds the Redis URL, password included: its owner's eyes only
+    path.write_text(json.dumps(state, indent=2))
 
 
 def wait(state: dict[str, Any]) -> None:
