@@ -32,9 +32,10 @@ def refused(exc: BaseException) -> bool:
 
 def check_worker_access(client: redis.Redis, settings: Settings) -> None:
     """Try what a worker does first, harmlessly: write and delete a key of the namespace, read a
-    queue and kombu's bindings, take and drop a pattern subscription to the namespace's cancels.
-    Raises :class:`BrokerRefused` (URL with the password masked, Redis's reason) when Redis refuses
-    one; other Redis errors pass through."""
+    queue, kombu's bindings and a control (pidbox) queue, take and drop a pattern subscription to
+    the namespace's cancels. Raises :class:`BrokerRefused` (URL with the password masked, Redis's
+    reason) when Redis refuses one; other Redis errors pass through. Rights it cannot try without
+    side effects (publishing task events, writing kombu's keys) are found by Celery when it starts."""
     keys = Keys(settings.namespace)
     probe = f"{settings.namespace}:access-check:{uuid.uuid4().hex}"
     try:
@@ -44,7 +45,7 @@ def check_worker_access(client: redis.Redis, settings: Settings) -> None:
         pipe.execute()
         client.llen(keys.queue("default"))
         if settings.broker_is_redis and settings.broker == settings.redis_url:
-            client.exists(KOMBU_BINDINGS)
+            client.exists(KOMBU_BINDINGS, f"access-check-{uuid.uuid4().hex}.celery.pidbox")
         pubsub = client.pubsub()
         try:
             pubsub.psubscribe(keys.cancel_pattern)
