@@ -152,3 +152,42 @@ class SecureRedis:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def serve_for_the_suite(directory: Path) -> None:
+    """Start a TLS-only Redis with docs/deploying.md's worker rules for every test namespace
+    (``t-*``) and print a ``REDIS_URL`` for it, so any test file runs over TLS as a least-privilege
+    user: ``python -m tests.secure_redis DIR``, then ``REDIS_URL=<printed> pytest tests/test_x.py``.
+    One change to the rules: ``allchannels``, since the tests' namespaces are not known in advance
+    and Redis matches a pattern subscription (``t-abc:cancel:*``) only literally. Ctrl-C or SIGTERM
+    stops it."""
+    from .test_redis_acl_tls import documented_rules
+
+    binary, why_not = tls_redis_binary()
+    if binary is None:
+        raise SystemExit(why_not)
+    directory.mkdir(parents=True, exist_ok=True)
+    pki = make_pki(directory)
+    rule = documented_rules()["worker"].replace("toolfleet:", "t-*:").replace("toolfleet.", "t-*.")
+    keys, channels_and_commands = rule.removeprefix("user worker on >WORKER_PASSWORD ").split(" resetchannels ", 1)
+    rules = f"{keys} allchannels {channels_and_commands[channels_and_commands.index('-@all'):]}"
+    server = SecureRedis(binary, directory, pki, [f"suite on >suite-password {rules}"])
+    server.wait_ready("suite", "suite-password")
+    print(f"{server.url('suite', 'suite-password')}?ssl_ca_certs={pki.ca}&ssl_certfile={pki.client_cert}"
+          f"&ssl_keyfile={pki.client_key}&ssl_cert_reqs=required", flush=True)
+    import signal
+    import sys
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        server.proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    import sys
+
+    serve_for_the_suite(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/toolfleet-secure-redis"))
