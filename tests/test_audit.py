@@ -202,7 +202,8 @@ def test_trail_records_every_step_with_timings_and_workers(dispatcher, worker, s
             "--namespace", settings.namespace]
     shown = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
-    lines = {cid: next(line for line in shown.stdout.splitlines() if f" {cid} " in line) for cid in ("w", "r", "p")}
+    lines = {cid: next(line for line in shown.stdout.splitlines() if f" {cid} " in line and "█" in line)
+             for cid in ("w", "r", "p")}  # the chart's rows (the table of calls comes first)
     assert lines["r"].index("█") > lines["w"].index("█")  # r's run starts where w's ends
     assert lines["p"].index("█") < lines["w"].rindex("█")  # p runs while w runs (the parallel group)
     assert "legend" in shown.stdout and "PERMISSION_DENIED" in shown.stdout

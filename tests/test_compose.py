@@ -5,6 +5,7 @@ a password."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -128,7 +129,7 @@ def test_clients_log_in_and_the_fleet_key_comes_from_a_secret():
     worker = config["services"]["worker"]
     assert any(s.get("source", s) == "fleet_key" for s in worker["secrets"])
     assert worker["environment"]["TOOLFLEET_FLEET_KEY_FILE"] == "/run/secrets/fleet_key"
-    assert set(config["secrets"]) == {"redis_password", "fleet_key"}
+    assert {"redis_password", "fleet_key"} <= set(config["secrets"])
     assert all("file" in secret for secret in config["secrets"].values())
 
 
@@ -147,3 +148,30 @@ def test_env_example_is_a_working_env_file():
     assert proc.returncode == 0, proc.stderr
     config = yaml.safe_load(proc.stdout)
     assert config["services"]["flower"]["environment"]["FLOWER_BASIC_AUTH"]
+def test_monitoring_profile_is_optional_and_its_files_are_in_the_repo():
+    """Issue 17: Prometheus + Grafana only with ``--profile monitoring``; the scrape config names the
+    workers, the dispatcher and Flower; the dashboard is a file in the repo and asks for our metrics."""
+    need_compose()
+    env = dict(os.environ, FLOWER_BASIC_AUTH="admin:secret")
+    proc = subprocess.run(["docker-compose", "--profile", "monitoring", "config"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    services = yaml.safe_load(proc.stdout)["services"]
+    for name in ("prometheus", "grafana"):
+        assert services[name]["profiles"] == ["monitoring"]  # `docker compose up` alone leaves them out
+        for volume in services[name]["volumes"]:
+            source = volume["source"] if isinstance(volume, dict) else volume.split(":")[0]
+            assert (ROOT / source).exists() or os.path.exists(source), source
+    # Grafana's admin password is a secret, not its default admin/admin
+    assert services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD__FILE"] == \
+        "/run/secrets/grafana_admin_password"
+    scrape = yaml.safe_load((ROOT / "monitoring" / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    assert set(jobs) == {"toolfleet-worker", "toolfleet-dispatcher", "flower"}
+    assert jobs["toolfleet-worker"]["dns_sd_configs"][0]["names"] == ["worker"]  # every replica of the service
+    dashboard = json.loads((ROOT / "monitoring" / "grafana" / "dashboards" / "toolfleet.json").read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    for metric in ("toolfleet_calls_total", "toolfleet_call_queue_seconds_bucket", "toolfleet_call_run_seconds_bucket",
+                   "toolfleet_queue_depth", "toolfleet_worker_calls_running", "toolfleet_calls_in_flight",
+                   "toolfleet_worker_heartbeat_timestamp_seconds"):
+        assert metric in exprs, metric

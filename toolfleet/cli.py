@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 
 from . import stack
 from .errors import BatchRejected, ToolfleetError
 from .keys import Keys
 from .settings import Settings
+from .terminal import make_console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run LLM tool calls on Celery workers.")
-out = Console()
-err = Console(stderr=True)
+out = make_console()  # a terminal's width; 120 columns (or $COLUMNS) when piped
+err = make_console(stderr=True)
 
 RedisOpt = Annotated[
     Optional[str],
@@ -92,6 +92,15 @@ def worker(
         "(repeatable).")] = None,
     mcp: Annotated[Optional[list[str]], typer.Option("--mcp", help="Host a stdio MCP server, NAME=COMMAND "
                                                      "(repeatable): its tools are served as NAME__tool.")] = None,
+    metrics_port: Annotated[Optional[int], typer.Option(
+        "--metrics-port", envvar="TOOLFLEET_METRICS_PORT", help="Serve Prometheus metrics of this worker node "
+        "on this port (/metrics; docs/observability.md).")] = None,
+    result_log: Annotated[str, typer.Option(
+        "--result-log", envvar="TOOLFLEET_RESULT_LOG", help='One line per call result: "text" (default, '
+        'through the worker log at INFO) or "json" (one object a line).')] = "text",
+    result_log_file: Annotated[Optional[str], typer.Option(
+        "--result-log-file", envvar="TOOLFLEET_RESULT_LOG_FILE", help="Append the result lines to this file "
+        "(default: stderr).")] = None,
 ) -> None:
     """Run a worker (prefork pool) serving the built-in tools plus --tools modules (--no-builtins:
     only the modules'; --replace NAME: a module's tool NAME in the built-in's place).
@@ -124,6 +133,12 @@ def worker(
             host_servers(registry, mcp)
         rules = _policy(policy)
         celery_app = create_app(settings, registry, rules)
+        from .observe.worker_setup import setup_worker_observability  # traces, metrics, result log
+
+        setup_worker_observability(celery_app, celery_app.toolfleet, metrics_port=metrics_port,
+                                   result_log=result_log, result_log_file=result_log_file)
+    except ValueError as exc:
+        _fail(ToolfleetError(f"invalid option: {exc}"))
     except ToolfleetError as exc:
         _fail(exc)
     keys = Keys(settings.namespace)
@@ -175,8 +190,9 @@ def run(
 
     from .dispatcher import Dispatcher
     from .dispatcher.adapters import detect, detect_event, get_adapter
+    from .progress import live_progress
     from .tools.registry import default_registry
-    from .view import print_results, progress
+    from .view import print_results
 
     # SIGTERM ends the process through SystemExit, so the exit hook cancels the turn (nothing of
     # it runs later); a process killed outright leaves that to the turn's lease (turn_lease_s).
@@ -229,7 +245,7 @@ def run(
         if as_json:
             results = turn.results(timeout_s)
         else:
-            results = progress(turn, out, timeout_s)
+            results = live_progress(turn, out, timeout_s, lambda: dispatcher.ledger.audit.read(turn.turn_id))
     except TimeoutError as exc:
         # Giving up cancels the turn (Turn.results): nothing of it runs later. Print its results
         # as they are once the cancel has settled (final within cancel_grace_s), then exit 1.

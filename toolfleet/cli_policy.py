@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -86,11 +87,18 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per 
         if not calls:
             out.print(f"no call of turn {turn_id} waits for approval")
             return
-        table = Table(title=f"turn {turn_id}: waiting for approval")
-        for column in ("call id", "tool", "arguments", "why"):
+        from rich.text import Text
+
+        from .terminal import whole_width
+
+        table = Table(title=f"turn {turn_id}: waiting for approval", show_lines=True)
+        ids_and_tools = [c.call_id for c in calls] + [c.name for c in calls] + ["call id / tool"]
+        table.add_column("call id / tool", overflow="fold", width=whole_width(ids_and_tools, out.width, 40))
+        for column in ("arguments", "why"):
             table.add_column(column, overflow="fold")
-        for c in calls:
-            table.add_row(escape(c.call_id), c.name, escape(json.dumps(c.arguments)), escape(c.reason))
+        for c in calls:  # the id whole on its line, the tool under it (model-chosen text: never markup)
+            table.add_row(Text(c.call_id) + Text("\n" + c.name, style="bold"), Text(json.dumps(c.arguments)),
+                          Text(c.reason))
         out.print(table)
 
     @app.command()
@@ -156,8 +164,8 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per 
         for column in ("id", "tool", "action", "pattern", "workspace", "by"):
             table.add_column(column, overflow="fold")
         for r in found:
-            table.add_row(r.id, r.tool, r.action, escape(r.pattern or "(whole tool)"), escape(r.workspace or "(all)"),
-                          escape(r.by))
+            table.add_row(escape(r.id), escape(r.tool), r.action, escape(r.pattern or "(whole tool)"),
+                          escape(r.workspace or "(all)"), escape(r.by))
         out.print(table)
 
     @app.command()
@@ -165,10 +173,14 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per 
         turn_id: Annotated[str, typer.Argument(help="The turn.")],
         as_json: Annotated[bool, typer.Option("--json", help="Print the raw audit events as JSON.")] = False,
         width: Annotated[int, typer.Option("--width", help="Characters of the time axis.")] = 48,
+        html_file: Annotated[Optional[Path], typer.Option(
+            "--html", help="Write the turn as a self-contained HTML page (plan graph, timeline per call and "
+            "worker, the cancel) to FILE.", dir_okay=False)] = None,
         redis_url: RedisOpt = None,
         namespace: NamespaceOpt = None,
     ) -> None:
-        """Print a turn as a timeline: one row per call, its wait and run on a shared time axis."""
+        """Print a turn as a timeline: one row per call, its wait and run on a shared time axis
+        (--html FILE: a page drawing its plan as a graph and its timeline per call and worker)."""
         from .audit import AuditLog
         from .keys import Keys
         from .ledger import connect
@@ -187,6 +199,15 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per 
         if not events:
             err.print(f"no audit trail for turn {turn_id} in namespace {settings.namespace} (unknown or expired)")
             raise typer.Exit(1)
+        if html_file is not None:
+            from .trace_html import render_html
+
+            try:
+                html_file.write_text(render_html(turn_id, events), encoding="utf-8")
+            except OSError as exc:
+                _fail(ToolfleetError(f"cannot write {html_file}: {exc}"))
+            out.print(f"wrote {html_file} (open it in a browser)", markup=False, highlight=False)
+            return
         print_timeline(out, build_timeline(turn_id, events), width=max(width, 10))
 
 

@@ -2,8 +2,8 @@
 
 Each row shows, on one time axis shared by all calls (Redis's clock, from the stream ids, so
 machines with skewed clocks still line up): the wait for a person's approval (``?``), the wait in
-the queue from submission to start (``░``), and the run (``█``, green when ok, red on error). A
-call refused before it ran is a single ``×``. The plan's parallel group shows as bars starting
+the queue from submission to start (``░``), and the run (``█`` when ok, ``▓`` on error: a glyph,
+not only a colour). A call refused before it ran is a single ``×``. The plan's parallel group shows as bars starting
 together; a chain as bars starting where the previous one ends.
 """
 
@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -114,8 +113,14 @@ def _apply(row: CallRow, event: AuditEvent) -> None:
                          f"(not the call's result): {outcome} {data.get('message') or ''}".rstrip())
 
 
+OK_RUN, ERROR_RUN, QUEUED, PENDING, REFUSED = "█", "▓", "░", "?", "×"
+OK_MARK, ERROR_MARK = "✓", "✗"  # the result column: a glyph as well as a colour, for screens and pipes without colour
+ID_MAX_CHARS = 40  # longest call id / tool name kept on one line (model-chosen ids can be much longer: folded)
+
+
 def bar(row: CallRow, timeline: Timeline, width: int = BAR_WIDTH) -> Text:
-    """The row's wait and run on the shared axis, ``width`` characters wide."""
+    """The row's wait and run on the shared axis, ``width`` characters wide: ``?`` waits for a
+    person, ``░`` queued, ``█`` ran ok, ``▓`` ran with an error, ``×`` refused or never started."""
     cells: list[tuple[str, str]] = [(" ", "")] * width
 
     def col(ms: int) -> int:
@@ -129,45 +134,90 @@ def bar(row: CallRow, timeline: Timeline, width: int = BAR_WIDTH) -> Text:
         for i in range(first, max(last, first + 1)):
             cells[i] = (char, style)
 
-    paint(row.pending_ms, row.decided_ms or row.finished_ms, "?", "magenta")
-    paint(row.submitted_ms, row.started_ms or row.finished_ms, "░", "yellow")
+    paint(row.pending_ms, row.decided_ms or row.finished_ms, PENDING, "magenta")
+    paint(row.submitted_ms, row.started_ms or row.finished_ms, QUEUED, "yellow")
     if row.started_ms is not None:
-        paint(row.started_ms, row.finished_ms, "█", "green" if row.status == "ok" else "red")
+        ok = row.status == "ok"
+        paint(row.started_ms, row.finished_ms, OK_RUN if ok else ERROR_RUN, "green" if ok else "red")
     elif row.finished_ms is not None and row.submitted_ms is None:
-        cells[col(row.finished_ms)] = ("×", "red")
+        cells[col(row.finished_ms)] = (REFUSED, "red")
     text = Text()
     for char, style in cells:
         text.append(char, style=style or None)
     return text
 
 
+def result_text(row: CallRow) -> Text:
+    """``✓ ok`` or ``✗ CODE``: a different glyph for ok and error, the colour only a help."""
+    if row.status == "ok":
+        return Text(f"{OK_MARK} ok", style="green")
+    return Text(f"{ERROR_MARK} {row.code or row.status or 'no result'}", style="red")
+
+
 def print_timeline(console: Console, timeline: Timeline, width: int = BAR_WIDTH) -> None:
-    """Print the timeline table, its axis and a legend."""
+    """Print the turn: a table of its calls (id and tool whole, up to ``ID_MAX_CHARS``), then the
+    chart (``#``, call id, the time axis at most ``width`` characters, narrowed to fit the console),
+    a legend, the cancel and the notes. Readable at 80 columns and wider, and in a pipe."""
     if not timeline.rows:
         console.print(f"no audit trail for turn {timeline.turn_id} (unknown, or expired)")
         return
     title = f"turn {timeline.turn_id}"
     if timeline.session_id:
         title += f" · session {timeline.session_id}"
-    table = Table(title=title, show_lines=False)
-    axis = f"timeline: 0 to {timeline.span_ms} ms"
-    for column in ("#", "call id", "tool", "policy", "worker", "result", axis, "wait ms", "run ms"):
-        table.add_column(column, overflow="fold", no_wrap=column == axis, min_width=width if column == axis else None)
+    id_chars = min(max(len(r.call_id) for r in timeline.rows), ID_MAX_CHARS)
+    tool_chars = min(max(len(r.tool) for r in timeline.rows), ID_MAX_CHARS)
+    index_chars = len(str(max(r.index for r in timeline.rows)))
+    wide = console.width >= id_chars + tool_chars + 75  # id, tool and worker side by side
+    console.print(Text(title, style="bold"))  # its own line: a table's title wraps at the table's width
+    table = Table(show_lines=not wide)
+    table.add_column("#", justify="right", no_wrap=True)
+    if wide:
+        table.add_column("call id", overflow="fold", width=max(id_chars, 7))
+        table.add_column("tool", overflow="fold", width=max(tool_chars, 4))
+        table.add_column("result", overflow="fold")
+        table.add_column("policy", overflow="fold")
+        table.add_column("worker", overflow="fold")
+        table.add_column("wait ms", justify="right", no_wrap=True)
+        table.add_column("run ms", justify="right", no_wrap=True)
+    else:  # narrow: the id on its own line, the tool and the worker under it
+        room = max(console.width - 47 - index_chars, 12)  # borders 16, result 19, times 12
+        table.add_column("call id / tool / worker", overflow="fold", width=min(max(id_chars, tool_chars, 23), room))
+        table.add_column("result / policy", overflow="fold")
+        table.add_column("ms", justify="right", no_wrap=True)
     for row in timeline.rows:
-        result = "[green]ok[/]" if row.status == "ok" else f"[red]{row.code or row.status or 'no result'}[/]"
         policy = row.verdict + (f"\n{row.decision}" if row.decision else "")
-        table.add_row(
-            str(row.index), escape(row.call_id), escape(row.tool), escape(policy), escape(row.worker or ""),
-            result, bar(row, timeline, width), _ms(row.queued_ms), _ms(row.run_ms),
-        )
+        if wide:
+            cells = [Text(row.call_id), Text(row.tool), result_text(row), Text(policy), Text(row.worker or "")]
+        else:
+            names = Text(row.call_id) + Text("\n" + row.tool, style="bold")
+            if row.worker:
+                names += Text("\n" + row.worker, style="dim")
+            cells = [names, result_text(row) + Text("\n" + policy)]
+        if wide:
+            cells += [_ms(row.queued_ms), _ms(row.run_ms)]
+        else:
+            cells.append("\n".join(f"{what} {_ms(v)}" for what, v in (("wait", row.queued_ms), ("run", row.run_ms))
+                                   if v is not None))
+        table.add_row(str(row.index), *cells)
     console.print(table)
-    console.print("legend: [magenta]?[/] waits for approval  [yellow]░[/] queued  "
-                  "[green]█[/] ran ok  [red]█[/] ran, error  [red]×[/] refused or never started")
+
+    bar_width = max(min(width, console.width - id_chars - index_chars - 10), 20)
+    chart_id_chars = max(min(id_chars, console.width - bar_width - index_chars - 10), 8)  # longer ids fold
+    chart = Table(title=f"timeline: 0 to {timeline.span_ms} ms", title_justify="left")
+    chart.add_column("#", justify="right", no_wrap=True)
+    chart.add_column("call id", overflow="fold", width=max(chart_id_chars, 7))
+    chart.add_column(f"{bar_width} characters", no_wrap=True, min_width=bar_width, max_width=bar_width)
+    for row in timeline.rows:
+        chart.add_row(str(row.index), Text(row.call_id), bar(row, timeline, bar_width))
+    console.print(chart)
+    console.print(f"legend: [magenta]{PENDING}[/] waits for approval  [yellow]{QUEUED}[/] queued  "
+                  f"[green]{OK_RUN}[/] ran ok  [red]{ERROR_RUN}[/] ran, error  [red]{REFUSED}[/] refused or "
+                  f"never started  [green]{OK_MARK}[/] ok  [red]{ERROR_MARK}[/] error")
     if timeline.cancelled:
-        console.print(f"cancelled: {escape(timeline.cancelled)}")
+        console.print(Text(f"cancelled: {timeline.cancelled}"))
     for row in timeline.rows:
         for note in row.notes:
-            console.print(f"  {escape(row.call_id)}: {escape(note)}")
+            console.print(Text(f"  {row.call_id}: {note}"))
 
 
 def _ms(value: float | None) -> str:

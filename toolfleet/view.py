@@ -1,4 +1,4 @@
-"""Terminal output of the CLI (rich): progress while a turn runs, the results table, the catalog."""
+"""Terminal output of the CLI (rich): the results table, the catalog (the live view: :mod:`.progress`)."""
 
 from __future__ import annotations
 
@@ -6,29 +6,14 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from .dispatcher.turn import Turn
+from .keys import Keys
 from .models import ToolResult
-
-
-def progress(turn: Turn, console: Console, timeout_s: float | None) -> list[ToolResult]:
-    """Show results arriving; return them in model order."""
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("turn {task.fields[turn]}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} calls"),
-        TimeElapsedColumn(),
-        TextColumn("{task.description}"),
-        console=console,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("", total=len(turn.calls), turn=turn.turn_id[:8])
-        for result in turn.as_completed(timeout_s):
-            bar.update(task, advance=1, description=f"{result.call_id} {result.status}")
-    return turn.results()
+from .terminal import whole_width
+from .trace import ERROR_MARK, OK_MARK
 
 
 def print_results(
@@ -38,14 +23,29 @@ def print_results(
         console.print(f"turn {turn.turn_id}: the response has no tool calls; nothing to run")
         return
     table = Table(title=f"turn {turn.turn_id}", show_lines=True)
-    for column in ("#", "call id", "tool", "status", "ms", "content"):
-        table.add_column(column, overflow="fold")
+    ids, names = [r.call_id for r in results], [r.name for r in results]
+    wide = console.width >= max(len(v) for v in ids) + max(len(v) for v in names) + 70
+    table.add_column("#", justify="right", no_wrap=True)
+    if wide:
+        table.add_column("call id", overflow="fold", width=whole_width(ids + ["call id"], console.width, 70))
+        table.add_column("tool", overflow="fold", width=whole_width(names + ["tool"], console.width, 70))
+        table.add_column("status", overflow="fold")
+        table.add_column("ms", justify="right", no_wrap=True)
+    else:  # narrow: the id on its own line, the tool and the status under it
+        table.add_column("call id / tool", overflow="fold",
+                         width=whole_width(ids + names + ["call id / tool"], console.width, 36))
+    table.add_column("content", overflow="fold")
     for i, r in enumerate(results):
-        status = "[green]ok[/]" if r.ok else f"[red]{r.code.value if r.code else 'error'}[/]"
+        status = Text(f"{OK_MARK} ok", style="green") if r.ok else Text(
+            f"{ERROR_MARK} {r.code.value if r.code else 'error'}", style="red")
         ms = "" if r.run_ms is None else f"{r.run_ms:.0f}"
         lines = r.content.strip().splitlines() or [""]
-        text = "\n".join(lines[:4]) + (f"\n... ({len(lines)} lines)" if len(lines) > 4 else "")
-        table.add_row(str(i), escape(r.call_id), r.name, status, ms, escape(text[:400]))
+        text = Text("\n".join(lines[:4]) + (f"\n... ({len(lines)} lines)" if len(lines) > 4 else ""))
+        if wide:
+            table.add_row(str(i), Text(r.call_id), Text(r.name), status, ms, text[:400])
+        else:
+            cell = Text(r.call_id) + Text("\n" + r.name, style="bold") + Text("\n") + status
+            table.add_row(str(i), cell + Text(f" · {ms} ms" if ms else ""), text[:400])
     console.print(table)
     waves = turn.plan.waves()
     if waves:
@@ -62,15 +62,20 @@ def print_catalog(console: Console, entries: list[dict[str, Any]], namespace: st
                       "`toolfleet up`, or pass the namespace the workers use with --namespace)")
         return
     table = Table(title="tools served by live workers")
-    for column in ("tool", "access", "queue", "timeout s", "workers", "description"):
-        table.add_column(column, overflow="fold")
     by_tool: dict[str, tuple[dict[str, Any], list[str]]] = {}
     for entry in entries:
         for spec in entry["tools"]:
             by_tool.setdefault(spec["name"], (spec, []))[1].append(entry["worker"])
+    keys = Keys(namespace)
+    queues = {name: keys.queue(spec["queue"]) for name, (spec, _) in by_tool.items()}  # what workers consume
+    table.add_column("tool / queue", overflow="fold",
+                     width=whole_width([*queues.values(), "tool / queue"], console.width, 40))
+    table.add_column("workers", overflow="fold")
+    table.add_column("description", overflow="fold", )
     for name, (spec, workers) in sorted(by_tool.items()):
         first_line = (spec.get("description") or "").splitlines()[0] if spec.get("description") else ""
-        table.add_row(name, spec["access"], spec["queue"], f"{spec['timeout_s']:g}", ", ".join(workers), first_line)
+        cell = Text(name, style="bold") + Text(f"\n{queues[name]}\n{spec['access']} · {spec['timeout_s']:g} s")
+        table.add_row(cell, Text(", ".join(workers)), Text(first_line))
     console.print(table)
     for entry in entries:
         box = entry.get("sandbox") or {}

@@ -139,10 +139,12 @@ class Guard:
             entries.append({"index": call.index, "id": call.id, "tool": call.name,
                             "arguments": self._shown_arguments(call, outcome), "verdict": decided,
                             "rule": verdict.rule if verdict else None})
-        self.audit.append(
-            turn_id, "planned", session_id=session_id, workspace=workspace, calls=entries,
-            deps={c: sorted(d) for c, d in deps.items()},
-        )
+        # the session id is the caller's label for a conversation, not a credential: it is masked
+        # only when it is shaped like one (redact_text), not for its key's name as redact_value would
+        waits = {c: sorted(d) for c, d in deps.items()}
+        planned = redact_value({"workspace": workspace, "calls": entries, "deps": waits})
+        planned["session_id"] = redact_text(session_id) if isinstance(session_id, str) else session_id
+        self.audit.append_many(turn_id, [("planned", "", planned)], redact=False)
         self.approvals.hold(turn_id, list(screened.held.values()))
         for call_id, result in screened.refused.items():
             if result.code == ErrorCode.PERMISSION_DENIED:

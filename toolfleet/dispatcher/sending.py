@@ -148,6 +148,7 @@ class Sender:
                     sent.append((call_id, turn._submitter.send(
                         turn_id=turn.turn_id, call_id=call_id, spec=run.spec, arguments=run.arguments,
                         workspace=turn._workspace, session_id=turn._session_id, rank=ranks[call_id],
+                        headers=None if turn._obs is None else turn._obs.sent(call_id, run.spec.name),
                     )))
         except (BrokerUnavailable, redis.RedisError) as exc:  # a Redis error: the audit's `submitted`
             if not isinstance(exc, BrokerUnavailable):

@@ -109,10 +109,12 @@ class Submitter:
         workspace: str | None,
         session_id: str | None,
         rank: int = 1,
+        headers: dict[str, str] | None = None,
     ) -> str:
         """Publish the call; returns its task id. ``rank`` is the plan's rank of the call (the
         longer the chain it heads, the sooner a worker takes it). Raises BrokerUnavailable if the
-        broker refuses. Inside :meth:`batch`, the call is only buffered until the batch ends."""
+        broker refuses. Inside :meth:`batch`, the call is only buffered until the batch ends.
+        ``headers``: extra message headers (the W3C trace context of the call's span, observe/tracing.py)."""
         limit_s = spec.time_limit_s(arguments)
         envelope = CallEnvelope(
             turn_id=turn_id,
@@ -160,6 +162,7 @@ class Submitter:
                 # "expired"): the dispatcher has given the call TOOL_UNAVAILABLE by then, and the
                 # worst late start (taken at the deadline, lost, redelivered) is covered by the hard limit
                 expires=message_expiry_s(self.settings, limit_s),
+                headers=headers,
             )
         except (OperationalError, OSError) as exc:
             raise BrokerUnavailable(self.settings.broker, str(exc)) from exc

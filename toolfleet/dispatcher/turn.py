@@ -41,6 +41,7 @@ import redis
 from ..errors import BatchRejected, BrokerUnavailable, ToolfleetError
 from ..ledger import Ledger
 from ..models import ErrorCode, ToolCall, ToolResult
+from ..observe.turns import observe_turn
 from ..settings import Settings
 from ..tools.registry import Registry
 from ..tools.resources import resolve
@@ -121,6 +122,7 @@ class Turn(TurnApprovals, TurnDriver):
         self._changed = threading.Condition(self._lock)
         self.armed = armed  # workers may run its calls (see Ledger.arm); False until a batch is all sent
         self._abandoned = False
+        self._obs = observe_turn(turn_id, session_id)  # traces and metrics; None when off (observe/)
         self._sender = Sender(self, availability, locks)
         self._watch = Watchdog(self, availability)
         self._thread = threading.Thread(target=self._drive, name=f"toolfleet-turn-{turn_id}", daemon=True)
@@ -363,6 +365,8 @@ class Turn(TurnApprovals, TurnDriver):
             if self._cancelled_at is None:
                 self._cancelled_at = time.monotonic()
             waiting = [t for c, t in self._submitted.items() if c not in self._started and c not in self._finished]
+        if self._obs is not None:
+            self._obs.cancel(reason)
         if not self._done.is_set():
             self._ledger.cancel(self.turn_id, reason)
             self._submitter.revoke(waiting)

@@ -117,6 +117,8 @@ class TurnDriver:
             why = f"ended by an error: {self._error}"
         else:
             why = "every call has its result"
+        if self._obs is not None:
+            self._obs.end("cancelled" if self.cancelled else "error" if self._error is not None else "ok")
         try:
             self._ledger.end_turn(self.turn_id, why)
         except Exception as exc:  # noqa: BLE001 - the lease covers it
@@ -166,6 +168,8 @@ class TurnDriver:
                 self._finished.add(result.call_id)
                 all_in = self._closed and len(self._results) == len(self._calls)
                 self._changed.notify_all()
+            if self._obs is not None:
+                self._obs.finished(result)
             self._completed.put(result)
             if all_in:
                 self._done.set()
@@ -204,6 +208,8 @@ class TurnDriver:
             if not cancelled:
                 self._scheduled.update(ready)
             all_in = self._closed and len(self._results) == len(self._calls)
+        if self._obs is not None:
+            self._obs.finished(result)
         self._completed.put(result)
         if not cancelled:
             self._submit_ranked(ready)

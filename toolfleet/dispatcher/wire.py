@@ -24,8 +24,8 @@ import unicodedata
 from typing import Any
 
 from ..models import ErrorCode, ToolCall, ToolResult
+from ..text import safe_text
 from ..tools.redact import redact_text
-from ..worker.values import safe_text
 
 MAX_CALL_ID_CHARS = 256
 

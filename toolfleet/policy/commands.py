@@ -29,14 +29,26 @@ A syntax error or a construct bashlex does not implement (``case``, ``[[ ]]``, `
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import bashlex
 import bashlex.errors
 import bashlex.subst
 
 from . import shellmodel as model
+from .command_types import (  # noqa: F401 - re-exported: the shapes of an analysis
+    MAX_DEPTH,
+    MAX_PROBES,
+    MAX_SEGMENTS,
+    WRITE_REDIRECTS,
+    CommandAnalysis,
+    Concern,
+    Found,
+    Segment,
+    Unanalysable,
+    Word,
+    Write,
+)
 from .shellwords import (
     brace_expand,
     dequote,
@@ -47,90 +59,6 @@ from .shellwords import (
     may_be_git_dir,
     normalise_heredocs,
 )
-
-WRITE_REDIRECTS = frozenset({">", ">>", ">|", "&>", "&>>", "<>", ">&"})
-MAX_DEPTH = 8
-MAX_SEGMENTS = 10_000
-MAX_PROBES = 300  # guesses at what unmodelled programs run; past it, probing stops (the call asks anyway)
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One simple command. ``words`` as the shell splits them (quotes removed, braces expanded),
-    without the leading ``assignments``; ``dynamic[i]`` is True when word ``i`` is known only at
-    run time (``$VAR``, ``$(...)``, a pattern or brace in the command name). ``wrapped_by`` names
-    the wrapper when this segment is the command a wrapper runs; ``probe`` marks a guess at what a
-    program the policy does not model runs (checked against deny rules only)."""
-
-    words: tuple[str, ...]
-    text: str
-    assignments: tuple[str, ...] = ()
-    dynamic: tuple[bool, ...] = ()
-    wrapped_by: str | None = None
-    probe: bool = False
-
-
-@dataclass(frozen=True)
-class Write:
-    """A path the command writes to. ``cwd`` is the shell's directory at that point, relative to
-    the workspace (``"."``), absolute, or ``None`` when unknown. ``unknown`` says why the target
-    cannot be known even if the path looks fine (a symbolic link made by the same command)."""
-
-    target: str
-    text: str
-    cwd: str | None = "."
-    dynamic: bool = False
-    tilde: bool = False
-    unknown: str | None = None
-
-
-@dataclass(frozen=True)
-class Concern:
-    """Something the policy cannot account for: ``text`` is the command part, ``why`` a sentence
-    for the person asked."""
-
-    text: str
-    why: str
-
-
-@dataclass(frozen=True)
-class CommandAnalysis:
-    """What :func:`analyse` found; ``problem`` set means the command cannot be checked at all."""
-
-    command: str
-    segments: tuple[Segment, ...] = ()
-    writes: tuple[Write, ...] = ()
-    concerns: tuple[Concern, ...] = ()
-    mentions: tuple[Write, ...] = ()
-    problem: str | None = None
-
-
-class Unanalysable(Exception):
-    """Raised inside the walk when the command cannot be checked at all."""
-
-
-class Word(NamedTuple):
-    """One word after expansion: its text, whether it is known only at run time, and whether it
-    holds unquoted glob characters."""
-
-    text: str
-    dynamic: bool = False
-    glob: bool = False
-    brace: bool = False  # one of several words a brace expansion made
-
-
-@dataclass
-class Found:
-    """What the walk collects (shared by nested walkers)."""
-
-    segments: list[Segment] = field(default_factory=list)
-    writes: list[Write] = field(default_factory=list)
-    mentions: list[Write] = field(default_factory=list)
-    concerns: list[Concern] = field(default_factory=list)
-    links: list[tuple[str, bool]] = field(default_factory=list)  # (text, made a symbolic link for sure)
-    cdpath: bool = False
-    probes: int = 0
-
 
 Cwds = frozenset[str | None]
 

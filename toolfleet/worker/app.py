@@ -29,6 +29,7 @@ from celery.worker.request import Request
 
 from ..errors import ConfigurationError
 from ..models import CallEnvelope, ErrorCode, ToolResult
+from ..observe.results import result_recorded, running
 from ..policy.config import Policy
 from ..redis_tls import ssl_options
 from ..settings import Settings
@@ -171,7 +172,8 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
     def run_call(self: Any, envelope: dict[str, Any]) -> dict[str, Any]:
         try:
             hard_s = (self.request.timelimit or (None, None))[0]  # the kill the worker will really apply
-            result = execute(runtime, envelope, worker=self.request.hostname or "worker", hard_limit_s=hard_s)
+            with running(self.request, envelope):  # its span and the running gauge (observe/results.py)
+                result = execute(runtime, envelope, worker=self.request.hostname or "worker", hard_limit_s=hard_s)
         except SoftTimeLimitExceeded:
             # The soft limit landed outside the handler (while a result was being built or
             # recorded): the call still gets its one result; a recorded one is kept (first wins).
@@ -243,4 +245,5 @@ def _finalize(runtime: Runtime, kwargs: dict[str, Any], code: ErrorCode, message
         log.warning("could not read the claim of call %s (%s)", env.call_id, exc)
     fence = ledger.fence_of(env.turn_id, env.call_id)
     token = None if fence is None else (fence[0] if pid is None or fence[2] in (0, pid) else 0)
-    ledger.record_result(env.turn_id, result, fencing_token=token)
+    if ledger.record_result(env.turn_id, result, fencing_token=token):
+        result_recorded(env, result)

@@ -20,6 +20,7 @@ from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 
 from ..keys import Keys
+from ..observe.metrics import heartbeat
 from ..settings import Settings
 
 
@@ -55,6 +56,7 @@ def connect_catalog(app: Celery, runtime: Any) -> None:
             pipe.set(key, json.dumps(catalog_entry(runtime, worker)), px=ttl_ms)
             pipe.sadd(runtime.keys.workers, worker)
             pipe.execute()
+            heartbeat(worker, time.time())  # observe/metrics.py (a no-op without --metrics-port)
 
         def beat() -> None:
             while not stop.is_set():

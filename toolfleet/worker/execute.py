@@ -18,6 +18,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from ..errors import BrokerUnavailable, CallCancelled, ToolFailure
 from ..models import CallEnvelope, ErrorCode, ToolResult
+from ..observe.results import result_recorded
 from ..tools.context import ToolContext
 from ..tools.output import fit_output
 from ..tools.spec import ToolSpec
@@ -195,6 +196,7 @@ def _record(
             attempts=result.attempts, worker=result.worker, queued_ms=result.queued_ms, run_ms=result.run_ms)
         kept = ledger.record_result(env.turn_id, result, fencing_token=fencing_token)
     if kept:
+        result_recorded(env, result)  # log line, metrics, span (observe/results.py)
         return result
     if fencing_token is not None:
         log.warning("call %s of turn %s: result of a stale execution (fencing token %s) refused; kept as a late "

@@ -34,6 +34,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ..text import safe_text  # noqa: F401 - re-exported: worker code imports it from here
+
 MAX_BYTES = 1024 * 1024  # binary results up to 1 MiB go to data as base64; larger ones are refused
 MAX_DEPTH = 64
 INT_LIMIT = 2**63
@@ -49,15 +51,6 @@ _MAGIC = (
 
 class BinaryTooLarge(ValueError):
     """A handler returned more bytes than :data:`MAX_BYTES`."""
-
-
-def safe_text(text: str) -> str:
-    """``text`` with lone surrogates replaced by U+FFFD (valid pairs joined): encodable as UTF-8."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 def to_content_and_data(value: Any) -> tuple[str, Any]:

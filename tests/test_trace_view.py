@@ -1,0 +1,159 @@
+"""Issue 15, point 9: `toolfleet trace` and `toolfleet tools` stay readable at 80 and 120 columns and
+in a pipe (whole call ids and tool names, a different glyph for ok and error, no 15-character
+wrapping, the real queue name); the planned event keeps the session id unless it is
+credential-shaped. Real Redis, real prefork workers, a real turn."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import redis
+from rich.console import Console
+
+from toolfleet import Dispatcher, ToolCall
+from toolfleet.audit import AuditLog
+from toolfleet.keys import Keys
+from toolfleet.terminal import PIPED_WIDTH, piped_width
+from toolfleet.trace import ERROR_MARK, ERROR_RUN, OK_MARK, OK_RUN, build_timeline, print_timeline
+from toolfleet.view import print_catalog, print_results
+from toolfleet.worker.catalog import live_catalog
+
+from .conftest import ROOT, make_registry
+
+WAIT_S = 60
+LONG_ID = "toolu_01A09q90qw90lq917835lq9"  # an Anthropic-shaped id, 29 characters
+ERR_ID = "call_s8Jd2kLm3nP4qR5xY7zW9"
+COUNT_ID = "call_count_0001"
+MESSAGE = "the backend answered 503 Service Unavailable while reading the ledger"
+
+
+def call(cid: str, name: str, index: int, **arguments) -> ToolCall:
+    return ToolCall(id=cid, name=name, arguments=json.dumps(arguments), index=index)
+
+
+def run_turn(dispatcher, workspace, session_id=None, keep=None) -> str:
+    turn = dispatcher.submit([call(LONG_ID, "wait_read", 0, label="a", seconds=0.2),
+                              call(ERR_ID, "boom", 1, message=MESSAGE),
+                              call(COUNT_ID, "count_until_cancelled", 2, seconds=0.2)],
+                             workspace=str(workspace), session_id=session_id)
+    results = {r.call_id: r for r in turn.results(WAIT_S)}
+    assert results[LONG_ID].ok and not results[ERR_ID].ok and results[COUNT_ID].ok
+    if keep is not None:
+        keep.append(turn)
+    return turn.turn_id
+
+
+def assert_whole_tables(text: str, width: int) -> None:
+    """No line past ``width``, and every table line ends with its border (rich crops a table whose
+    columns cannot shrink to the width: the right part would be lost)."""
+    for line in text.splitlines():
+        assert len(line) <= width, (width, line)
+        if line[:1] in "┏┃┡│├└":
+            assert line.rstrip()[-1:] in "┓┃┩│┤┘", (width, line, text)
+
+
+def trail(settings, turn_id):
+    return AuditLog(redis.Redis.from_url(settings.redis_url), Keys(settings.namespace), 60).read(turn_id)
+
+
+def rendered(timeline, width: int) -> str:
+    buffer = io.StringIO()
+    print_timeline(Console(file=buffer, width=width, force_terminal=False, color_system=None), timeline)
+    return buffer.getvalue()
+
+
+def test_trace_is_readable_at_80_and_120_columns(dispatcher, worker, settings, workspace):
+    turns: list = []
+    timeline = build_timeline("t", trail(settings, run_turn(dispatcher, workspace, keep=turns)))
+    for width in (80, 120):  # the results table of `toolfleet run` too
+        buffer = io.StringIO()
+        print_results(Console(file=buffer, width=width, color_system=None), turns[0], turns[0].results(), 0.5, None)
+        lines = buffer.getvalue().splitlines()
+        assert_whole_tables(buffer.getvalue(), width)
+        for whole in (LONG_ID, ERR_ID, COUNT_ID, "count_until_cancelled", f"{ERROR_MARK} EXECUTION_ERROR"):
+            assert any(whole in line for line in lines), (width, whole, buffer.getvalue())
+        assert sum(f"{OK_MARK} ok" in line for line in lines) == 2
+    for width in (80, 120):
+        text = rendered(timeline, width)
+        lines = text.splitlines()
+        assert_whole_tables(text, width)
+        for whole in (LONG_ID, ERR_ID, COUNT_ID, "wait_read", "boom", "count_until_cancelled"):
+            assert any(whole in line for line in lines), (width, whole, text)  # on one line, not squeezed
+        ok_line = next(line for line in lines if OK_MARK in line)
+        err_line = next(line for line in lines if ERROR_MARK in line)
+        assert "ok" in ok_line and "EXECUTION_ERROR" in err_line and OK_MARK != ERROR_MARK
+        chart = {cid: next(line for line in lines if cid in line and ("█" in line or "▓" in line))
+                 for cid in (LONG_ID, ERR_ID)}
+        assert OK_RUN in chart[LONG_ID] and ERROR_RUN not in chart[LONG_ID]  # a glyph, not only a colour
+        assert ERROR_RUN in chart[ERR_ID] and OK_RUN not in chart[ERR_ID]
+        assert MESSAGE in " ".join(text.split()), text  # the error's message, wrapped at the width only
+    assert any(MESSAGE in line for line in rendered(timeline, 120).splitlines())
+
+
+def test_piped_trace_and_tools_are_not_squeezed(dispatcher, worker, settings, workspace):
+    turn_id = run_turn(dispatcher, workspace)
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env.update(PYTHONPATH=str(ROOT))
+    where = ["--redis-url", settings.redis_url, "--namespace", settings.namespace]
+    shown = subprocess.run([sys.executable, "-m", "toolfleet", "trace", turn_id, *where], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert "\x1b" not in shown.stdout  # a pipe gets no control codes
+    assert_whole_tables(shown.stdout, PIPED_WIDTH)
+    assert any(len(line) > 80 for line in lines)  # laid out for 120 columns, not rich's 80
+    assert any(MESSAGE in line for line in lines), shown.stdout  # not wrapped at ~15 characters
+    for whole in (LONG_ID, ERR_ID, "count_until_cancelled"):
+        assert any(whole in line for line in lines), shown.stdout
+
+    tools = subprocess.run([sys.executable, "-m", "toolfleet", "tools", *where], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert tools.returncode == 0, tools.stderr
+    lines = tools.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if "│ boom " in line)
+    assert f"{settings.namespace}.{make_registry().get('boom').queue}" in lines[at + 1], tools.stdout  # real queue
+    assert "\x1b" not in tools.stdout
+    assert_whole_tables(tools.stdout, PIPED_WIDTH)
+    for width in (80, 120):
+        buffer = io.StringIO()
+        print_catalog(Console(file=buffer, width=width, color_system=None), live_catalog(settings), settings.namespace)
+        assert_whole_tables(buffer.getvalue(), width)
+        assert f"{settings.namespace}.count_until_cancelled" in buffer.getvalue()
+
+
+def test_piped_width_follows_columns():
+    assert piped_width({}) == PIPED_WIDTH and piped_width({"COLUMNS": "200"}) == 200
+    assert piped_width({"COLUMNS": "junk"}) == PIPED_WIDTH and piped_width({"COLUMNS": "3"}) == PIPED_WIDTH
+
+
+def test_session_id_is_kept_unless_credential_shaped(settings, worker, workspace):
+    with Dispatcher(settings, make_registry()) as d:
+        plain = trail(settings, run_turn(d, workspace, session_id="chat-2026-12-01-alice"))
+        secret = "sk-proj-Zx81Qw55Lk09Rt7yUi3oP2aS"  # shaped like an OpenAI key: masked
+        masked = trail(settings, run_turn(d, workspace, session_id=secret))
+    assert plain[0].type == "planned" and plain[0].data["session_id"] == "chat-2026-12-01-alice"
+    assert build_timeline("t", plain).session_id == "chat-2026-12-01-alice"
+    assert secret not in json.dumps(masked[0].data) and "***" in masked[0].data["session_id"]
+
+
+def test_pending_table_keeps_ids_and_tools_whole(settings, workspace):
+    from toolfleet import Policy
+
+    with Dispatcher(settings, make_registry(), Policy.from_dict({"tools": {"wait_write": "ask"}})) as d:
+        turn = d.submit([call(LONG_ID, "wait_write", 0, label="[bold]k[/bold]")], workspace=str(workspace))
+        assert [p.call_id for p in turn.wait_settled(WAIT_S)] == [LONG_ID]
+        env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+        env.update(PYTHONPATH=str(ROOT), COLUMNS="80")
+        shown = subprocess.run([sys.executable, "-m", "toolfleet", "pending", turn.turn_id, "--redis-url",
+                                settings.redis_url, "--namespace", settings.namespace], env=env,
+                               capture_output=True, text=True, timeout=60)
+        turn.cancel("the test is done")
+    assert shown.returncode == 0, shown.stderr
+    assert_whole_tables(shown.stdout, 80)
+    lines = shown.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if LONG_ID in line)
+    assert "wait_write" in lines[at + 1] and "[bold]k[/bold]" in shown.stdout  # model text is not markup
