@@ -140,14 +140,23 @@ def test_flower_asks_for_a_password_and_uses_the_fleet_settings():
     assert "toolfleet.monitor" in flower["entrypoint"]  # TLS, user and namespace from the environment
 
 
-def test_env_example_is_a_working_env_file():
+def test_env_example_is_a_working_env_file_that_asks_for_flowers_password():
+    """``.env.example`` copied as it is leaves Flower's password empty: compose refuses until it is
+    set, and then the file works."""
     need_compose()
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_", "FLOWER_", "TOOLFLEET_"))}
-    proc = subprocess.run(["docker-compose", "--env-file", ".env.example", "config"], cwd=ROOT, env=environ,
-                          capture_output=True, text=True, timeout=60)
+    argv = ["docker-compose", "--env-file", ".env.example", "config"]
+    refused = subprocess.run(argv, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "FLOWER_BASIC_AUTH" in refused.stderr
+    proc = subprocess.run(argv, cwd=ROOT, env={**environ, "FLOWER_BASIC_AUTH": "ops:pw"}, capture_output=True,
+                          text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     config = yaml.safe_load(proc.stdout)
-    assert config["services"]["flower"]["environment"]["FLOWER_BASIC_AUTH"]
+    assert config["services"]["flower"]["environment"]["FLOWER_BASIC_AUTH"] == "ops:pw"
+    assert config["services"]["redis"]["ports"]  # the example's REDIS_BIND keeps it on loopback
+    assert all(host == "127.0.0.1" for host, _ in published(config["services"]["redis"]))
+
+
 def test_monitoring_profile_is_optional_and_its_files_are_in_the_repo():
     """Issue 17: Prometheus + Grafana only with ``--profile monitoring``; the scrape config names the
     workers, the dispatcher and Flower; the dashboard is a file in the repo and asks for our metrics."""
