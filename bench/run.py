@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from kombu.utils.url import maybe_sanitize_url
+
+from toolfleet.settings import Settings
 
 from . import cancel_latency, overhead, plan_efficiency, sandbox_overhead, scale, streaming, throughput
 from .plot import plot
@@ -102,6 +105,14 @@ def machine_speed(redis_url: str) -> dict[str, float]:
             total += i
         loops.append(time.perf_counter() - t0)
     return {"redis_ping_us": sorted(pings)[len(pings) // 2] * 1e6, "python_loop_ms": min(loops) * 1000}
+
+
+def _masked(arg: str) -> str:
+    """A command-line argument as the report shows it: a URL's password masked (``--opt=URL`` too)."""
+    if "://" not in arg:
+        return arg
+    option, sep, url = arg.partition("=") if arg.startswith("-") else ("", "", arg)
+    return f"{option}{sep}{maybe_sanitize_url(url)}"
 
 
 def meta(redis_url: str, command: str, note: str | None) -> dict[str, Any]:
@@ -245,5 +256,11 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(only) - set(MEASUREMENTS)
     if unknown:
         parser.error(f"unknown measurement(s): {', '.join(sorted(unknown))}")
-    command = "make bench" if os.environ.get("BENCH_VIA_MAKE") else shlex.join(["python", "-m", "bench", *sys.argv[1:]])
-    run(QUICK if args.quick else FULL, only, args.redis_url, args.out, command, args.note)
+    # the command goes into the report: a Redis URL in it with its password masked
+    shown = [_masked(arg) for arg in sys.argv[1:]]
+    command = "make bench" if os.environ.get("BENCH_VIA_MAKE") else shlex.join(["python", "-m", "bench", *shown])
+    # a rediss:// URL gets the TLS options of the environment (TOOLFLEET_REDIS_CA_FILE...), which every
+    # client of the run (the raw Celery baseline too) then reads from it: docs/deploying.md
+    redis_url = Settings.from_env({k: v for k, v in os.environ.items() if k.startswith("TOOLFLEET_REDIS_")},
+                                  redis_url=args.redis_url).redis_url if args.redis_url else None
+    run(QUICK if args.quick else FULL, only, redis_url, args.out, command, args.note)

@@ -50,3 +50,14 @@ def test_plan_efficiency_smoke_run_and_every_report_section(redis_url, namespace
         assert f"## {title}" in report
     assert "plan efficiency, 2 worker slots" in report and "Where the makespan goes" in report
     assert "_Not measured in this run._" in report  # the sections this smoke run skipped
+
+
+def test_the_report_shows_the_command_with_redis_passwords_masked():
+    """The bench command line goes into the report: a Redis URL in it (``--redis-url URL`` or
+    ``--redis-url=URL``, an ACL user's password) is shown masked."""
+    from bench.run import _masked
+
+    assert _masked("rediss://bench:s3cret@redis.internal:6380/0?ssl_ca_certs=/ca.pem") == \
+        "rediss://bench:**@redis.internal:6380/0"
+    assert _masked("--redis-url=redis://:s3cret@h:6379/0") == "--redis-url=redis://:**@h:6379/0"
+    assert _masked("--quick") == "--quick"

@@ -1,4 +1,7 @@
-"""docker-compose.yml is valid (checked with Debian's docker-compose, no engine needed)."""
+"""docker-compose.yml is valid (checked with Debian's docker-compose, no engine needed) and secure by
+default (issue 18 point 3): Redis asks for a password read from a secret and is published on loopback
+only, keeps an append-only file on a named volume, the fleet key comes from a secret, Flower asks for
+a password."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import pytest
 import yaml
 
 from .conftest import ROOT
+
+REDIS_PORT = 6379
 
 
 def need_compose() -> None:
@@ -40,6 +45,118 @@ def test_compose_refuses_to_start_flower_without_a_password():
     assert proc.returncode != 0 and "FLOWER_BASIC_AUTH" in proc.stderr
 
 
+def compose_config(**env: str) -> dict:
+    """``docker-compose config`` of the repository's file, with ``env`` (FLOWER_BASIC_AUTH set)."""
+    need_compose()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_", "FLOWER_", "TOOLFLEET_"))}
+    environ.update({"FLOWER_BASIC_AUTH": "admin:secret", **env})
+    proc = subprocess.run(["docker-compose", "config"], cwd=ROOT, env=environ, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return yaml.safe_load(proc.stdout)
+
+
+def published(service: dict) -> list[tuple[str, int]]:
+    """(host address, container port) of each port a service publishes ("" = every interface);
+    short ("127.0.0.1:6379:6379/tcp") and long ({host_ip, target}) syntax."""
+    found = []
+    for port in service.get("ports", []):
+        if isinstance(port, dict):
+            found.append((port.get("host_ip", ""), int(port["target"])))
+            continue
+        parts = str(port).split("/")[0].split(":")
+        found.append((parts[0] if len(parts) == 3 else "", int(parts[-1])))
+    return found
+
+
+def speaks_redis(name: str, service: dict) -> bool:
+    return "redis" in str(service.get("image", "")) or any(port == REDIS_PORT for _, port in published(service))
+
+
+def command_text(service: dict) -> str:
+    command = service.get("command", "")
+    return " ".join(command) if isinstance(command, list) else str(command)
+
+
+def test_no_service_publishes_redis_without_a_password():
+    """Whatever the variables say, a service that is (or publishes) Redis asks for a password, and
+    the password is a secret file, not a value in the file or an environment variable."""
+    for env in ({}, {"REDIS_BIND": "0.0.0.0"}):
+        config = compose_config(**env)
+        redis_services = {name: s for name, s in config["services"].items() if speaks_redis(name, s)}
+        assert redis_services, "no Redis service found"
+        for name, service in redis_services.items():
+            command = command_text(service)
+            assert "requirepass" in command or "--aclfile" in command, f"{name} runs Redis without a password"
+            assert "/run/secrets/" in command, f"{name}: the password must come from a secret"
+            assert any(s.get("source", s) == "redis_password" for s in service.get("secrets", [])), name
+
+
+def test_redis_is_published_on_loopback_only_unless_asked():
+    config = compose_config()
+    for name, service in config["services"].items():
+        for host, port in published(service):
+            assert host == "127.0.0.1", f"{name} publishes port {port} on every interface"
+    opened = compose_config(REDIS_BIND="0.0.0.0")
+    assert ("0.0.0.0", REDIS_PORT) in published(opened["services"]["redis"])
+
+
+def test_redis_keeps_an_append_only_file_on_a_named_volume():
+    """docs/guarantees.md's Redis-restart promise needs append-only persistence that outlives the
+    container."""
+    config = compose_config()
+    redis_service = config["services"]["redis"]
+    command = command_text(redis_service)
+    assert "--appendonly yes" in command and "--appendonly no" not in command
+    directory = command.split("--dir", 1)[1].split()[0]
+    volumes = [v if isinstance(v, dict) else {"source": v.split(":")[0], "target": v.split(":")[1]}
+               for v in redis_service["volumes"]]
+    named = {v["source"] for v in volumes if v["target"] == directory}
+    assert named and named <= set(config.get("volumes", {})), (directory, volumes)
+
+
+def test_clients_log_in_and_the_fleet_key_comes_from_a_secret():
+    """Workers and Flower get the Redis password from the secret (TOOLFLEET_REDIS_PASSWORD_FILE),
+    workers the fleet key from the fleet_key secret (TOOLFLEET_FLEET_KEY_FILE, docs/signing.md); no
+    secret value is written in the environment of any service."""
+    config = compose_config()
+    for name in ("worker", "flower"):
+        service = config["services"][name]
+        env = service["environment"]
+        assert env["TOOLFLEET_REDIS_PASSWORD_FILE"] == "/run/secrets/redis_password", name
+        assert any(s.get("source", s) == "redis_password" for s in service["secrets"]), name
+        assert "TOOLFLEET_FLEET_KEY" not in env and "REDIS_PASSWORD" not in env, name
+    worker = config["services"]["worker"]
+    assert any(s.get("source", s) == "fleet_key" for s in worker["secrets"])
+    assert worker["environment"]["TOOLFLEET_FLEET_KEY_FILE"] == "/run/secrets/fleet_key"
+    assert {"redis_password", "fleet_key"} <= set(config["secrets"])
+    assert all("file" in secret for secret in config["secrets"].values())
+
+
+def test_flower_asks_for_a_password_and_uses_the_fleet_settings():
+    config = compose_config()
+    flower = config["services"]["flower"]
+    assert flower["environment"]["FLOWER_BASIC_AUTH"] == "admin:secret"
+    assert "toolfleet.monitor" in flower["entrypoint"]  # TLS, user and namespace from the environment
+
+
+def test_env_example_is_a_working_env_file_that_asks_for_flowers_password():
+    """``.env.example`` copied as it is leaves Flower's password empty: compose refuses until it is
+    set, and then the file works."""
+    need_compose()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_", "FLOWER_", "TOOLFLEET_"))}
+    argv = ["docker-compose", "--env-file", ".env.example", "config"]
+    refused = subprocess.run(argv, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "FLOWER_BASIC_AUTH" in refused.stderr
+    proc = subprocess.run(argv, cwd=ROOT, env={**environ, "FLOWER_BASIC_AUTH": "ops:pw"}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    config = yaml.safe_load(proc.stdout)
+    assert config["services"]["flower"]["environment"]["FLOWER_BASIC_AUTH"] == "ops:pw"
+    assert config["services"]["redis"]["ports"]  # the example's REDIS_BIND keeps it on loopback
+    assert all(host == "127.0.0.1" for host, _ in published(config["services"]["redis"]))
+
+
 def test_monitoring_profile_is_optional_and_its_files_are_in_the_repo():
     """Issue 17: Prometheus + Grafana only with ``--profile monitoring``; the scrape config names the
     workers, the dispatcher and Flower; the dashboard is a file in the repo and asks for our metrics."""
@@ -54,6 +171,9 @@ def test_monitoring_profile_is_optional_and_its_files_are_in_the_repo():
         for volume in services[name]["volumes"]:
             source = volume["source"] if isinstance(volume, dict) else volume.split(":")[0]
             assert (ROOT / source).exists() or os.path.exists(source), source
+    # Grafana's admin password is a secret, not its default admin/admin
+    assert services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD__FILE"] == \
+        "/run/secrets/grafana_admin_password"
     scrape = yaml.safe_load((ROOT / "monitoring" / "prometheus.yml").read_text())
     jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
     assert set(jobs) == {"toolfleet-worker", "toolfleet-dispatcher", "flower"}

@@ -28,8 +28,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                              "OpenAIChatStreamAdapter", "OpenAIResponsesAdapter", "OpenAIResponsesStreamAdapter",
                              "get_adapter"),
     ".dispatcher.approvals": ("PendingCall",),
-    ".errors": ("BatchRejected", "BrokerUnavailable", "CallCancelled", "ConfigurationError", "NotPending",
-                "PermissionDenied", "ToolFailure", "ToolfleetError", "ToolTimeout", "TurnNotFound"),
+    ".errors": ("BatchRejected", "BrokerRefused", "BrokerUnavailable", "CallCancelled", "ConfigurationError",
+                "NotPending", "PermissionDenied", "ToolFailure", "ToolfleetError", "ToolTimeout", "TurnNotFound"),
     ".models": ("ErrorCode", "ToolCall", "ToolError", "ToolResult"),
     ".policy": ("CommandRules", "LoopRules", "Policy", "Rule", "Verdict"),
     ".settings": ("Settings",),
@@ -56,6 +56,7 @@ if _typing.TYPE_CHECKING:  # for type checkers and IDEs: the same names, importe
     from .dispatcher.approvals import PendingCall
     from .errors import (
         BatchRejected,
+        BrokerRefused,
         BrokerUnavailable,
         CallCancelled,
         ConfigurationError,
@@ -101,6 +102,7 @@ __all__ = [
     "AsyncTurn",
     "AnthropicStreamAdapter",
     "BatchRejected",
+    "BrokerRefused",
     "BrokerUnavailable",
     "CallCancelled",
     "CommandRules",

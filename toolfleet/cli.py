@@ -120,6 +120,7 @@ def worker(
 
     It first runs a trivial command in the sandbox: if that fails, run_command is not served
     (the reason is printed) unless --sandbox none was chosen explicitly."""
+    from .access import check_worker_access
     from .ledger import connect
     from .tools.registry import default_registry
     from .tools.sandbox import serve_sandboxed
@@ -134,7 +135,8 @@ def worker(
     except ValueError as exc:  # pydantic's ValidationError: a wrong value in the environment or options
         _fail(ToolfleetError(f"invalid setting: {one_line(exc)}"))
     try:
-        connect(settings.redis_url)
+        # Redis refusing this worker's user a right it needs stops it here, with Redis's reason
+        check_worker_access(connect(settings.redis_url), settings)
         registry, message = serve_sandboxed(
             default_registry(tools or [], builtins=not no_builtins, replace=replace or []), settings)
         if message:

@@ -6,6 +6,7 @@ Tree::
     ├── ConfigurationError      a tool or setting is declared wrongly (raised at registration)
     ├── BatchRejected           the whole batch cannot be run (duplicate call ids, unreadable payload)
     ├── BrokerUnavailable       Redis (broker or result store) does not answer
+    │   └── BrokerRefused       Redis answers but refuses the login or a command (ACL rules)
     ├── TurnNotFound            no turn with that id is known to the result store
     └── NotPending              approve/deny named a call that is not waiting for approval
 
@@ -58,6 +59,21 @@ class BrokerUnavailable(ToolfleetError):
             what, start = "The broker", "Start it, or point TOOLFLEET_BROKER_URL at a running broker."
         message = f"{what} is not answering at {self.url}" + (f" ({detail})" if detail else "") + ". " + start
         super().__init__(message)
+
+
+class BrokerRefused(BrokerUnavailable):
+    """Raised when Redis answers but refuses: a wrong user or password (``WRONGPASS``), or an ACL
+    user without the right to a command, key or channel (``NOPERM``). The message names the URL
+    (password masked), Redis's reason and where the rules of each role are (docs/deploying.md)."""
+
+    def __init__(self, url: str, detail: str = "") -> None:
+        from kombu.utils.url import maybe_sanitize_url
+
+        ToolfleetError.__init__(
+            self, f"Redis at {maybe_sanitize_url(url)} refused this process ({detail}). Check the user and "
+            "password in the URL, and that the user has its role's ACL rules (docs/deploying.md)."
+        )
+        self.url = maybe_sanitize_url(url)
 
 
 class TurnNotFound(ToolfleetError):

@@ -41,8 +41,9 @@ from typing import Any, TypeVar
 import redis
 
 from . import ledger_scripts as lua
+from .access import refused
 from .audit import AuditLog
-from .errors import BrokerUnavailable, TurnNotFound
+from .errors import BrokerRefused, BrokerUnavailable, TurnNotFound
 from .keys import Keys
 from .models import ErrorCode, ToolResult
 from .settings import Settings
@@ -57,20 +58,23 @@ ARM_WAIT_S = 10.0  # longest a worker waits for an unarmed turn before calling i
 def connect(url: str) -> redis.Redis:
     """A redis-py client for ``url`` that answers, else :class:`BrokerUnavailable`."""
     client = redis.Redis.from_url(url, socket_connect_timeout=3, health_check_interval=30)
-    try:
+    with translated(url):
         client.ping()
-    except REDIS_DOWN as exc:
-        raise BrokerUnavailable(url, str(exc)) from exc
     return client
 
 
 @contextmanager
 def translated(url: str) -> Iterator[None]:
-    """Turn redis-py's connection errors inside the block into :class:`BrokerUnavailable`."""
+    """Turn redis-py's connection errors inside the block into :class:`BrokerUnavailable`, and
+    Redis refusing the login or a command (ACL rules) into :class:`BrokerRefused`."""
     try:
         yield
-    except REDIS_DOWN as exc:
-        raise BrokerUnavailable(url, str(exc)) from exc
+    except (redis.RedisError, OSError) as exc:
+        if refused(exc):
+            raise BrokerRefused(url, str(exc)) from exc
+        if isinstance(exc, REDIS_DOWN):
+            raise BrokerUnavailable(url, str(exc)) from exc
+        raise
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,11 @@ class Ledger:
         while True:
             try:
                 return op()
-            except REDIS_DOWN as exc:
+            except (redis.RedisError, OSError) as exc:
+                if refused(exc):  # Redis says no (ACL rules): no outage, no retry
+                    raise BrokerRefused(self.settings.redis_url, str(exc)) from exc
+                if not isinstance(exc, REDIS_DOWN):
+                    raise
                 if time.monotonic() + pause_s > deadline:
                     raise BrokerUnavailable(self.settings.redis_url, str(exc)) from exc
                 log.warning("Redis unreachable (%s); retrying for up to %.0f s", exc, deadline - time.monotonic())

@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .defaults import DEFAULT_REDIS_URL, default_namespace
+from .redis_tls import TLS_QUERY, ssl_options, with_login, with_tls
 
 __all__ = ["DEFAULT_REDIS_URL", "Settings", "default_namespace"]
 
@@ -67,9 +69,15 @@ class Settings(BaseModel):
     - ``sandbox_network``: ``"none"`` (default; the command has only a loopback of its own) or
       ``"host"`` (the worker's network).
     - ``bwrap_path``: the bubblewrap binary (a name looked up on ``PATH``, or a path).
+    - ``redis_ca_file`` / ``redis_cert_file`` / ``redis_key_file`` / ``redis_cert_reqs``: TLS to a
+      ``rediss://`` Redis (CA bundle, client certificate and key: PEM paths; ``required`` (default),
+      ``optional`` or ``none``). They are written into ``redis_url`` and ``broker_url`` as the query
+      parameters every Redis client reads (:mod:`toolfleet.redis_tls`); a URL's own parameters win.
+      ACL users go in the URL: ``rediss://user:password@host:6380/0`` (docs/deploying.md).
     """
 
-    model_config = ConfigDict(frozen=True)
+    # errors never quote a value: a Redis URL holds a password
+    model_config = ConfigDict(frozen=True, hide_input_in_errors=True)
 
     redis_url: str = DEFAULT_REDIS_URL
     broker_url: str | None = None
@@ -93,6 +101,26 @@ class Settings(BaseModel):
     sandbox_network: Literal["host", "none"] = "none"
     bwrap_path: str = "bwrap"
     turn_lease_s: float = 60.0
+    redis_ca_file: str | None = None
+    redis_cert_file: str | None = None
+    redis_key_file: str | None = None
+    redis_cert_reqs: Literal["required", "optional", "none"] = "required"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tls_into_urls(cls, data: object) -> object:
+        """``rediss://`` URLs carry the TLS options (:func:`toolfleet.redis_tls.with_tls`)."""
+        if not isinstance(data, dict):
+            return data
+        options = {field: data.get(field) for field in TLS_QUERY}
+        return {**data, **{name: with_tls(data[name], options) for name in ("redis_url", "broker_url")
+                           if isinstance(data.get(name), str)}}
+
+    @field_validator("redis_url", "broker_url")
+    @classmethod
+    def _tls_options_known(cls, value: str | None) -> str | None:
+        ssl_options(value)  # ValueError for an ssl_cert_reqs that is not required/optional/none
+        return value
 
     @field_validator("heartbeat_s", "max_queue_wait_s", "breaker_cooldown_s", "lock_lease_s", "lock_wait_s",
                      "cancel_grace_s", "kill_grace_s", "turn_lease_s", "clock_skew_margin_s")
@@ -128,8 +156,12 @@ class Settings(BaseModel):
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Settings from ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``, ``TOOLFLEET_NAMESPACE``,
         ``TOOLFLEET_HEARTBEAT_S``, ``TOOLFLEET_TURN_LEASE_S``, ``TOOLFLEET_CLOCK_SKEW_MARGIN_S``,
-        ``TOOLFLEET_SANDBOX``, ``TOOLFLEET_SANDBOX_NETWORK``, ``TOOLFLEET_BWRAP``; keyword overrides that are
-        not ``None`` win."""
+        ``TOOLFLEET_SANDBOX``, ``TOOLFLEET_SANDBOX_NETWORK``, ``TOOLFLEET_BWRAP``, ``TOOLFLEET_REDIS_CA_FILE``,
+        ``TOOLFLEET_REDIS_CERT_FILE``, ``TOOLFLEET_REDIS_KEY_FILE``, ``TOOLFLEET_REDIS_CERT_REQS``; keyword
+        overrides that are not ``None`` win. ``TOOLFLEET_REDIS_PASSWORD_FILE`` (a file holding the Redis
+        password, e.g. a Docker secret; ``TOOLFLEET_REDIS_USER`` the ACL user, default Redis's ``default``)
+        logs the Redis URLs in unless they carry a password already. Raises ``ValueError`` when that
+        file cannot be read."""
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
         if env.get("REDIS_URL"):
@@ -141,7 +173,9 @@ class Settings(BaseModel):
         if env.get("TOOLFLEET_HEARTBEAT_S"):
             values["heartbeat_s"] = _seconds(env, "TOOLFLEET_HEARTBEAT_S")
         for name, field in (("TOOLFLEET_SANDBOX", "sandbox"), ("TOOLFLEET_SANDBOX_NETWORK", "sandbox_network"),
-                            ("TOOLFLEET_BWRAP", "bwrap_path")):
+                            ("TOOLFLEET_BWRAP", "bwrap_path"), ("TOOLFLEET_REDIS_CA_FILE", "redis_ca_file"),
+                ("TOOLFLEET_REDIS_CERT_FILE", "redis_cert_file"), ("TOOLFLEET_REDIS_KEY_FILE", "redis_key_file"),
+                ("TOOLFLEET_REDIS_CERT_REQS", "redis_cert_reqs")):
             if env.get(name):
                 values[field] = env[name]
         if env.get("TOOLFLEET_TURN_LEASE_S"):
@@ -149,6 +183,12 @@ class Settings(BaseModel):
         if env.get("TOOLFLEET_CLOCK_SKEW_MARGIN_S"):
             values["clock_skew_margin_s"] = _seconds(env, "TOOLFLEET_CLOCK_SKEW_MARGIN_S")
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if env.get("TOOLFLEET_REDIS_PASSWORD_FILE"):  # a Docker secret: the password never in an env var
+            password = _read_secret(env["TOOLFLEET_REDIS_PASSWORD_FILE"], "TOOLFLEET_REDIS_PASSWORD_FILE")
+            for name in ("redis_url", "broker_url"):
+                url = values.get(name, DEFAULT_REDIS_URL if name == "redis_url" else None)
+                if isinstance(url, str):
+                    values[name] = with_login(url, env.get("TOOLFLEET_REDIS_USER") or None, password)
         return cls(**values)
 
 
@@ -158,3 +198,15 @@ def _seconds(env: Mapping[str, str], name: str) -> float:
         return float(env[name])
     except ValueError:
         raise ValueError(f"{name}={env[name]!r} is not a number of seconds") from None
+
+
+def _read_secret(path: str, variable: str) -> str:
+    """The content of a secret file, without its final newline; ``ValueError`` naming ``variable``
+    when it cannot be read or is empty."""
+    try:
+        value = Path(path).read_text(encoding="utf-8").rstrip("\r\n")
+    except OSError as exc:
+        raise ValueError(f"{variable}={path}: cannot read the secret ({exc.strerror})") from exc
+    if not value:
+        raise ValueError(f"{variable}={path}: the secret file is empty")
+    return value

@@ -208,10 +208,15 @@ def up(
 def _start_redis(state: dict[str, Any], console: Console, limit: tuple[float, float]) -> str:
     """The URL of the stack's Redis: the one answering at ``REDIS_URL`` (or the default), else a
     private redis-server at ``REDIS_URL``'s local host and port, or on a free port."""
+    from kombu.utils.url import maybe_sanitize_url
+
+    from .settings import Settings
+
     given = os.environ.get("REDIS_URL")
-    url = given or DEFAULT_REDIS_URL
+    # with the TLS and login options of the environment written into it (toolfleet/redis_tls.py)
+    url = Settings.from_env(redis_url=given or DEFAULT_REDIS_URL).redis_url
     if _answers(url):
-        console.print(f"redis: reusing the one at {url}")
+        console.print(f"redis: reusing the one at {maybe_sanitize_url(url)}")  # password masked
         state["redis_reused"] = True
         return url
     binary = _redis_binary()
@@ -288,10 +293,12 @@ def _start(
         console.print(f"[yellow]warning:[/] run_command is not served: {error}", markup=True)
     if flower_port:
         log = home() / "flower.log"
-        proc = _spawn([sys.executable, "-P", "-m", "celery", "--broker", url, "--result-backend", url, "flower",
+        # toolfleet.monitor: the Celery app built from REDIS_URL (TLS options and ACL user included)
+        proc = _spawn([sys.executable, "-P", "-m", "celery", "-A", "toolfleet.monitor", "flower",
                        f"--port={flower_port}", "--address=127.0.0.1"], log,
                       # bound to loopback only: the local API may answer without a password
-                      env={"FLOWER_UNAUTHENTICATED_API": "true"})
+                      env={"FLOWER_UNAUTHENTICATED_API": "true", "REDIS_URL": url,
+                           "TOOLFLEET_NAMESPACE": state["namespace"]})
         state["pids"]["flower"] = proc.pid
         state["flower_url"] = f"http://127.0.0.1:{flower_port}"
         _write(state)
@@ -333,7 +340,10 @@ def _http_ok(url: str) -> bool:
 
 
 def _write(state: dict[str, Any]) -> None:
-    _state_file().write_text(json.dumps(state, indent=2))
+    path = _state_file()
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)  # it holds the Redis URL, password included: its owner's eyes only
+    path.write_text(json.dumps(state, indent=2))
 
 
 def wait(state: dict[str, Any]) -> None:

@@ -31,6 +31,7 @@ from ..errors import ConfigurationError
 from ..models import CallEnvelope, ErrorCode, ToolResult
 from ..observe.results import result_recorded, running
 from ..policy.config import Policy
+from ..redis_tls import ssl_options
 from ..settings import Settings
 from ..tools.registry import Registry, default_registry
 from .affinity import connect_affinity
@@ -79,13 +80,13 @@ def broker_transport_options(settings: Settings, registry: Registry) -> dict[str
     the namespace (kombu's default keys ``unacked*`` are shared by every app on the database)."""
     if not settings.broker_is_redis:
         return {}
-    ns = settings.namespace
-    return {
-        "visibility_timeout": visibility_timeout_s(settings, registry),
-        "unacked_key": f"{ns}.unacked",
-        "unacked_index_key": f"{ns}.unacked_index",
-        "unacked_mutex_key": f"{ns}.unacked_mutex",
-    }
+    return {"visibility_timeout": visibility_timeout_s(settings, registry), **unacked_keys(settings.namespace)}
+
+
+def unacked_keys(namespace: str) -> dict[str, str]:
+    """kombu's unacknowledged-message keys (Redis broker), under ``namespace`` (Flower uses them too)."""
+    return {"unacked_key": f"{namespace}.unacked", "unacked_index_key": f"{namespace}.unacked_index",
+            "unacked_mutex_key": f"{namespace}.unacked_mutex"}
 
 
 def celery_config(settings: Settings, registry: Registry | None = None) -> dict[str, Any]:
@@ -116,6 +117,10 @@ def celery_config(settings: Settings, registry: Registry | None = None) -> dict[
         "task_reject_on_worker_lost": True,
         "worker_hijack_root_logger": False,
         "task_publish_retry": False,
+        # rediss:// URLs: TLS options for the broker and the result backend (toolfleet/redis_tls.py);
+        # Flower reads broker_use_ssl too. None: not TLS (Celery's default)
+        "broker_use_ssl": ssl_options(settings.broker) if settings.broker_is_redis else None,
+        "redis_backend_use_ssl": ssl_options(settings.redis_url),
     }
 
 
