@@ -59,7 +59,10 @@ def test_command_words_agree_with_bash(words):
     analysis = analyse("printf '%s\\0' " + " ".join(words))
     if analysis.problem is not None:
         return  # refused: fail closed
-    segment = analysis.segments[0]
+    # bashlex reads backquotes inside $'..' as a command substitution (bash does not: $'`a`' is the
+    # text `a`); the walk still checks that "command" as a segment of its own, which only errs on the
+    # careful side, so the words compared are those of the printf segment
+    segment = next(s for s in analysis.segments if s.words[:1] == ("printf",))
     expected = _bash_words(words)
     got = list(segment.words[2:])
     dynamic = list(segment.dynamic[2:])
@@ -67,3 +70,15 @@ def test_command_words_agree_with_bash(words):
     for word, is_dynamic, bash_word in zip(got, dynamic, expected, strict=True):
         if not is_dynamic:
             assert word.encode("latin-1") == bash_word, (words, got)
+
+
+def test_backquotes_inside_ansi_c_quotes_are_text_and_the_spurious_substitution_is_still_checked():
+    """Found by the property above: ``$'`a`'`` is the word `` `a` `` for bash; bashlex sees a
+    substitution running ``a``, which the walk checks too (an extra segment: careful, never lax)."""
+    from toolfleet.policy.commands import analyse
+
+    analysis = analyse("printf '%s\\0' $'`rm -rf x`'")
+    assert analysis.problem is None
+    printf = next(s for s in analysis.segments if s.words[:1] == ("printf",))
+    assert printf.words[2:] == ("`rm -rf x`",) and printf.dynamic[2:] == (False,)
+    assert any(s.words[:1] == ("rm",) for s in analysis.segments)  # still matched against deny rules
