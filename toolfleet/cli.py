@@ -48,12 +48,20 @@ BrokerOpt = Annotated[
 ]
 
 
-def _settings(redis_url: str | None, namespace: str | None, broker_url: str | None = None) -> Settings:
+def _settings(redis_url: str | None, namespace: str | None, broker_url: str | None = None,
+              insecure_no_signing: bool = False) -> Settings:
+    """Settings from the environment and options; a running local stack fills in its Redis URL
+    and its fleet key (when the environment names none)."""
     import os
 
     if not redis_url and not os.environ.get("REDIS_URL"):
         redis_url = stack.running_redis_url()
-    return Settings.from_env(redis_url=redis_url, namespace=namespace, broker_url=broker_url)
+    try:
+        return Settings.from_env(stack.with_local_fleet_key(), redis_url=redis_url, namespace=namespace,
+                                 broker_url=broker_url, insecure_no_signing=insecure_no_signing or None)
+    except ToolfleetError as exc:  # an unreadable key file
+        _fail(exc)
+        raise
 
 
 def _policy(path: Path | None):  # -> Policy | None
@@ -92,19 +100,24 @@ def worker(
         "(repeatable).")] = None,
     mcp: Annotated[Optional[list[str]], typer.Option("--mcp", help="Host a stdio MCP server, NAME=COMMAND "
                                                      "(repeatable): its tools are served as NAME__tool.")] = None,
+    insecure_no_signing: Annotated[bool, typer.Option(
+        "--insecure-no-signing", help="Run call messages without a fleet signature (on purpose only: whoever "
+        "can write to the broker can then run tools here). Default: a fleet key is required "
+        "($TOOLFLEET_FLEET_KEY or $TOOLFLEET_FLEET_KEY_FILE; docs/signing.md).")] = False,
 ) -> None:
     """Run a worker (prefork pool) serving the built-in tools plus --tools modules (--no-builtins:
     only the modules'; --replace NAME: a module's tool NAME in the built-in's place).
 
     It first runs a trivial command in the sandbox: if that fails, run_command is not served
-    (the reason is printed) unless --sandbox none was chosen explicitly."""
+    (the reason is printed) unless --sandbox none was chosen explicitly. It refuses to start
+    without a fleet key unless --insecure-no-signing is given (docs/signing.md)."""
     from .ledger import connect
     from .tools.registry import default_registry
     from .tools.sandbox import serve_sandboxed
     from .worker.app import create_app
 
     try:
-        settings = _settings(redis_url, namespace, broker_url)
+        settings = _settings(redis_url, namespace, broker_url, insecure_no_signing)
         if sandbox or network:
             settings = settings.model_copy(update={k: v for k, v in (("sandbox", sandbox),
                                                                      ("sandbox_network", network)) if v})
@@ -112,6 +125,10 @@ def worker(
     except ValueError as exc:  # pydantic's ValidationError: a wrong value in the environment or options
         _fail(ToolfleetError(f"invalid setting: {exc}"))
     try:
+        keys = settings.require_signing("worker")
+        if keys is None:
+            err.print("warning: fleet signing is off (--insecure-no-signing): any message that reaches this "
+                      "worker's queues runs", style="bold yellow", markup=False)
         connect(settings.redis_url)
         registry, message = serve_sandboxed(
             default_registry(tools or [], builtins=not no_builtins, replace=replace or []), settings)
@@ -480,6 +497,7 @@ def down() -> None:
 from . import cli_mcp  # noqa: E402,F401,I001  (registers `mcp serve` on `app`)
 from . import cli_policy  # noqa: E402,F401,I001  (registers pending, approve, deny, rules, trace on `app`)
 from . import cli_sessions  # noqa: E402,F401,I001  (registers sessions on `app`)
+from . import cli_keys  # noqa: E402,F401,I001  (registers keygen on `app`)
 
 
 def main() -> None:

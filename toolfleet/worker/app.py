@@ -26,6 +26,7 @@ from typing import Any
 from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
+from celery.worker.state import task_ready
 
 from ..errors import ConfigurationError
 from ..models import CallEnvelope, ErrorCode, ToolResult
@@ -33,6 +34,7 @@ from ..policy.config import Policy
 from ..settings import Settings
 from ..tools.registry import Registry, default_registry
 from .affinity import connect_affinity
+from .authenticity import message_problem, report_drop
 from .catalog import connect_catalog
 from .events import BatchedTaskEvents
 from .execute import execute
@@ -132,6 +134,24 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
     class CallRequest(Request):
         """Hooks of the worker's main process for the ends the task body never sees."""
 
+        _toolfleet_drop: str | None = None
+
+        def revoked(self) -> bool:
+            """Celery asks this just before it hands the message to a pool process: a message
+            without a valid fleet signature is dropped here, unrun (worker/authenticity.py)."""
+            if super().revoked():
+                return True
+            if self._toolfleet_drop is None:
+                problem = message_problem(runtime, task=TASK_NAME, task_id=self.id,
+                                          queue=(self.delivery_info or {}).get("routing_key"),
+                                          timelimit=self.time_limits, kwargs=self.kwargs)
+                self._toolfleet_drop = problem or ""
+                if problem:
+                    report_drop(runtime, problem, task_id=self.id, kwargs=self.kwargs, where="on receipt")
+                    self.reject(requeue=False)  # acknowledged, not requeued: task-rejected
+                    task_ready(self)
+            return bool(self._toolfleet_drop)
+
         def on_timeout(self, soft: bool, timeout: float) -> None:
             super().on_timeout(soft, timeout)
             if not soft:
@@ -164,6 +184,12 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
     @app.task(name=TASK_NAME, bind=True, Request=CallRequest, acks_late=True, reject_on_worker_lost=True,
               ignore_result=True, shared=False)
     def run_call(self: Any, envelope: dict[str, Any]) -> dict[str, Any]:
+        problem = message_problem(runtime, task=TASK_NAME, task_id=self.request.id,
+                                  queue=(self.request.delivery_info or {}).get("routing_key"),
+                                  timelimit=self.request.timelimit, kwargs={"envelope": envelope})
+        if problem:  # the main process checked already (CallRequest.revoked); a second line
+            report_drop(runtime, problem, task_id=self.request.id, kwargs={"envelope": envelope}, where="in the task")
+            return {"dropped": problem}
         try:
             hard_s = (self.request.timelimit or (None, None))[0]  # the kill the worker will really apply
             result = execute(runtime, envelope, worker=self.request.hostname or "worker", hard_limit_s=hard_s)
