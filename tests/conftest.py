@@ -117,9 +117,9 @@ class WorkerProcess:
                    TOOLFLEET_CLOCK_SKEW_MARGIN_S=str(settings.clock_skew_margin_s))
         env.pop("REDIS_URL", None)
         env.pop("TOOLFLEET_BROKER_URL", None)
-        for name in ("TOOLFLEET_FLEET_KEY", "TOOLFLEET_FLEET_KEYS_PREVIOUS", "TOOLFLEET_FLEET_KEY_FILE",
-                     "TOOLFLEET_INSECURE_NO_SIGNING"):
-            env.pop(name, None)
+        for var in ("TOOLFLEET_FLEET_KEY", "TOOLFLEET_FLEET_KEYS_PREVIOUS", "TOOLFLEET_FLEET_KEY_FILE",
+                    "TOOLFLEET_INSECURE_NO_SIGNING"):
+            env.pop(var, None)
         if settings.fleet_key is not None:  # the worker gets the keys of the settings it is started with
             env["TOOLFLEET_FLEET_KEY"] = settings.fleet_key.get_secret_value()
             env["TOOLFLEET_FLEET_KEYS_PREVIOUS"] = ",".join(k.get_secret_value() for k in settings.fleet_keys_previous)

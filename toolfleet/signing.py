@@ -132,6 +132,16 @@ def sign(keys: FleetKeys, *, task: str, task_id: str, queue: str, limits: Any,
     return _mac(key, canonical(task, task_id, queue, limits, envelope))
 
 
+def signed_fields(keys: FleetKeys, *, task: str, task_id: str, queue: str, fields: Mapping[str, Any],
+                  ttl_s: float) -> dict[str, Any]:
+    """``fields`` plus ``expires_at`` (now + ``ttl_s``), ``key_id`` and ``signature``: the kwarg of a
+    small task that carries no envelope (the tool health check), signed like an envelope without
+    header time limits."""
+    doc = {**fields, "expires_at": time.time() + ttl_s, "key_id": keys.current_id}
+    doc["signature"] = sign(keys, task=task, task_id=task_id, queue=queue, limits=None, envelope=doc)
+    return doc
+
+
 def verify(keys: FleetKeys, *, task: str, task_id: str | None, queue: str | None, limits: Any,
            envelope: Any, now: float | None = None, skew_s: float = 0.0) -> str | None:
     """``None`` if ``envelope`` (the raw dict from the message) carries a valid signature of this

@@ -208,7 +208,16 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
 
     @app.task(name=HEALTH_TASK_NAME, ignore_result=True, acks_late=False, shared=False,
               soft_time_limit=HEALTH_TIME_LIMIT_S, time_limit=HEALTH_TIME_LIMIT_S + 2)
-    def health_check(tool: str) -> None:
+    def health_check(tool: str, auth: dict[str, Any] | None = None) -> None:
+        request = health_check.request
+        problem = message_problem(runtime, task=HEALTH_TASK_NAME, task_id=request.id,
+                                  queue=(request.delivery_info or {}).get("routing_key"), timelimit=None,
+                                  kwargs={"envelope": {} if auth is None else auth})
+        if not problem and auth is not None and runtime.settings.fleet_keys is not None and auth.get("tool") != tool:
+            problem = "bad_signature"  # a signed check of another tool
+        if problem:  # the checks flip breakers: only the fleet's dispatchers may ask for one
+            report_drop(runtime, problem, task_id=request.id, kwargs={"envelope": auth}, where="(health check)")
+            return
         run_health_check(runtime, tool)
 
     connect_catalog(app, runtime)
