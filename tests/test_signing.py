@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 import time
@@ -325,7 +326,7 @@ def test_the_key_is_in_no_message_and_no_repr(settings, ws):
 def test_a_worker_without_a_key_refuses_to_start(settings):
     """Secure by default: no key and no --insecure-no-signing: the worker exits at once, naming
     what to set."""
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("TOOLFLEET_FLEET_KEY")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLFLEET_FLEET_KEY")}
     env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run([sys.executable, "-m", "toolfleet", "worker", "--redis-url", settings.redis_url,
                            "--namespace", settings.namespace, "--tools", TEST_TOOLS], env=env, cwd=ROOT,
@@ -429,3 +430,10 @@ def test_forged_health_check_is_dropped(settings, start_worker):
     attacker(settings).send_task("toolfleet.health_check", kwargs={"tool": "flaky"},
                                  queue=f"{settings.namespace}.flaky")
     assert wait_dropped(settings, 1) == {"total": 1, "unsigned": 1}
+
+
+def test_keygen_prints_a_key_and_its_id():
+    done = subprocess.run([sys.executable, "-m", "toolfleet", "keygen"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    key = done.stdout.strip()
+    assert done.returncode == 0 and len(key) >= 32 and key_id(key) in done.stderr and key not in done.stderr
