@@ -29,12 +29,11 @@ from hypothesis import strategies as st
 from toolfleet import Dispatcher, Settings
 from toolfleet.errors import ConfigurationError
 from toolfleet.keys import Keys
-from toolfleet.models import ErrorCode
 from toolfleet.signing import FleetKeys, canonical, generate_key, key_id, sign, verify
 from toolfleet.worker.app import TASK_NAME
 
 from .conftest import FLEET_KEY, ROOT, TEST_TOOLS, make_registry
-from .faults import call, wait_until
+from .faults import call, wait_started, wait_until
 
 WAIT_S = 30.0
 
@@ -274,24 +273,29 @@ def test_replayed_messages_never_run_twice(settings, start_worker, dispatcher, w
     assert dropped(settings) == {}  # valid signatures: refused by the ledger's claim, not dropped
 
 
-def test_replay_of_a_running_write_never_runs_its_handler_twice(settings, start_worker, dispatcher, ws):
-    """A byte-identical duplicate delivered while the call still runs (a second worker process
-    free) is, at the message level, what a redelivery after a worker died is; the worker-loss rules
-    decide (worker/side_effects.py): a write that is not journaled is never run again. The handler
-    ran once; the call's answer is its own result or WORKER_LOST (the duplicate displaced the live
-    execution: disruption, never a second execution; docs/signing.md, "Replays")."""
+@pytest.mark.parametrize("tool", ["tally", "wait_read"])
+def test_replay_of_a_running_call_neither_runs_nor_displaces_it(settings, start_worker, dispatcher, ws, tool):
+    """A byte-identical copy of a message delivered while its call runs (a second worker process
+    free), for a write and for a read (which the worker-loss rules would run again): the claim
+    answers ``running`` (the holder is live and this message was not sent after it), so the
+    handler runs once (one attempt in the ledger) and the running execution keeps the call."""
     start_worker(concurrency=2)
     recorder = Recorder(dispatcher)
     turn = dispatcher.open_turn(workspace=str(ws))
-    turn.add_calls([call("a", "tally", text="slow", seconds=2.0)])
-    wait_until(lambda: tallies(ws) == ["slow"], WAIT_S, "the call to start")
+    arguments = {"text": "slow", "seconds": 2.0} if tool == "tally" else {"label": "slow", "seconds": 2.0}
+    turn.add_calls([call("a", tool, **arguments)])
+    wait_started(dispatcher, turn.turn_id, "a")
     attacker(settings).send_task(TASK_NAME, **recorder.sent["a"])
     turn.close()
     (result,) = turn.results(timeout_s=WAIT_S)
-    assert result.ok or result.code == ErrorCode.WORKER_LOST, result.content
-    later = dispatcher.run([call("c", "tally", text="later")], workspace=str(ws))[0]
+    assert result.ok and result.attempts == 1, result.content
+    later_args = {"text": "later"} if tool == "tally" else {"label": "later"}
+    later = dispatcher.run([call("c", tool, **later_args)], workspace=str(ws))[0]  # after the copy (FIFO)
     assert later.ok, later.content
-    assert tallies(ws) == ["slow", "later"]
+    attempts = redis.Redis.from_url(settings.redis_url).hget(Keys(settings.namespace).turn_attempts(turn.turn_id), "a")
+    assert int(attempts) == 1
+    if tool == "tally":
+        assert tallies(ws) == ["slow", "later"]
 
 
 # ---- the key never leaks; no key, no start ----

@@ -155,7 +155,7 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
         def on_timeout(self, soft: bool, timeout: float) -> None:
             super().on_timeout(soft, timeout)
             if not soft:
-                _abandoned(runtime, self.kwargs, broken=True)
+                _abandoned(runtime, self.kwargs, broken=True, pid=self.worker_pid)
                 _finalize(runtime, self.kwargs, ErrorCode.TIMEOUT,
                           f"the call ran past its hard time limit ({timeout:g} s) and its process was killed",
                           "ask for less work per call, or a longer time limit where the tool allows it",
@@ -168,12 +168,12 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
             if isinstance(exc, WorkerLostError) or (isinstance(exc, SystemExit) and not stopped_by_us):
                 # The message goes back to the queue (reject_on_worker_lost); the next delivery
                 # decides what the call may do (worker/side_effects.py). Free its journal key now.
-                _abandoned(runtime, self.kwargs, broken=True)
+                _abandoned(runtime, self.kwargs, broken=True, pid=self.worker_pid)
             super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
             if isinstance(exc, TimeLimitExceeded):
                 pass  # reported by on_timeout
             elif type(exc).__name__ == "Terminated":
-                _abandoned(runtime, self.kwargs, broken=False)
+                _abandoned(runtime, self.kwargs, broken=False, pid=self.worker_pid)
                 _finalize(runtime, self.kwargs, ErrorCode.CANCELLED,
                           "the call was stopped when its turn was cancelled",
                           "the call may have done part of its work; check before repeating it",
@@ -242,12 +242,15 @@ def run_health_check(runtime: Runtime, tool: str) -> None:
     runtime.breakers.health(tool, ok)
 
 
-def _abandoned(runtime: Runtime, kwargs: dict[str, Any], *, broken: bool) -> None:
+def _abandoned(runtime: Runtime, kwargs: dict[str, Any], *, broken: bool, pid: int | None = None) -> None:
     """The pool process running a call died or was killed: release the call's journal key (so the
-    next execution probes at once instead of waiting out the lease) and, when the death says the
+    next execution probes at once instead of waiting out the lease), mark its claim dead (process
+    ``pid``: a redelivered copy of the message may claim the call), and, when the death says the
     tool is in trouble, count a failure on its breaker."""
     try:
         env = CallEnvelope.model_validate(kwargs.get("envelope", {}))
+        if pid:
+            runtime.ledger.fence_dead(env.turn_id, env.call_id, pid)
         runtime.journal.release_owner(runtime.journal.key(env.name, env.idempotency_key),
                                       f"{env.turn_id}:{env.call_id}")
         if broken:
