@@ -37,7 +37,7 @@ from toolfleet.tools.context import ToolContext
 from toolfleet.tools.registry import default_registry
 from toolfleet.worker.live_shell import Shell
 
-from .stack import BENCH_TOOLS, READY_TIMEOUT_S, ROOT, PrivateRedis, WorkerProcess, _delete_namespace
+from .stack import BENCH_TOOLS, FLEET_KEY, READY_TIMEOUT_S, ROOT, PrivateRedis, WorkerProcess, _delete_namespace
 from .stats import summary_ms
 
 SHELL_TOOLS = "toolfleet.tools.shell_session"
@@ -73,7 +73,7 @@ def through_worker(rounds: int, redis_url: str, workspace: Path) -> dict[str, An
             "--concurrency", "2", "--tools", BENCH_TOOLS, "--tools", SHELL_TOOLS, "--hostname", f"tf@{ns}",
             "--loglevel", "WARNING"]
     worker = _start_worker(argv, redis_url, Keys(ns).workers_ready)
-    settings = Settings(redis_url=redis_url, namespace=ns, cancel_grace_s=0.5, kill_grace_s=1.0)
+    settings = Settings(redis_url=redis_url, namespace=ns, cancel_grace_s=0.5, kill_grace_s=1.0, fleet_key=FLEET_KEY)
     samples: dict[str, list[float]] = {"shell": [], "run_command": []}
     try:
         with Dispatcher(settings, default_registry([BENCH_TOOLS, SHELL_TOOLS])) as dispatcher:

@@ -24,12 +24,15 @@ import redis
 
 from toolfleet import Dispatcher, Settings, default_registry
 from toolfleet.keys import Keys
+from toolfleet.signing import generate_key
 
 from . import raw_celery
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_TOOLS = "bench.tools"
 READY_TIMEOUT_S = 60.0
+# the bench's fleet key (docs/signing.md): one per run, in the environment its workers inherit
+FLEET_KEY = os.environ.setdefault("TOOLFLEET_FLEET_KEY", generate_key())
 
 
 def bench_registry():
@@ -128,7 +131,8 @@ class ToolfleetFleet:
 
     def __post_init__(self) -> None:
         ns = self.namespace or f"bench-{uuid.uuid4().hex[:8]}-tf{self.concurrency}"
-        self.settings = Settings(redis_url=self.redis_url, namespace=ns, cancel_grace_s=0.5, kill_grace_s=1.0)
+        self.settings = Settings(redis_url=self.redis_url, namespace=ns, cancel_grace_s=0.5, kill_grace_s=1.0,
+                                 fleet_key=FLEET_KEY)
         argv = [sys.executable, "-m", "toolfleet", "worker", "--redis-url", self.redis_url, "--namespace", ns,
                 "--concurrency", str(self.concurrency), "--tools", BENCH_TOOLS, "--hostname", f"tf@{ns}",
                 "--loglevel", "WARNING"]

@@ -26,7 +26,7 @@ from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessa
 
 from toolfleet import Dispatcher, Settings
 from toolfleet.integrations.agents_sdk import FleetTools
-from toolfleet.stack import running_redis_url
+from toolfleet.stack import running_redis_url, with_local_fleet_key
 
 
 def call(call_id: str, name: str, **arguments) -> ResponseFunctionToolCall:
@@ -63,7 +63,7 @@ async def main() -> None:
     set_tracing_disabled(True)
     workspace = Path(tempfile.mkdtemp()) / "workspace"
     shutil.copytree(Path(__file__).parent / "cases" / "workspace", workspace)
-    settings = Settings.from_env(redis_url=running_redis_url())
+    settings = Settings.from_env(with_local_fleet_key(), redis_url=running_redis_url())
     with Dispatcher(settings) as dispatcher, FleetTools(dispatcher, workspace=str(workspace)) as fleet:
         agent = Agent(name="assistant", instructions="Use the tools.", model=ScriptedModel(), tools=fleet.tools)
         result = await Runner.run(agent, "What is in this project?", hooks=fleet.hooks,

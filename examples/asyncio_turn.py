@@ -17,7 +17,7 @@ from pathlib import Path
 
 from toolfleet import Settings
 from toolfleet.aio import AsyncDispatcher
-from toolfleet.stack import running_redis_url
+from toolfleet.stack import running_redis_url, with_local_fleet_key
 
 HERE = Path(__file__).resolve().parent
 
@@ -35,7 +35,8 @@ SLOW = {"choices": [{"message": {"role": "assistant", "content": None, "tool_cal
 
 
 async def main() -> None:
-    settings = Settings.from_env(redis_url=None if os.environ.get("REDIS_URL") else running_redis_url())
+    redis_url = None if os.environ.get("REDIS_URL") else running_redis_url()
+    settings = Settings.from_env(with_local_fleet_key(), redis_url=redis_url)
     workspace = Path(tempfile.mkdtemp()) / "workspace"
     shutil.copytree(HERE / "cases" / "workspace", workspace)
     async with AsyncDispatcher(settings) as fleet:

@@ -27,7 +27,7 @@ from langgraph.types import Command
 
 from toolfleet import Dispatcher, Policy, Settings
 from toolfleet.integrations.langgraph import FleetToolNode
-from toolfleet.stack import running_redis_url
+from toolfleet.stack import running_redis_url, with_local_fleet_key
 
 HERE = Path(__file__).resolve().parent
 
@@ -54,7 +54,8 @@ SCRIPT = [
 
 
 def main() -> None:
-    settings = Settings.from_env(redis_url=None if os.environ.get("REDIS_URL") else running_redis_url())
+    redis_url = None if os.environ.get("REDIS_URL") else running_redis_url()
+    settings = Settings.from_env(with_local_fleet_key(), redis_url=redis_url)
     workspace = Path(tempfile.mkdtemp()) / "workspace"
     shutil.copytree(HERE / "cases" / "workspace", workspace)
     policy = Policy.from_dict({"tools": {"write_file": "ask"}})           # writes wait for a person

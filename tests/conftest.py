@@ -22,6 +22,7 @@ import redis
 
 from toolfleet import Dispatcher, Settings, default_registry
 from toolfleet.keys import Keys
+from toolfleet.signing import generate_key
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "examples" / "cases"
@@ -30,6 +31,9 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 # Set to an amqp:// URL to run the suite with RabbitMQ as the broker (Redis stays the result store).
 TEST_BROKER_URL = os.environ.get("TOOLFLEET_TEST_BROKER_URL") or None
 READY_TIMEOUT_S = 60
+# The fleet key of this test run (docs/signing.md): made here, once, like `toolfleet up` makes one per
+# stack; in the environment so every worker a test starts (the fixtures' and its own subprocesses) has it.
+FLEET_KEY = os.environ.setdefault("TOOLFLEET_FLEET_KEY", generate_key())
 
 
 @pytest.fixture(scope="session")
@@ -97,7 +101,7 @@ def delete_amqp_queues(broker_url: str, ns: str) -> None:
 @pytest.fixture
 def settings(redis_url: str, namespace: str) -> Settings:
     return Settings(redis_url=redis_url, namespace=namespace, cancel_grace_s=0.5, kill_grace_s=1.0,
-                    broker_url=TEST_BROKER_URL)
+                    broker_url=TEST_BROKER_URL, fleet_key=FLEET_KEY)
 
 
 def make_registry():
@@ -113,11 +117,19 @@ class WorkerProcess:
                    TOOLFLEET_CLOCK_SKEW_MARGIN_S=str(settings.clock_skew_margin_s))
         env.pop("REDIS_URL", None)
         env.pop("TOOLFLEET_BROKER_URL", None)
+        for var in ("TOOLFLEET_FLEET_KEY", "TOOLFLEET_FLEET_KEYS_PREVIOUS", "TOOLFLEET_FLEET_KEY_FILE",
+                    "TOOLFLEET_INSECURE_NO_SIGNING"):
+            env.pop(var, None)
+        if settings.fleet_key is not None:  # the worker gets the keys of the settings it is started with
+            env["TOOLFLEET_FLEET_KEY"] = settings.fleet_key.get_secret_value()
+            env["TOOLFLEET_FLEET_KEYS_PREVIOUS"] = ",".join(k.get_secret_value() for k in settings.fleet_keys_previous)
         self.name = f"{name}@{settings.namespace}"
         self.settings = settings
         argv = [sys.executable, "-m", "toolfleet", "worker", "--redis-url", settings.redis_url,
                 "--namespace", settings.namespace, "--concurrency", str(concurrency),
                 "--tools", TEST_TOOLS, "--hostname", self.name, "--loglevel", "WARNING", *args]
+        if settings.insecure_no_signing:
+            argv.append("--insecure-no-signing")
         if settings.broker_url:
             argv += ["--broker-url", settings.broker_url]
         self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, start_new_session=True)

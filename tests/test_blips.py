@@ -20,7 +20,7 @@ import pytest
 
 from toolfleet import Dispatcher, ErrorCode, Settings
 
-from .conftest import make_registry
+from .conftest import FLEET_KEY, make_registry
 from .faults import call, wait_started
 
 CHAIN = 8
@@ -32,7 +32,7 @@ def private_settings(private_redis, namespace):
     def make(persistent: bool = True) -> tuple[Settings, object]:
         server = private_redis(persistent=persistent)
         return Settings(redis_url=server.url, namespace=namespace, cancel_grace_s=0.5, kill_grace_s=1.0,
-                        heartbeat_s=0.5), server
+                        heartbeat_s=0.5, fleet_key=FLEET_KEY), server
 
     return make
 

@@ -14,7 +14,7 @@ from toolfleet import BrokerUnavailable, Dispatcher, ErrorCode, Settings
 from toolfleet.dispatcher.submit import Submitter
 
 from . import refund_store
-from .conftest import make_registry
+from .conftest import FLEET_KEY, make_registry
 from .faults import call, wait_started
 
 TURN_TIMEOUT_S = 60
@@ -25,7 +25,7 @@ def private_settings(private_redis, namespace):
     def make(persistent: bool = True) -> tuple[Settings, object]:
         server = private_redis(persistent=persistent)
         settings = Settings(redis_url=server.url, namespace=namespace, cancel_grace_s=0.5, kill_grace_s=1.0,
-                            heartbeat_s=0.5)
+                            heartbeat_s=0.5, fleet_key=FLEET_KEY)
         return settings, server
 
     return make

@@ -26,6 +26,7 @@ import redis
 
 from toolfleet import Dispatcher, ToolCall, default_registry
 from toolfleet.keys import Keys
+from toolfleet.signing import sign
 from toolfleet.worker.app import TASK_NAME
 
 from .conftest import READY_TIMEOUT_S, ROOT, TEST_TOOLS
@@ -145,12 +146,16 @@ def test_no_secret_in_flower_worker_log_or_audit(settings, tmp_path, workspace):
                 "flower saw no task"
             turn = d.submit(calls, workspace=str(workspace))
             results = {r.call_id: r for r in turn.results(WAIT_S)}
-            # a task whose envelope does not validate: the error quotes its arguments
+            # a task whose envelope does not validate: the error quotes its arguments (signed with
+            # the fleet key, so it passes the signature check and fails in the task: docs/signing.md)
             malformed = f"{settings.namespace}-malformed"
             queue = Keys(settings.namespace).queue(d.registry.get("read_file").queue)
-            d.app.send_task(TASK_NAME, task_id=malformed, queue=queue,
-                            kwargs={"envelope": {"turn_id": "t", "arguments": {
-                                "password": "Malformed-Pw-6021", "note": "Bearer MalformedBearer-77xy"}}},
+            bad = {"turn_id": "t",
+                   "arguments": {"password": "Malformed-Pw-6021", "note": "Bearer MalformedBearer-77xy"},
+                   "key_id": settings.fleet_keys.current_id, "expires_at": time.time() + 600}
+            bad["signature"] = sign(settings.fleet_keys, task=TASK_NAME, task_id=malformed, queue=queue,
+                                    limits=[None, None], envelope=bad)
+            d.app.send_task(TASK_NAME, task_id=malformed, queue=queue, kwargs={"envelope": bad},
                             kwargsrepr="{'envelope': '(malformed on purpose)'}", argsrepr="()", ignore_result=True)
             task_ids = {f"{turn.turn_id}:{c.id}": "SUCCESS" for c in calls} | {malformed: "FAILURE"}
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -26,11 +27,15 @@ def test_up_run_flower_down(tmp_path, namespace, workspace):
     flower_port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), TOOLFLEET_HOME=str(tmp_path / "home"),
                TOOLFLEET_NAMESPACE=namespace, REDIS_URL=f"redis://127.0.0.1:{_free_port()}/0")  # nothing there
+    env.pop("TOOLFLEET_FLEET_KEY", None)  # as `make demo`: the stack makes its own fleet key
     up = cli("up", "-d", "--workers", "2", "--flower-port", str(flower_port), env=env)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "started a private redis-server" in up.stdout
         state = json.loads((tmp_path / "home" / "stack.json").read_text())
+        key_file = Path(state["fleet_key_file"])
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        fleet_key = key_file.read_text().splitlines()[-1]
         run_env = {k: v for k, v in env.items() if k != "REDIS_URL"}  # found through the stack's state
         run = cli("run", str(CASES / "openai_chat" / "01_parallel_reads.json"), "-w", str(workspace), "--json",
                   env=run_env)
@@ -54,10 +59,12 @@ def test_up_run_flower_down(tmp_path, namespace, workspace):
             time.sleep(0.2)
         assert shown == wanted
         assert all(doc["turn_id"] in tasks[tid]["kwargs"] for tid in wanted)
+        assert fleet_key not in json.dumps(tasks)  # Flower never shows the fleet key (docs/signing.md)
     finally:
         down = cli("down", env=env)
     assert down.returncode == 0 and "stopped worker" in down.stdout
     assert not (tmp_path / "home" / "stack.json").exists()
+    assert not key_file.exists()
 
 
 def test_worker_started_by_up_ignores_a_toolfleet_package_planted_in_its_directory(tmp_path):

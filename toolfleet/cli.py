@@ -53,7 +53,10 @@ BrokerOpt = Annotated[
 ]
 
 
-def _settings(redis_url: str | None, namespace: str | None, broker_url: str | None = None) -> Settings:
+def _settings(redis_url: str | None, namespace: str | None, broker_url: str | None = None,
+              insecure_no_signing: bool = False) -> Settings:
+    """Settings from the environment and options; a running local stack fills in its Redis URL
+    and its fleet key (when the environment names none)."""
     import os
 
     from .settings import Settings
@@ -61,7 +64,11 @@ def _settings(redis_url: str | None, namespace: str | None, broker_url: str | No
     if not redis_url and not os.environ.get("REDIS_URL"):
         redis_url = stack.running_redis_url()
     try:
-        return Settings.from_env(redis_url=redis_url, namespace=namespace, broker_url=broker_url)
+        return Settings.from_env(stack.with_local_fleet_key(), redis_url=redis_url, namespace=namespace,
+                                 broker_url=broker_url, insecure_no_signing=insecure_no_signing or None)
+    except ToolfleetError as exc:  # an unreadable key file, both key sources
+        _fail(exc)
+        raise
     except ValueError as exc:  # a bad value in the environment or an option: one line naming it
         _fail(ToolfleetError(f"invalid setting: {one_line(exc)}"))
         raise  # unreachable: _fail exits
@@ -114,12 +121,17 @@ def worker(
     result_log_file: Annotated[Optional[str], typer.Option(
         "--result-log-file", envvar="TOOLFLEET_RESULT_LOG_FILE", help="Append the result lines to this file "
         "(default: stderr).")] = None,
+    insecure_no_signing: Annotated[bool, typer.Option(
+        "--insecure-no-signing", help="Run call messages without a fleet signature (on purpose only: whoever "
+        "can write to the broker can then run tools here). Default: a fleet key is required "
+        "($TOOLFLEET_FLEET_KEY or $TOOLFLEET_FLEET_KEY_FILE; docs/signing.md).")] = False,
 ) -> None:
     """Run a worker (prefork pool) serving the built-in tools plus --tools modules (--no-builtins:
     only the modules'; --replace NAME: a module's tool NAME in the built-in's place).
 
     It first runs a trivial command in the sandbox: if that fails, run_command is not served
-    (the reason is printed) unless --sandbox none was chosen explicitly."""
+    (the reason is printed) unless --sandbox none was chosen explicitly. It refuses to start
+    without a fleet key unless --insecure-no-signing is given (docs/signing.md)."""
     from .access import check_worker_access
     from .ledger import connect
     from .tools.registry import default_registry
@@ -127,7 +139,7 @@ def worker(
     from .worker.app import create_app
 
     try:
-        settings = _settings(redis_url, namespace, broker_url)
+        settings = _settings(redis_url, namespace, broker_url, insecure_no_signing)
         if sandbox or network:
             settings = settings.model_copy(update={k: v for k, v in (("sandbox", sandbox),
                                                                      ("sandbox_network", network)) if v})
@@ -135,6 +147,10 @@ def worker(
     except ValueError as exc:  # pydantic's ValidationError: a wrong value in the environment or options
         _fail(ToolfleetError(f"invalid setting: {one_line(exc)}"))
     try:
+        keys = settings.require_signing("worker")
+        if keys is None:
+            err.print("warning: fleet signing is off (--insecure-no-signing): any message that reaches this "
+                      "worker's queues runs", style="bold yellow", markup=False)
         # Redis refusing this worker's user a right it needs stops it here, with Redis's reason
         check_worker_access(connect(settings.redis_url), settings)
         registry, message = serve_sandboxed(
@@ -474,6 +490,7 @@ from . import cli_mcp  # noqa: E402,F401,I001  (registers `mcp serve` on `app`)
 from . import cli_stack  # noqa: E402,F401,I001  (registers up, down on `app`)
 from . import cli_policy  # noqa: E402,F401,I001  (registers pending, approve, deny, rules, trace on `app`)
 from . import cli_sessions  # noqa: E402,F401,I001  (registers sessions on `app`)
+from . import cli_keys  # noqa: E402,F401,I001  (registers keygen on `app`)
 
 
 def main() -> None:

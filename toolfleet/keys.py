@@ -140,6 +140,12 @@ class Keys:
         """List: a worker pushes its name here once it consumes (tests and `up` join on it)."""
         return f"{self.ns}:workers:ready"
 
+    @property
+    def security_dropped(self) -> str:
+        """Hash reason -> count (and ``total``): call messages workers dropped because their
+        signature did not verify (toolfleet/worker/authenticity.py)."""
+        return f"{self.ns}:security:dropped"
+
     # --- live sessions (toolfleet/worker/affinity.py) ---
     def live_holder(self, session_id: str) -> str:
         """String (TTL: the idle TTL): the worker that holds the session's shell."""

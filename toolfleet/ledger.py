@@ -106,6 +106,7 @@ class Ledger:
         self.audit = AuditLog(self.redis, self.keys, settings.result_ttl_s)
         self._reopen = self.redis.register_script(lua.REOPEN)
         self._check_fence = self.redis.register_script(lua.CHECK_FENCE)
+        self._fence_dead = self.redis.register_script(lua.FENCE_DEAD)
 
     def retrying(self, op: Callable[[], T]) -> T:
         """Run ``op``; while Redis is down, retry it for ``retry_s`` (then BrokerUnavailable)."""
@@ -287,7 +288,10 @@ class Ledger:
         ``cancelled`` (turn cancelled: do not run), ``done`` (already has a result: do not run) or
         ``ended`` (the turn is over: :meth:`end_turn` was called, or its lease lapsed because its
         dispatcher vanished; checked against Redis's clock: do not run) or ``superseded`` (this
-        message, sent at ``submitted_at``, was replaced by a later send of the call: do not run).
+        message, sent at ``submitted_at``, was replaced by a later send of the call: do not run) or
+        ``running`` (a copy of the message whose execution still holds the call: its deadline has
+        not passed, its process was not reported dead (:meth:`fence_dead`), and this message was
+        not sent after it; a replay or a duplicate delivery: do not run, record nothing).
         A claim takes a new fencing token (:attr:`Claim.token`, monotonic per namespace) and a
         deadline ``hard_limit_s`` from now on the Redis clock; the execution holds the call while
         its token is the latest, the call has no result and the deadline has not passed
@@ -339,6 +343,12 @@ class Ledger:
             keys.append(journal_key)
         args = [call_id, str(token), "1" if refuse_if_cancelled else "0"]
         return _s(self.retrying(lambda: self._check_fence(keys=keys, args=args)))
+
+    def fence_dead(self, turn_id: str, call_id: str, pid: int) -> bool:
+        """The pool process ``pid`` that held ``call_id`` died (its worker saw it): a redelivered
+        copy of its message may claim the call again before the holder's deadline (else such a
+        copy is a duplicate of a live execution: ``running``). True if ``pid`` held the call."""
+        return bool(self._fence_dead(keys=[self.keys.turn_fence(turn_id)], args=[call_id, pid]))
 
     def fence_of(self, turn_id: str, call_id: str) -> tuple[int, int, int] | None:
         """(token, deadline_ms on the Redis clock, pid) of the call's latest claim, or None."""
@@ -419,7 +429,7 @@ class Ledger:
 
 class Claim(str):
     """What ``claim_start`` answered (a ``str``: ``ok``, ``restarted``, ``cancelled``, ``done``,
-    ``superseded``), with the fencing ``token`` of an ``ok``/``restarted`` claim (else 0)."""
+    ``superseded``, ``running``), with the fencing ``token`` of an ``ok``/``restarted`` claim (else 0)."""
 
     token: int = 0
 

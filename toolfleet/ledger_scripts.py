@@ -56,8 +56,18 @@ local after = redis.call('HGET', KEYS[12], ARGV[1])
 if after and tonumber(ARGV[6]) < tonumber(after) then return 'superseded' end
 local ft = redis.call('TIME')
 local fnow = tonumber(ft[1]) * 1000 + math.floor(tonumber(ft[2]) / 1000)
+-- a copy of the message whose execution holds the call (a replay, or a duplicate delivery): the
+-- holder is live (deadline not passed, no worker reported its process dead) and this message was
+-- not sent after the holder's: it neither runs nor takes the call (docs/signing.md, "Replays")
+local held = redis.call('HGET', KEYS[10], ARGV[1])
+if held and redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
+  local f = {}
+  for part in string.gmatch(held, '%S+') do f[#f + 1] = part end
+  local sent = tonumber(f[4] or '')
+  if tonumber(f[2]) > fnow and f[5] ~= 'dead' and sent and tonumber(ARGV[6]) <= sent then return 'running' end
+end
 local token = redis.call('INCR', KEYS[11])
-redis.call('HSET', KEYS[10], ARGV[1], token .. ' ' .. (fnow + tonumber(ARGV[5])) .. ' ' .. ARGV[7])
+redis.call('HSET', KEYS[10], ARGV[1], token .. ' ' .. (fnow + tonumber(ARGV[5])) .. ' ' .. ARGV[7] .. ' ' .. ARGV[6])
 redis.call('EXPIRE', KEYS[10], tonumber(ARGV[3]))
 """ + """
 local before = redis.call('HGET', KEYS[3], ARGV[1])
@@ -133,6 +143,19 @@ redis.call('XADD', KEYS[5], '*', 'type', 'cancel', 'call_id', '', 'data', ARGV[1
 for i = 1, 6 do redis.call('EXPIRE', KEYS[i], ttl) end
 redis.call('PUBLISH', ARGV[3], ARGV[1])
 return ids
+"""
+
+FENCE_DEAD = """
+-- KEYS: fence ; ARGV: call_id, pid
+-- the pool process ``pid`` that held the call died (the worker saw it): its claim no longer
+-- keeps a redelivered copy of the message from running ("token deadline pid sent_at dead")
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if not held then return 0 end
+local f = {}
+for part in string.gmatch(held, '%S+') do f[#f + 1] = part end
+if f[3] ~= ARGV[2] or #f < 4 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], f[1] .. ' ' .. f[2] .. ' ' .. f[3] .. ' ' .. f[4] .. ' dead')
+return 1
 """
 
 CHECK_FENCE = """

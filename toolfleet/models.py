@@ -119,7 +119,12 @@ class ToolResult(_Frozen):
 
 
 class CallEnvelope(_Frozen):
-    """What the dispatcher sends to a worker for one call (the Celery task's only kwarg)."""
+    """What the dispatcher sends to a worker for one call (the Celery task's only kwarg).
+
+    ``key_id``, ``expires_at`` (unix s, dispatcher clock) and ``signature`` (HMAC-SHA256, URL-safe
+    base64) are set when the fleet signs its messages (:mod:`toolfleet.signing`); a worker with a
+    fleet key runs no message without a valid one.
+    """
 
     turn_id: str
     call_id: str
@@ -130,3 +135,6 @@ class CallEnvelope(_Frozen):
     time_limit_s: float
     idempotency_key: str
     submitted_at: float  # unix seconds, dispatcher clock
+    expires_at: float | None = None
+    key_id: str | None = None
+    signature: str | None = None

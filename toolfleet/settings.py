@@ -12,10 +12,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from .defaults import DEFAULT_REDIS_URL, default_namespace
 from .redis_tls import TLS_QUERY, ssl_options, with_login, with_tls
+from .signing import MIN_KEY_CHARS, FleetKeys, read_key_file
 
 __all__ = ["DEFAULT_REDIS_URL", "Settings", "default_namespace"]
 
@@ -74,6 +75,12 @@ class Settings(BaseModel):
       ``optional`` or ``none``). They are written into ``redis_url`` and ``broker_url`` as the query
       parameters every Redis client reads (:mod:`toolfleet.redis_tls`); a URL's own parameters win.
       ACL users go in the URL: ``rediss://user:password@host:6380/0`` (docs/deploying.md).
+    - ``fleet_key`` / ``fleet_keys_previous``: the fleet key the dispatcher signs call messages
+      with (HMAC-SHA256, at least 32 characters), and older keys workers still accept during a
+      rotation (docs/signing.md). Secret: ``repr`` and dumps show ``**********``.
+    - ``insecure_no_signing``: no key, on purpose: the dispatcher sends unsigned messages and
+      workers run any message that reaches their queues. Without a key and without this, a
+      dispatcher or worker refuses to start (:meth:`require_signing`).
     """
 
     # errors never quote a value: a Redis URL holds a password
@@ -122,6 +129,41 @@ class Settings(BaseModel):
         ssl_options(value)  # ValueError for an ssl_cert_reqs that is not required/optional/none
         return value
 
+    fleet_key: SecretStr | None = None
+    fleet_keys_previous: tuple[SecretStr, ...] = ()
+    insecure_no_signing: bool = False
+
+    @field_validator("fleet_key", "fleet_keys_previous")
+    @classmethod
+    def _key_length(cls, value: SecretStr | tuple[SecretStr, ...] | None) -> object:
+        for key in (value if isinstance(value, tuple) else (value,)):
+            if key is not None and len(key.get_secret_value().strip()) < MIN_KEY_CHARS:
+                raise ValueError(f"a fleet key must have at least {MIN_KEY_CHARS} characters "
+                                 "(`toolfleet keygen` makes one)")
+        return value
+
+    @property
+    def fleet_keys(self) -> FleetKeys | None:
+        """The keys to sign with and accept, or ``None`` when no key is set."""
+        if self.fleet_key is None:
+            return None
+        return FleetKeys.of(self.fleet_key.get_secret_value(),
+                            [k.get_secret_value() for k in self.fleet_keys_previous])
+
+    def require_signing(self, who: str) -> FleetKeys | None:
+        """The fleet keys; ``None`` only with ``insecure_no_signing``. Raises
+        :class:`~toolfleet.errors.ConfigurationError` naming what to set when there is no key."""
+        from .errors import ConfigurationError
+
+        keys = self.fleet_keys
+        if keys is None and not self.insecure_no_signing:
+            raise ConfigurationError(
+                f"no fleet key: a {who} signs (dispatcher) or checks (worker) every call message with it. Set "
+                "TOOLFLEET_FLEET_KEY (or TOOLFLEET_FLEET_KEY_FILE; `toolfleet keygen` makes a key; `toolfleet up` "
+                "makes one for the local stack), or run without signing on purpose (--insecure-no-signing, "
+                "TOOLFLEET_INSECURE_NO_SIGNING=1, Settings(insecure_no_signing=True)); see docs/signing.md")
+        return keys
+
     @field_validator("heartbeat_s", "max_queue_wait_s", "breaker_cooldown_s", "lock_lease_s", "lock_wait_s",
                      "cancel_grace_s", "kill_grace_s", "turn_lease_s", "clock_skew_margin_s")
     @classmethod
@@ -161,7 +203,10 @@ class Settings(BaseModel):
         overrides that are not ``None`` win. ``TOOLFLEET_REDIS_PASSWORD_FILE`` (a file holding the Redis
         password, e.g. a Docker secret; ``TOOLFLEET_REDIS_USER`` the ACL user, default Redis's ``default``)
         logs the Redis URLs in unless they carry a password already. Raises ``ValueError`` when that
-        file cannot be read."""
+        file cannot be read. The fleet key: ``TOOLFLEET_FLEET_KEY`` + ``TOOLFLEET_FLEET_KEYS_PREVIOUS``
+        (comma-separated), or ``TOOLFLEET_FLEET_KEY_FILE`` (:func:`toolfleet.signing.read_key_file`; not
+        both), and ``TOOLFLEET_INSECURE_NO_SIGNING=1``. Raises :class:`~toolfleet.errors.ConfigurationError`
+        for an unreadable key file or both key sources."""
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
         if env.get("REDIS_URL"):
@@ -182,6 +227,7 @@ class Settings(BaseModel):
             values["turn_lease_s"] = _seconds(env, "TOOLFLEET_TURN_LEASE_S")
         if env.get("TOOLFLEET_CLOCK_SKEW_MARGIN_S"):
             values["clock_skew_margin_s"] = _seconds(env, "TOOLFLEET_CLOCK_SKEW_MARGIN_S")
+        values.update(_keys_from_env(env))
         values.update({k: v for k, v in overrides.items() if v is not None})
         if env.get("TOOLFLEET_REDIS_PASSWORD_FILE"):  # a Docker secret: the password never in an env var
             password = _read_secret(env["TOOLFLEET_REDIS_PASSWORD_FILE"], "TOOLFLEET_REDIS_PASSWORD_FILE")
@@ -210,3 +256,21 @@ def _read_secret(path: str, variable: str) -> str:
     if not value:
         raise ValueError(f"{variable}={path}: the secret file is empty")
     return value
+
+
+def _keys_from_env(env: Mapping[str, str]) -> dict[str, object]:
+    from .errors import ConfigurationError
+
+    values: dict[str, object] = {}
+    if env.get("TOOLFLEET_FLEET_KEY") and env.get("TOOLFLEET_FLEET_KEY_FILE"):
+        raise ConfigurationError("set TOOLFLEET_FLEET_KEY or TOOLFLEET_FLEET_KEY_FILE, not both")
+    if env.get("TOOLFLEET_FLEET_KEY_FILE"):
+        current, previous = read_key_file(env["TOOLFLEET_FLEET_KEY_FILE"])
+        values["fleet_key"], values["fleet_keys_previous"] = current, tuple(previous)
+    elif env.get("TOOLFLEET_FLEET_KEY"):
+        values["fleet_key"] = env["TOOLFLEET_FLEET_KEY"].strip()
+        values["fleet_keys_previous"] = tuple(k.strip() for k in env.get("TOOLFLEET_FLEET_KEYS_PREVIOUS", "").split(",")
+                                              if k.strip())
+    if env.get("TOOLFLEET_INSECURE_NO_SIGNING", "").strip().lower() in ("1", "true", "yes"):
+        values["insecure_no_signing"] = True
+    return values

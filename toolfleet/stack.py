@@ -81,6 +81,42 @@ def running_redis_url() -> str | None:
     return None
 
 
+def running_fleet_key_file() -> str | None:
+    """The fleet key file of a running local stack, if it made one (``toolfleet up`` without
+    ``TOOLFLEET_FLEET_KEY``/``TOOLFLEET_FLEET_KEY_FILE`` in its environment)."""
+    state = read_state()
+    if state and _alive(state.get("worker_pid")) and state.get("fleet_key_file"):
+        return str(state["fleet_key_file"])
+    return None
+
+
+def with_local_fleet_key(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """``environ`` (default: the process's), plus ``TOOLFLEET_FLEET_KEY_FILE`` of the running local
+    stack when it names no fleet key: what a dispatcher on this machine passes to
+    :meth:`toolfleet.Settings.from_env` to talk to the stack ``toolfleet up`` started."""
+    env = dict(os.environ if environ is None else environ)
+    if not env.get("TOOLFLEET_FLEET_KEY") and not env.get("TOOLFLEET_FLEET_KEY_FILE") \
+            and (key_file := running_fleet_key_file()):
+        env["TOOLFLEET_FLEET_KEY_FILE"] = key_file
+    return env
+
+
+def _fleet_key_env(state: dict[str, Any]) -> dict[str, str] | None:
+    """The environment that gives the stack's workers their fleet key: the caller's key if it set
+    one, else a new random key in ``$TOOLFLEET_HOME/fleet.key`` (mode 0600), made per stack."""
+    if os.environ.get("TOOLFLEET_FLEET_KEY") or os.environ.get("TOOLFLEET_FLEET_KEY_FILE"):
+        return None
+    from .signing import generate_key
+
+    path = home() / "fleet.key"
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(f"# fleet key of the local stack (toolfleet up); removed by toolfleet down\n{generate_key()}\n")
+    state["fleet_key_file"] = str(path)
+    return {"TOOLFLEET_FLEET_KEY_FILE": str(path)}
+
+
 def _redis_binary() -> str | None:
     found = shutil.which("redis-server")
     if found:
@@ -277,7 +313,7 @@ def _start(
     for module in tool_modules:
         argv += ["--tools", module]
     log = home() / "worker.log"
-    proc = _spawn(argv, log)
+    proc = _spawn(argv, log, _fleet_key_env(state))
     state["pids"]["worker"] = state["worker_pid"] = proc.pid
     _write(state)
     # ready = consuming, with its tools in the catalog (catalog.py publishes the entry first, then
@@ -413,4 +449,6 @@ def down(console: Console) -> None:
                 console.print(f"killed {name} (pid {pid}): it had not stopped {STOP_TIMEOUT_S:g} s after TERM")
             else:
                 console.print(f"stopped {name} (pid {pid})")
+    if state.get("fleet_key_file"):
+        Path(state["fleet_key_file"]).unlink(missing_ok=True)
     _state_file().unlink(missing_ok=True)

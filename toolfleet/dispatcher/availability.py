@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -31,6 +32,7 @@ from ..keys import Keys
 from ..ledger import translated
 from ..models import ErrorCode, ToolResult
 from ..settings import Settings
+from ..signing import signed_fields
 from ..tools.spec import ToolSpec
 from ..worker.app import HEALTH_TASK_NAME
 from ..worker.catalog import live_catalog
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 CATALOG_CACHE_S = 1.0
 LIVENESS_CACHE_S = 0.5
 NO_LIVE_WORKER = "no live worker serves the tool"  # how a refusal for that reason begins
+HEALTH_CHECK_TTL_S = 3600.0  # a signed health check older than this is dropped by workers
 DEAD_CONFIRM_S = 1.0  # a worker's catalog must stay missing this long before it is declared dead
 UNSERVED_CONFIRM_BEATS = 1.0  # heartbeats a tool stays unserved before its calls end
 CATALOG_TTL_BEATS = 3  # toolfleet.worker.catalog: a catalog expires after three missed beats
@@ -198,7 +201,11 @@ class Availability:
 
     def _send_health_check(self, spec: ToolSpec) -> None:
         try:
-            self.app.send_task(HEALTH_TASK_NAME, kwargs={"tool": spec.name}, queue=self.keys.queue(spec.queue),
-                               shadow=f"health.{spec.name}", retry=False, ignore_result=True)
+            queue, task_id = self.keys.queue(spec.queue), uuid.uuid4().hex
+            keys = self.settings.fleet_keys
+            auth = None if keys is None else signed_fields(keys, task=HEALTH_TASK_NAME, task_id=task_id, queue=queue,
+                                                           fields={"tool": spec.name}, ttl_s=HEALTH_CHECK_TTL_S)
+            self.app.send_task(HEALTH_TASK_NAME, kwargs={"tool": spec.name, "auth": auth}, queue=queue,
+                               task_id=task_id, shadow=f"health.{spec.name}", retry=False, ignore_result=True)
         except Exception as exc:  # the breaker re-probes after its cooldown
             log.warning("could not send the health check of %s (%s)", spec.name, exc)

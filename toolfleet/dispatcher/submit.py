@@ -1,7 +1,9 @@
 """Sending one call to the workers as a Celery task (docs/design.md, step 4).
 
 The arguments Flower shows (``kwargsrepr``) are redacted (:mod:`toolfleet.tools.redact`); the message
-itself carries them whole, for the handler. Each send appends a ``submitted`` audit event.
+itself carries them whole, for the handler. Each send appends a ``submitted`` audit event. Every
+envelope is signed with the fleet key (:mod:`toolfleet.signing`, docs/signing.md) unless the
+settings say ``insecure_no_signing``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..errors import BrokerUnavailable
 from ..keys import Keys
 from ..models import CallEnvelope
 from ..settings import Settings
+from ..signing import sign
 from ..tools.redact import redact_arguments
 from ..tools.spec import ToolSpec
 from ..worker.app import TASK_NAME
@@ -64,6 +67,7 @@ class Submitter:
         self.app = app
         self.settings = settings
         self.keys = Keys(settings.namespace)
+        self.fleet_keys = settings.require_signing("dispatcher")  # None: unsigned, on purpose
         self.audit = audit
         self._announced: set[tuple[str, str]] = set()  # (turn, call) whose `submitted` is written
         self._lock = threading.Lock()
@@ -116,6 +120,8 @@ class Submitter:
         broker refuses. Inside :meth:`batch`, the call is only buffered until the batch ends.
         ``headers``: extra message headers (the W3C trace context of the call's span, observe/tracing.py)."""
         limit_s = spec.time_limit_s(arguments)
+        submitted_at = time.time()
+        expires_s = message_expiry_s(self.settings, limit_s)
         envelope = CallEnvelope(
             turn_id=turn_id,
             call_id=call_id,
@@ -125,7 +131,9 @@ class Submitter:
             session_id=session_id,
             time_limit_s=limit_s,
             idempotency_key=spec.idempotency_key_for(turn_id, call_id, arguments),
-            submitted_at=time.time(),
+            submitted_at=submitted_at,
+            expires_at=None if self.fleet_keys is None else submitted_at + expires_s,
+            key_id=None if self.fleet_keys is None else self.fleet_keys.current_id,
         )
         shown = json.dumps(
             {"turn_id": turn_id, "call_id": call_id, "arguments": redact_arguments(arguments, spec.sensitive)},
@@ -135,6 +143,11 @@ class Submitter:
             shown = shown[: KWARGSREPR_MAX_CHARS - 3] + "..."
         tid = task_id(turn_id, call_id)
         queue = live_queue(self.settings, spec, session_id) or self.keys.queue(spec.queue)  # live sessions
+        soft_s, hard_s = limit_s + SOFT_LIMIT_MARGIN_S, limit_s + SOFT_LIMIT_MARGIN_S + self.settings.kill_grace_s
+        body = envelope.model_dump(mode="json")
+        if self.fleet_keys is not None:  # bound: envelope, task id, queue, the limits the worker enforces
+            body["signature"] = sign(self.fleet_keys, task=TASK_NAME, task_id=tid, queue=queue,
+                                     limits=[soft_s, hard_s], envelope=body)
         with self._lock:
             announced = (turn_id, call_id) in self._announced
             self._announced.discard((turn_id, call_id))
@@ -144,11 +157,11 @@ class Submitter:
         try:
             self.app.send_task(
                 TASK_NAME,
-                kwargs={"envelope": envelope.model_dump(mode="json")},
+                kwargs={"envelope": body},
                 task_id=tid,
                 queue=queue,
-                soft_time_limit=limit_s + SOFT_LIMIT_MARGIN_S,
-                time_limit=limit_s + SOFT_LIMIT_MARGIN_S + self.settings.kill_grace_s,
+                soft_time_limit=soft_s,
+                time_limit=hard_s,
                 shadow=f"tool.{spec.name}",
                 priority=priority_of(rank, self.settings.broker),
                 argsrepr="()",
@@ -161,7 +174,7 @@ class Submitter:
                 # a message no worker took by then is discarded unrun (Celery revokes it as
                 # "expired"): the dispatcher has given the call TOOL_UNAVAILABLE by then, and the
                 # worst late start (taken at the deadline, lost, redelivered) is covered by the hard limit
-                expires=message_expiry_s(self.settings, limit_s),
+                expires=expires_s,
                 headers=headers,
             )
         except (OperationalError, OSError) as exc:

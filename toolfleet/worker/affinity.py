@@ -55,6 +55,7 @@ from celery.signals import celeryd_after_setup, worker_shutdown
 from ..errors import ToolFailure
 from ..keys import Keys
 from ..models import ErrorCode, ToolResult
+from .authenticity import message_problem, report_drop
 from .live_shell import Shell
 
 log = logging.getLogger(__name__)
@@ -289,7 +290,18 @@ class SessionHost:
             body = message["body"]
             if message.get("properties", {}).get("body_encoding") == "base64":
                 body = base64.b64decode(body)
+            from .app import TASK_NAME  # app.py imports this module
+
             envelope = json.loads(body)[1]["envelope"]
+            headers = message.get("headers") or {}
+            routing = ((message.get("properties") or {}).get("delivery_info") or {}).get("routing_key")
+            problem = message_problem(self.runtime, task=headers.get("task"), task_id=headers.get("id"),
+                                      queue=routing, timelimit=headers.get("timelimit"),
+                                      kwargs={"envelope": envelope})
+            if problem or headers.get("task") != TASK_NAME:  # a forged message settles nothing
+                report_drop(self.runtime, problem or "malformed", task_id=headers.get("id"),
+                            kwargs={"envelope": envelope}, where=f"in the queue of the lost worker {worker}")
+                return
             reply = lost_reply(worker)
             result = ToolResult.failure(envelope["call_id"], envelope["name"], ErrorCode.SESSION_LOST,
                                         reply["message"], reply["hint"])

@@ -26,6 +26,7 @@ from typing import Any
 from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
+from celery.worker.state import task_ready
 
 from ..errors import ConfigurationError
 from ..models import CallEnvelope, ErrorCode, ToolResult
@@ -35,6 +36,7 @@ from ..redis_tls import ssl_options
 from ..settings import Settings
 from ..tools.registry import Registry, default_registry
 from .affinity import connect_affinity
+from .authenticity import message_problem, report_drop
 from .catalog import connect_catalog
 from .events import BatchedTaskEvents
 from .execute import execute
@@ -138,10 +140,28 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
     class CallRequest(Request):
         """Hooks of the worker's main process for the ends the task body never sees."""
 
+        _toolfleet_drop: str | None = None
+
+        def revoked(self) -> bool:
+            """Celery asks this just before it hands the message to a pool process: a message
+            without a valid fleet signature is dropped here, unrun (worker/authenticity.py)."""
+            if super().revoked():
+                return True
+            if self._toolfleet_drop is None:
+                problem = message_problem(runtime, task=TASK_NAME, task_id=self.id,
+                                          queue=(self.delivery_info or {}).get("routing_key"),
+                                          timelimit=self.time_limits, kwargs=self.kwargs)
+                self._toolfleet_drop = problem or ""
+                if problem:
+                    report_drop(runtime, problem, task_id=self.id, kwargs=self.kwargs, where="on receipt")
+                    self.reject(requeue=False)  # acknowledged, not requeued: task-rejected
+                    task_ready(self)
+            return bool(self._toolfleet_drop)
+
         def on_timeout(self, soft: bool, timeout: float) -> None:
             super().on_timeout(soft, timeout)
             if not soft:
-                _abandoned(runtime, self.kwargs, broken=True)
+                _abandoned(runtime, self.kwargs, broken=True, pid=self.worker_pid)
                 _finalize(runtime, self.kwargs, ErrorCode.TIMEOUT,
                           f"the call ran past its hard time limit ({timeout:g} s) and its process was killed",
                           "ask for less work per call, or a longer time limit where the tool allows it",
@@ -154,12 +174,12 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
             if isinstance(exc, WorkerLostError) or (isinstance(exc, SystemExit) and not stopped_by_us):
                 # The message goes back to the queue (reject_on_worker_lost); the next delivery
                 # decides what the call may do (worker/side_effects.py). Free its journal key now.
-                _abandoned(runtime, self.kwargs, broken=True)
+                _abandoned(runtime, self.kwargs, broken=True, pid=self.worker_pid)
             super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
             if isinstance(exc, TimeLimitExceeded):
                 pass  # reported by on_timeout
             elif type(exc).__name__ == "Terminated":
-                _abandoned(runtime, self.kwargs, broken=False)
+                _abandoned(runtime, self.kwargs, broken=False, pid=self.worker_pid)
                 _finalize(runtime, self.kwargs, ErrorCode.CANCELLED,
                           "the call was stopped when its turn was cancelled",
                           "the call may have done part of its work; check before repeating it",
@@ -170,6 +190,12 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
     @app.task(name=TASK_NAME, bind=True, Request=CallRequest, acks_late=True, reject_on_worker_lost=True,
               ignore_result=True, shared=False)
     def run_call(self: Any, envelope: dict[str, Any]) -> dict[str, Any]:
+        problem = message_problem(runtime, task=TASK_NAME, task_id=self.request.id,
+                                  queue=(self.request.delivery_info or {}).get("routing_key"),
+                                  timelimit=self.request.timelimit, kwargs={"envelope": envelope})
+        if problem:  # the main process checked already (CallRequest.revoked); a second line
+            report_drop(runtime, problem, task_id=self.request.id, kwargs={"envelope": envelope}, where="in the task")
+            return {"dropped": problem}
         try:
             hard_s = (self.request.timelimit or (None, None))[0]  # the kill the worker will really apply
             with running(self.request, envelope):  # its span and the running gauge (observe/results.py)
@@ -189,7 +215,16 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
 
     @app.task(name=HEALTH_TASK_NAME, ignore_result=True, acks_late=False, shared=False,
               soft_time_limit=HEALTH_TIME_LIMIT_S, time_limit=HEALTH_TIME_LIMIT_S + 2)
-    def health_check(tool: str) -> None:
+    def health_check(tool: str, auth: dict[str, Any] | None = None) -> None:
+        request = health_check.request
+        problem = message_problem(runtime, task=HEALTH_TASK_NAME, task_id=request.id,
+                                  queue=(request.delivery_info or {}).get("routing_key"), timelimit=None,
+                                  kwargs={"envelope": {} if auth is None else auth})
+        if not problem and auth is not None and runtime.settings.fleet_keys is not None and auth.get("tool") != tool:
+            problem = "bad_signature"  # a signed check of another tool
+        if problem:  # the checks flip breakers: only the fleet's dispatchers may ask for one
+            report_drop(runtime, problem, task_id=request.id, kwargs={"envelope": auth}, where="(health check)")
+            return
         run_health_check(runtime, tool)
 
     connect_catalog(app, runtime)
@@ -214,12 +249,15 @@ def run_health_check(runtime: Runtime, tool: str) -> None:
     runtime.breakers.health(tool, ok)
 
 
-def _abandoned(runtime: Runtime, kwargs: dict[str, Any], *, broken: bool) -> None:
+def _abandoned(runtime: Runtime, kwargs: dict[str, Any], *, broken: bool, pid: int | None = None) -> None:
     """The pool process running a call died or was killed: release the call's journal key (so the
-    next execution probes at once instead of waiting out the lease) and, when the death says the
+    next execution probes at once instead of waiting out the lease), mark its claim dead (process
+    ``pid``: a redelivered copy of the message may claim the call), and, when the death says the
     tool is in trouble, count a failure on its breaker."""
     try:
         env = CallEnvelope.model_validate(kwargs.get("envelope", {}))
+        if pid:
+            runtime.ledger.fence_dead(env.turn_id, env.call_id, pid)
         runtime.journal.release_owner(runtime.journal.key(env.name, env.idempotency_key),
                                       f"{env.turn_id}:{env.call_id}")
         if broken:

@@ -70,6 +70,11 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
         if claim == "superseded":  # the dispatcher sent the call again: that message runs it, not this one
             return ToolResult.failure(env.call_id, env.name, ErrorCode.NOT_EXECUTED,
                                       "this message of the call was superseded by a later send; it did not run", "")
+        if claim == "running":  # a copy of the message whose execution holds the call: nothing recorded
+            log.warning("call %s of turn %s: a copy of its message arrived while its execution runs; not run",
+                        env.call_id, env.turn_id)
+            return ToolResult.failure(env.call_id, env.name, ErrorCode.NOT_EXECUTED,
+                                      "a copy of this call's message arrived while the call runs; it did not run", "")
         if claim in ("cancelled", "done", "ended"):
             recorded = ledger.results(env.turn_id).get(env.call_id)
             if recorded is not None:
