@@ -35,7 +35,7 @@ from ..tools.registry import Registry, default_registry
 from .affinity import connect_affinity
 from .catalog import connect_catalog
 from .events import BatchedTaskEvents
-from .execute import execute
+from .execute import execute, with_journal_key
 from .pool import POOL_CLASS
 from .redaction import redacted_failure, task_summary
 from .runtime import Runtime
@@ -213,6 +213,8 @@ def _abandoned(runtime: Runtime, kwargs: dict[str, Any], *, broken: bool) -> Non
     tool is in trouble, count a failure on its breaker."""
     try:
         env = CallEnvelope.model_validate(kwargs.get("envelope", {}))
+        spec = runtime.registry.get(env.name)
+        env = env if spec is None else with_journal_key(spec, env)
         runtime.journal.release_owner(runtime.journal.key(env.name, env.idempotency_key),
                                       f"{env.turn_id}:{env.call_id}")
         if broken:

@@ -32,6 +32,16 @@ from .values import safe_text, to_content_and_data, to_json
 log = logging.getLogger(__name__)
 
 
+def with_journal_key(spec: ToolSpec, env: CallEnvelope) -> CallEnvelope:
+    """``env`` with the journal key this worker's spec derives (``idempotency_key``), when it
+    declares a function for it: a dispatcher that built the spec from the catalog cannot run that
+    function and sends ``turn_id:call_id`` (tools/published.py)."""
+    if spec.idempotency_key is None:
+        return env
+    return env.model_copy(update={"idempotency_key": spec.idempotency_key_for(env.turn_id, env.call_id,
+                                                                               env.arguments)})
+
+
 def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_s: float | None = None) -> ToolResult:
     """Run one call and record its result; returns the result that the ledger holds for it.
     ``hard_limit_s``: the message's hard time limit (s), which the worker kills at; default: the
@@ -51,6 +61,7 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
     problem = check_arguments(spec, env.call_id, env.arguments) or screen_call(runtime, env, spec, worker)
     if problem is not None:
         return _record(runtime, env, problem, worker, picked_at, picked_at)
+    env = with_journal_key(spec, env)
 
     ctx = ToolContext(
         call_id=env.call_id,
