@@ -63,6 +63,9 @@ class Settings(BaseModel):
     - ``sandbox_network``: ``"none"`` (default; the command has only a loopback of its own) or
       ``"host"`` (the worker's network).
     - ``bwrap_path``: the bubblewrap binary (a name looked up on ``PATH``, or a path).
+    - ``task_sent_events``: the dispatcher publishes a ``task-sent`` event per call (Celery's
+      ``task_send_sent_event``), so Flower lists calls still waiting in a queue; its cost is measured
+      in bench/ ("sent events", bench/results/report.md), which chose the default.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -89,6 +92,7 @@ class Settings(BaseModel):
     sandbox_network: Literal["host", "none"] = "none"
     bwrap_path: str = "bwrap"
     turn_lease_s: float = 60.0
+    task_sent_events: bool = True
 
     @field_validator("heartbeat_s", "max_queue_wait_s", "breaker_cooldown_s", "lock_lease_s", "lock_wait_s",
                      "cancel_grace_s", "kill_grace_s", "turn_lease_s", "clock_skew_margin_s")
@@ -124,7 +128,8 @@ class Settings(BaseModel):
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Settings from ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``, ``TOOLFLEET_NAMESPACE``,
         ``TOOLFLEET_HEARTBEAT_S``, ``TOOLFLEET_TURN_LEASE_S``, ``TOOLFLEET_CLOCK_SKEW_MARGIN_S``,
-        ``TOOLFLEET_SANDBOX``, ``TOOLFLEET_SANDBOX_NETWORK``, ``TOOLFLEET_BWRAP``; keyword overrides that are
+        ``TOOLFLEET_SANDBOX``, ``TOOLFLEET_SANDBOX_NETWORK``, ``TOOLFLEET_BWRAP``, ``TOOLFLEET_TASK_SENT_EVENTS``
+        (``0``/``false``/``no``/``off`` turn it off); keyword overrides that are
         not ``None`` win."""
         env = os.environ if environ is None else environ
         values: dict[str, object] = {}
@@ -144,5 +149,8 @@ class Settings(BaseModel):
             values["turn_lease_s"] = float(env["TOOLFLEET_TURN_LEASE_S"])
         if env.get("TOOLFLEET_CLOCK_SKEW_MARGIN_S"):
             values["clock_skew_margin_s"] = float(env["TOOLFLEET_CLOCK_SKEW_MARGIN_S"])
+        if env.get("TOOLFLEET_TASK_SENT_EVENTS"):
+            values["task_sent_events"] = env["TOOLFLEET_TASK_SENT_EVENTS"].strip().lower() not in (
+                "0", "false", "no", "off")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -35,10 +35,11 @@ from ..tools.registry import Registry, default_registry
 from .affinity import connect_affinity
 from .catalog import connect_catalog
 from .events import BatchedTaskEvents
-from .execute import execute, with_journal_key
+from .execute import SUPERSEDED_MESSAGE, execute, with_journal_key
 from .pool import POOL_CLASS
 from .redaction import redacted_failure, task_summary
 from .runtime import Runtime
+from .task_states import KILLED_AT_HARD_LIMIT, KILLED_ON_CANCEL, CallFailed, ShadowedAMQP, task_outcome
 from .transport import TRANSPORT_CLASS
 
 TASK_NAME = "toolfleet.run_call"
@@ -98,9 +99,9 @@ def celery_config(settings: Settings, registry: Registry | None = None) -> dict[
         "event_serializer": "json",
         "task_default_queue": f"{settings.namespace}.default",
         "worker_send_task_events": True,
-        # no client-side task-sent events: they carry the real task name, not the shadow, and
-        # when they reach Flower after the worker's events Flower shows "toolfleet.run_call"
-        "task_send_sent_event": False,
+        # task-sent events let Flower list queued calls (PENDING); ShadowedAMQP names them by the
+        # shadow, as the worker's events do (worker/task_states.py; cost: bench/, "sent events")
+        "task_send_sent_event": settings.task_sent_events,
         "worker_prefetch_multiplier": 1,
         # take a message only when a process is free (Redis brokers; Celery >= 5.6): otherwise the
         # worker reserves queued calls ahead, in queue order, and a later call heading a longer
@@ -124,7 +125,8 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
     call. ``app.toolfleet`` is the :class:`Runtime`."""
     registry = registry if registry is not None else default_registry()
     runtime = Runtime(settings, registry, policy)
-    app = Celery(f"toolfleet-{settings.namespace}", broker=settings.broker, backend=settings.redis_url)
+    app = Celery(f"toolfleet-{settings.namespace}", broker=settings.broker, backend=settings.redis_url,
+                 amqp=ShadowedAMQP)
     app.conf.update(celery_config(settings, registry))
     app.steps["consumer"].add(BatchedTaskEvents)
     app.toolfleet = runtime  # type: ignore[attr-defined]
@@ -149,10 +151,16 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
                 # The message goes back to the queue (reject_on_worker_lost); the next delivery
                 # decides what the call may do (worker/side_effects.py). Free its journal key now.
                 _abandoned(runtime, self.kwargs, broken=True)
+            hard_limit = isinstance(exc, TimeLimitExceeded)
+            if hard_limit:  # Celery logged "hard time limit exceeded": no traceback of it too, and
+                return_ok, send_failed_event = True, False  # a failed event that names the code
             super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
-            if isinstance(exc, TimeLimitExceeded):
-                pass  # reported by on_timeout
+            if hard_limit:  # the result is reported by on_timeout
+                self.send_event("task-failed", exception=repr(CallFailed(KILLED_AT_HARD_LIMIT)), traceback="")
             elif type(exc).__name__ == "Terminated":
+                # Celery sent task-revoked; the call's result is CANCELLED: an error result is a
+                # failed task in Flower (worker/task_states.py)
+                self.send_event("task-failed", exception=repr(CallFailed(KILLED_ON_CANCEL)), traceback="")
                 _abandoned(runtime, self.kwargs, broken=False)
                 _finalize(runtime, self.kwargs, ErrorCode.CANCELLED,
                           "the call was stopped when its turn was cancelled",
@@ -161,8 +169,9 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
 
     # shared=False: Celery registers a shared task on every app created later in the process, which
     # would run this app's closure (its runtime, its namespace) for another app's calls.
+    # throws: an error result raises CallFailed, an expected exception (one log line, no traceback)
     @app.task(name=TASK_NAME, bind=True, Request=CallRequest, acks_late=True, reject_on_worker_lost=True,
-              ignore_result=True, shared=False)
+              ignore_result=True, shared=False, throws=(CallFailed,))
     def run_call(self: Any, envelope: dict[str, Any]) -> dict[str, Any]:
         try:
             hard_s = (self.request.timelimit or (None, None))[0]  # the kill the worker will really apply
@@ -175,10 +184,15 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
                       "the call ran past its time limit and was stopped",
                       "ask for less work per call, or a longer time limit where the tool allows it",
                       pid=os.getpid())
-            return {}
+            result = _recorded(runtime, envelope)
+            if result is None:
+                return {}
         except Exception as exc:  # Flower and the logs show the exception: redacted (worker/redaction.py)
             raise redacted_failure(exc, envelope) from None
-        return task_summary(result)  # ids, codes and sizes only: the content is the ledger's
+        if result.error is not None and result.error.message == SUPERSEDED_MESSAGE:
+            return task_summary(result)  # this message ran nothing: the later one tells the call's end
+        # ids, codes and sizes only: the content is the ledger's; an error result raises CallFailed
+        return task_outcome(result)
 
     @app.task(name=HEALTH_TASK_NAME, ignore_result=True, acks_late=False, shared=False,
               soft_time_limit=HEALTH_TIME_LIMIT_S, time_limit=HEALTH_TIME_LIMIT_S + 2)
@@ -221,6 +235,15 @@ def _abandoned(runtime: Runtime, kwargs: dict[str, Any], *, broken: bool) -> Non
             runtime.breakers.observe(env.name, ok=False)
     except Exception as exc:  # best effort: leases lapse by themselves
         log.warning("could not release the journal key of a lost call (%s)", exc)
+
+
+def _recorded(runtime: Runtime, envelope: dict[str, Any]) -> ToolResult | None:
+    """The result the ledger holds for the call of ``envelope`` (``None`` if none, or unreadable)."""
+    try:
+        env = CallEnvelope.model_validate(envelope)
+        return runtime.ledger.results(env.turn_id).get(env.call_id)
+    except Exception:  # best effort: only Flower's state depends on it
+        return None
 
 
 def _finalize(runtime: Runtime, kwargs: dict[str, Any], code: ErrorCode, message: str, hint: str,

@@ -30,6 +30,7 @@ from .stateful import call_handler
 from .values import safe_text, to_content_and_data, to_json
 
 log = logging.getLogger(__name__)
+SUPERSEDED_MESSAGE = "this message of the call was superseded by a later send; it did not run"
 
 
 def with_journal_key(spec: ToolSpec, env: CallEnvelope) -> CallEnvelope:
@@ -78,8 +79,7 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
         claim = ledger.claim_start(env.turn_id, env.call_id, worker, arm_wait_s=arm_wait_s(env),
                                    hard_limit_s=hard_s, submitted_at=env.submitted_at)
         if claim == "superseded":  # the dispatcher sent the call again: that message runs it, not this one
-            return ToolResult.failure(env.call_id, env.name, ErrorCode.NOT_EXECUTED,
-                                      "this message of the call was superseded by a later send; it did not run", "")
+            return ToolResult.failure(env.call_id, env.name, ErrorCode.NOT_EXECUTED, SUPERSEDED_MESSAGE, "")
         if claim in ("cancelled", "done", "ended"):
             recorded = ledger.results(env.turn_id).get(env.call_id)
             if recorded is not None:
