@@ -23,6 +23,7 @@ SECTIONS = (
     "5. Streaming",
     "6. Scale (on paper)",
     "7. Sandbox overhead",
+    "8. Sent events",
     "Profiles and fixes",
 )
 
@@ -335,6 +336,12 @@ def _sandbox(results: dict[str, Any]) -> str | None:
     )
 
 
+def _sent_events_render(results: dict[str, Any]) -> str | None:
+    from .sent_events import render  # imports toolfleet: only when the section is rendered
+
+    return render(results)
+
+
 def _fixes(results: dict[str, Any]) -> str:
     if results.get("meta", {}).get("quick"):
         return ("Not repeated for a quick run: `bench/fixes.md` explains the full run committed in "
@@ -351,6 +358,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str | None]] = {
     "5. Streaming": _streaming,
     "6. Scale (on paper)": _scale,
     "7. Sandbox overhead": _sandbox,
+    "8. Sent events": lambda results: _sent_events_render(results),
     "Profiles and fixes": _fixes,
 }
 

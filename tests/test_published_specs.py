@@ -160,3 +160,14 @@ def test_an_explicit_registry_wins(settings, start_worker, tmp_path) -> None:
         [result] = dispatcher.run([ToolCall(id="c", name="fetch_row", arguments={"table": "t", "row": 1})],
                                   timeout_s=60)
     assert result.code == ErrorCode.UNKNOWN_TOOL  # used as given: no catalog
+
+
+def test_a_worker_started_after_the_dispatcher_is_found(settings, start_worker, tmp_path) -> None:
+    module, folder = tools_module(tmp_path)
+    with Dispatcher(settings) as dispatcher:
+        assert "fetch_row" not in dispatcher.registry  # no worker yet
+        start_worker(python_path=[str(folder)], tools=module)
+        # an unknown name makes the registry read the catalog again
+        [result] = dispatcher.run([ToolCall(id="c", name="fetch_row", arguments={"table": "t", "row": 2})],
+                                  timeout_s=60)
+    assert result.ok and result.data["value"] == "t-2-v1", result.content

@@ -165,6 +165,9 @@ def run(
 ) -> None:
     """Execute the tool calls of a recorded model response or stream and print their results.
 
+    The tools are those the live workers publish (their full specs: no tool code is imported here);
+    --tools modules are used where the live workers run the same version of them.
+
     With --json: ``messages`` are the results in the same provider's shape, ``assistant`` the
     model's own message(s) to put before them in the next request. Calls the policy asks about
     wait until approved or denied from another terminal (`toolfleet approve TURN CALL`); the

@@ -42,8 +42,8 @@ class Dispatcher:
     workers publish (their full specs, no tool code imported) over the built-in ones, re-read when
     a call names a tool it does not know (:func:`toolfleet.tools.published.catalog_registry`).
     A registry given here is used as it is: it wins over the catalog (the worker validates every
-    call again against its own spec). ``policy`` decides what runs, waits for a person's approval or is refused (default:
-    :meth:`Policy.permissive`); give the workers the same policy, they check it again. Raises
+    call again against its own spec). ``policy`` decides what runs, waits for a person's approval
+    or is refused (default: :meth:`Policy.permissive`); give the workers the same policy, they check it again. Raises
     :class:`~toolfleet.errors.BrokerUnavailable` at construction if Redis does not answer.
     """
 

@@ -201,30 +201,33 @@ class CatalogRegistry(Registry):
         try:
             entries = live_catalog(self._settings, self._client)
         except redis.RedisError as exc:
-            raise BrokerUnavailable(f"Redis is not answering at {self._settings.redis_url}: {exc}") from exc
+            raise BrokerUnavailable(self._settings.redis_url, str(exc)) from exc
         with self._lock:
             self._read_at = time.monotonic()
             self.conflicts = version_conflicts(entries)
+            tools, sources = dict(self._tools), dict(self.sources)
             for entry in entries:
                 for description in entry.get("tools", ()):
-                    self._take(description)
+                    self._take(tools, sources, description)
+            # swapped whole: a thread iterating the registry meanwhile keeps the dict it started with
+            self._tools, self.sources = tools, sources
 
-    def _take(self, description: Mapping[str, Any]) -> None:
+    def _take(self, tools: dict[str, ToolSpec], sources: dict[str, str], description: Mapping[str, Any]) -> None:
         name = description.get("name")
-        current = self._tools.get(name) if isinstance(name, str) else None
+        if not isinstance(name, str):
+            return
+        current = tools.get(name)
         if current is not None and describe(current)["version"] == description.get("version"):
             return
-        local = self._local.get(name) if isinstance(name, str) else None
+        local = self._local.get(name)
         if local is not None and describe(local)["version"] == description.get("version"):
-            self.add(local, replace=True)
-            self.sources[local.name] = "local"
+            tools[name], sources[name] = local, "local"
             return
         try:
             spec = spec_from_description(description)
         except ConfigurationError:
             return  # a description this version cannot read: its calls get UNKNOWN_TOOL
-        self.add(spec, replace=True)
-        self.sources[spec.name] = "live"
+        tools[name], sources[name] = spec, "live"
 
     def get(self, name: str) -> ToolSpec | None:
         spec = self._tools.get(name)

@@ -13,8 +13,10 @@ again; :mod:`.side_effects` then decides whether it may run again (reads and jou
 ``WORKER_LOST``. With a Redis broker an unacknowledged message comes back after the visibility
 timeout, so that must be longer than any call can take (:func:`visibility_timeout_s`). Results
 live in the turn ledger, not in Celery's result backend (``ignore_result``): a REVOKED state there
-proves nothing about whether a call ran. The task returns only status, error code and sizes, and
-the worker's log lines are redacted (:mod:`.redaction`): Flower and the logs never see tool output.
+proves nothing about whether a call ran. The task returns only status, error code and sizes (an
+error result raises :class:`~.task_states.CallFailed` carrying the same, so Flower shows it as a
+failed task: :mod:`.task_states`), and the worker's log lines are redacted (:mod:`.redaction`):
+Flower and the logs never see tool output.
 """
 
 from __future__ import annotations
