@@ -129,8 +129,14 @@ def test_cancelled_and_killed_calls_are_failed_tasks(settings, start_worker, cap
         turn.cancel()
         results = {r.call_id: r for r in turn.results(WAIT_S)}
         ids = {f"{turn.turn_id}:{c.id}" for c in calls}
-        assert events.wait_for(lambda seen: {e.get("uuid") for e in seen if e.get("type") == "task-failed"} >= ids,
-                               WAIT_S), "no task-failed event for a cancelled call"
+        killed = f"{turn.turn_id}:kill"
+
+        def all_in(seen) -> bool:  # the killed one: the dispatcher's and the worker's reports both
+            failed = [e.get("uuid") for e in seen if e.get("type") == "task-failed"]
+            revoked = {e.get("uuid") for e in seen if e.get("type") == "task-revoked"}
+            return set(failed) >= ids and killed in revoked and failed.count(killed) >= 2
+
+        assert events.wait_for(all_in, WAIT_S), "no task-failed event for a cancelled call"
         seen = list(events.events)
         states = final_states(d.app, seen, ids)
     codes = {cid: r.error.code for cid, r in results.items()}
@@ -138,7 +144,28 @@ def test_cancelled_and_killed_calls_are_failed_tasks(settings, start_worker, cap
     # killed by the dispatcher's revoke (Terminated: task-revoked, then task-failed)
     assert codes["kill"] in (ErrorCode.CANCELLED, ErrorCode.OUTCOME_UNKNOWN), codes
     assert states == {tid: "FAILURE" for tid in ids}, states
-    revoked = {e.get("uuid") for e in seen if e.get("type") == "task-revoked"}
-    assert f"{turn.turn_id}:kill" in revoked
     log = capfd.readouterr()
     assert "Traceback" not in log.out + log.err, (log.out + log.err)[-3000:]
+
+
+def test_calls_the_dispatcher_ends_are_failed_tasks(settings, start_worker):
+    """The worker running a call and holding the next in its queue dies: the dispatcher gives the
+    running call WORKER_LOST and the queued one TOOL_UNAVAILABLE, and tells Flower both failed."""
+    fast = settings.model_copy(update={"heartbeat_s": 0.5})
+    worker = start_worker(concurrency=1, settings=fast)
+    calls = [call("run", "add_note", text="a", seconds=30), call("queued", "add_note", text="b", seconds=30)]
+    with Dispatcher(fast, make_registry()) as d, TaskEvents(d.app) as events:
+        turn = d.submit(calls)
+        wait_started(d, turn.turn_id, "run")
+        worker.kill()
+        results = {r.call_id: r for r in turn.results(WAIT_S)}
+        ids = {f"{turn.turn_id}:{c.id}" for c in calls}
+        assert events.wait_for(lambda seen: {e.get("uuid") for e in seen if e.get("type") == "task-failed"} >= ids,
+                               WAIT_S), "no task-failed event for a call the dispatcher ended"
+        seen = list(events.events)
+        states = final_states(d.app, seen, ids)
+    assert results["run"].code == ErrorCode.WORKER_LOST and results["queued"].code == ErrorCode.TOOL_UNAVAILABLE
+    assert states == {tid: "FAILURE" for tid in ids}, states
+    failed = {e["uuid"]: e for e in seen if e.get("type") == "task-failed"}
+    assert "WORKER_LOST" in failed[f"{turn.turn_id}:run"]["exception"]
+    assert failed[f"{turn.turn_id}:run"]["hostname"] == worker.name  # shown on the worker that ran it

@@ -210,6 +210,7 @@ class Dispatcher:
         return self.approvals.deny(turn_id, call_id, reason, by=by, remember=remember)
 
     def close(self) -> None:
+        self.submitter.close()
         self.app.close()
         self.ledger.redis.close()
 

@@ -17,6 +17,11 @@ reads Celery's state. But people read Flower, so a task's state there matches th
 - a call killed when its turn was cancelled (``Terminated``; its result is ``CANCELLED`` or
   ``OUTCOME_UNKNOWN``): Celery sends ``task-revoked``; the worker follows it with ``task-failed``,
   so Flower ends at ``FAILURE`` like any other error result;
+- a call the dispatcher ends itself after sending it (its worker died: ``WORKER_LOST``/
+  ``OUTCOME_UNKNOWN``; nobody took it: ``TOOL_UNAVAILABLE``): the dispatcher sends ``task-failed``
+  (:meth:`toolfleet.dispatcher.submit.Submitter.report_failed`), else Flower would show it
+  ``STARTED``/``PENDING`` for good. A call of a cancelled turn that never started is revoked
+  (Flower: ``REVOKED``: it did not run);
 - a message that was superseded by a later send of its call ran nothing: it ends ``SUCCESS``
   with its summary (the later message's task tells the call's end).
 
