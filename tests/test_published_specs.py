@@ -171,3 +171,20 @@ def test_a_worker_started_after_the_dispatcher_is_found(settings, start_worker, 
         [result] = dispatcher.run([ToolCall(id="c", name="fetch_row", arguments={"table": "t", "row": 2})],
                                   timeout_s=60)
     assert result.ok and result.data["value"] == "t-2-v1", result.content
+
+
+def test_session_state_of_a_live_tool_from_the_catalog(settings, start_worker) -> None:
+    """A tool with stored session state (examples.vfs) known to the dispatcher only from the catalog:
+    the session opens with its published initial value or a given one, the state plans as a
+    resource, and the calls see what the earlier ones saved."""
+    start_worker(args=["--tools", "examples.vfs"])
+    with Dispatcher(settings) as d:
+        assert d.registry.sources["fs_cd"] == "live" and d.registry.get("fs_cd").state.name == "vfs"
+        sid = d.open_session(state={"vfs": {"cwd": "/", "dirs": ["/", "/home"], "files": {}}})
+        calls = [ToolCall(id="cd", name="fs_cd", arguments={"path": "home"}),
+                 ToolCall(id="pwd", name="fs_pwd", arguments={})]
+        results = d.submit(calls, session_id=sid).results(60)
+        fresh = d.open_session()  # the published initial value
+        [pwd] = d.submit([ToolCall(id="p", name="fs_pwd", arguments={})], session_id=fresh).results(60)
+    assert [r.content for r in results] == ["/home", "/home"], results
+    assert pwd.ok and pwd.content == "/", pwd.content

@@ -151,7 +151,8 @@ def spec_from_description(entry: Mapping[str, Any]) -> ToolSpec:
             from .state import SessionState
 
             initial = entry.get("state_initial")
-            options["state"] = SessionState(str(entry["state"]), Any, default=lambda: copy.deepcopy(initial))
+            # type `object`: any JSON; the worker validates the stored value against the real type on load
+            options["state"] = SessionState(str(entry["state"]), object, default=lambda: copy.deepcopy(initial))
         access = "write" if entry.get("access_per_call") else entry.get("access", "write")
         spec = tool_from_schema(str(entry["name"]), entry["parameters"], description=str(entry.get("description", "")),
                                 access=access, resources=resources_from_form(entry.get("resources", "*")), **options)
