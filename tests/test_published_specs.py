@@ -188,3 +188,26 @@ def test_session_state_of_a_live_tool_from_the_catalog(settings, start_worker) -
         [pwd] = d.submit([ToolCall(id="p", name="fs_pwd", arguments={})], session_id=fresh).results(60)
     assert [r.content for r in results] == ["/home", "/home"], results
     assert pwd.ok and pwd.content == "/", pwd.content
+
+
+def test_a_catalog_this_version_cannot_read_is_skipped_not_a_crash(settings) -> None:
+    """Bad input: a worker (of another version, or anything writing the key) publishes tools this
+    dispatcher cannot read; those are skipped, the readable ones taken."""
+    import redis
+
+    from toolfleet.keys import Keys
+    from toolfleet.tools.published import catalog_registry
+
+    keys, client = Keys(settings.namespace), redis.Redis.from_url(settings.redis_url)
+    good = describe(default_registry().get("read_file")) | {"name": "read_file_copy", "version": "x1"}
+    broken = [42, "text", {"name": 7}, {"name": "no_parameters"}, {"name": "bad name!", "parameters": {}},
+              {"name": "bad_schema", "parameters": {"type": 12}}, {"name": "bad_sensitive", "parameters": {},
+                                                                  "sensitive": 3}, good]
+    client.set(keys.catalog("odd@host"), json.dumps({"worker": "odd@host", "tools": broken}), px=30_000)
+    client.set(keys.catalog("older@host"), json.dumps({"worker": "older@host", "tools": "not a list"}), px=30_000)
+    client.sadd(keys.workers, "odd@host", "older@host")
+    registry = catalog_registry(settings)
+    assert registry.sources["read_file_copy"] == "live"
+    assert registry.get("read_file_copy").resources({"path": "a/b"}) == ["fs:a/b"]
+    assert not {"no_parameters", "bad name!", "bad_schema", "bad_sensitive"} & set(registry.names())
+    assert registry.conflicts == {}

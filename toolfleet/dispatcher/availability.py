@@ -34,7 +34,7 @@ from ..keys import Keys
 from ..ledger import translated
 from ..models import ErrorCode, ToolResult
 from ..settings import Settings
-from ..tools.published import version_conflicts
+from ..tools.published import readable_tools, version_conflicts
 from ..tools.spec import ToolSpec
 from ..worker.app import HEALTH_TASK_NAME
 from ..worker.catalog import live_catalog
@@ -146,7 +146,7 @@ class Availability:
         with self._lock:
             if fresh or time.monotonic() - self._served_at > CATALOG_CACHE_S:
                 entries = live_catalog(self.settings, self.redis)
-                self._served = {tool["name"] for entry in entries for tool in entry.get("tools", ())}
+                self._served = {tool["name"] for entry in entries for tool in readable_tools(entry)}
                 self._conflicts = version_conflicts(entries)
                 self._served_at = time.monotonic()
                 self._ever_served |= self._served

@@ -158,7 +158,7 @@ def spec_from_description(entry: Mapping[str, Any]) -> ToolSpec:
                                 access=access, resources=resources_from_form(entry.get("resources", "*")), **options)
     except ConfigurationError:
         raise
-    except (KeyError, TypeError, ValueError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ConfigurationError(f"published tool {entry.get('name')!r} cannot be read: {exc}") from exc
     if entry.get("version"):
         object.__setattr__(spec, "_published_version", str(entry["version"]))
@@ -170,9 +170,18 @@ def version_conflicts(entries: Iterable[Mapping[str, Any]]) -> dict[str, dict[st
     (only tools with two versions or more)."""
     seen: dict[str, dict[str, list[str]]] = {}
     for entry in entries:
-        for tool in entry.get("tools", ()):
+        for tool in readable_tools(entry):
             seen.setdefault(tool["name"], {}).setdefault(str(tool.get("version")), []).append(str(entry.get("worker")))
     return {name: versions for name, versions in seen.items() if len(versions) > 1}
+
+
+def readable_tools(entry: Any) -> list[Mapping[str, Any]]:
+    """The readable tool descriptions of one catalog entry (objects with a string ``name``); a
+    worker of another version may publish what this one cannot read: skipped, never a crash."""
+    tools = entry.get("tools") if isinstance(entry, Mapping) else None
+    if not isinstance(tools, list):
+        return []
+    return [t for t in tools if isinstance(t, Mapping) and isinstance(t.get("name"), str)]
 
 
 class CatalogRegistry(Registry):
@@ -208,7 +217,7 @@ class CatalogRegistry(Registry):
             self.conflicts = version_conflicts(entries)
             tools, sources = dict(self._tools), dict(self.sources)
             for entry in entries:
-                for description in entry.get("tools", ()):
+                for description in readable_tools(entry):
                     self._take(tools, sources, description)
             # swapped whole: a thread iterating the registry meanwhile keeps the dict it started with
             self._tools, self.sources = tools, sources
