@@ -160,8 +160,8 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
             if hard_limit:  # the result is reported by on_timeout
                 self.send_event("task-failed", exception=repr(CallFailed(KILLED_AT_HARD_LIMIT)), traceback="")
             elif type(exc).__name__ == "Terminated":
-                # Celery sent task-revoked; the call's result is CANCELLED: an error result is a
-                # failed task in Flower (worker/task_states.py)
+                # Celery sent task-revoked; the call's result is an error (CANCELLED, or the
+                # dispatcher's OUTCOME_UNKNOWN): a failed task in Flower (worker/task_states.py)
                 self.send_event("task-failed", exception=repr(CallFailed(KILLED_ON_CANCEL)), traceback="")
                 _abandoned(runtime, self.kwargs, broken=False)
                 _finalize(runtime, self.kwargs, ErrorCode.CANCELLED,
