@@ -24,6 +24,7 @@ SECTIONS = (
     "6. Scale (on paper)",
     "7. Sandbox overhead",
     "8. CLI start-up",
+    "9. Sent events",
     "Profiles and fixes",
 )
 
@@ -360,6 +361,12 @@ def _cli(results: dict[str, Any]) -> str | None:
     )
 
 
+def _sent_events_render(results: dict[str, Any]) -> str | None:
+    from .sent_events import render  # imports toolfleet: only when the section is rendered
+
+    return render(results)
+
+
 def _fixes(results: dict[str, Any]) -> str:
     if results.get("meta", {}).get("quick"):
         return ("Not repeated for a quick run: `bench/fixes.md` explains the full run committed in "
@@ -377,6 +384,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str | None]] = {
     "6. Scale (on paper)": _scale,
     "7. Sandbox overhead": _sandbox,
     "8. CLI start-up": _cli,
+    "9. Sent events": lambda results: _sent_events_render(results),
     "Profiles and fixes": _fixes,
 }
 

@@ -25,12 +25,13 @@ from kombu.utils.url import maybe_sanitize_url
 
 from toolfleet.settings import Settings
 
-from . import cancel_latency, overhead, plan_efficiency, sandbox_overhead, scale, streaming, throughput
+from . import cancel_latency, overhead, plan_efficiency, sandbox_overhead, scale, sent_events, streaming, throughput
 from .plot import plot
 from .report import render
 from .stack import ROOT, PrivateRedis, RawFleet, ToolfleetFleet
 
-MEASUREMENTS = ("plan", "overhead", "throughput", "cancel", "streaming", "scale", "sandbox", "session_state", "cli")
+MEASUREMENTS = ("plan", "overhead", "throughput", "cancel", "streaming", "scale", "sandbox", "session_state", "cli",
+                "sent_events")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Sizes:
     stream_trials: int
     redis_bench_requests: int
     sandbox_rounds: int = 200
+    sent_events_calls: int = 4000
 
 
 FULL = Sizes(plan_trials=7, plan_slots=(2, 4, 8), overhead_rounds=40, overhead_default_get_rounds=10,
@@ -54,7 +56,7 @@ FULL = Sizes(plan_trials=7, plan_slots=(2, 4, 8), overhead_rounds=40, overhead_d
              redis_bench_requests=100_000)
 QUICK = Sizes(plan_trials=2, plan_slots=(2, 4), overhead_rounds=8, overhead_default_get_rounds=2,
               throughput_calls=800, throughput_in_flight=4, cancel_trials=5, stream_trials=1,
-              redis_bench_requests=20_000, sandbox_rounds=40)
+              redis_bench_requests=20_000, sandbox_rounds=40, sent_events_calls=640)
 
 
 def _log(message: str) -> None:
@@ -140,7 +142,7 @@ def run(sizes: Sizes, only: tuple[str, ...], redis_url: str | None, out: Path, c
     results: dict[str, Any] = {"meta": meta(url, command, note)}
     results["meta"]["quick"] = sizes == QUICK
     try:
-        if {"overhead", "throughput", "cancel", "streaming", "plan"} & set(only):
+        if {"overhead", "throughput", "cancel", "streaming", "plan", "sent_events"} & set(only):
             _stage_two_processes(url, sizes, only, results)
         if "throughput" in only:
             _log(f"throughput, {sizes.throughput_calls} calls a side, 1 worker process")
@@ -207,6 +209,10 @@ def _stage_two_processes(url: str, sizes: Sizes, only: tuple[str, ...], results:
             with tempfile.TemporaryDirectory(prefix="bench-ws-") as tmp:
                 ws = shutil.copytree(ROOT / "examples" / "cases" / "workspace", Path(tmp) / "workspace")
                 results["streaming"] = streaming.measure(tf.dispatcher, str(ws), trials=sizes.stream_trials)
+        if "sent_events" in only:
+            _log(f"sent events on and off, {sizes.sent_events_calls} calls a side, 2 worker processes")
+            results["sent_events"] = sent_events.measure(tf, total_calls=sizes.sent_events_calls,
+                                                         in_flight=sizes.throughput_in_flight)
         if "throughput" in only:
             _log(f"throughput, {sizes.throughput_calls} calls a side, 2 worker processes")
             with RawFleet(url, 2, like_toolfleet=True) as rtf:

@@ -111,8 +111,10 @@ def make_registry():
 class WorkerProcess:
     """A ``toolfleet worker`` process (prefork pool) for one test."""
 
-    def __init__(self, settings: Settings, concurrency: int, name: str, args: Sequence[str] = ()) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), TOOLFLEET_NAMESPACE=settings.namespace,
+    def __init__(self, settings: Settings, concurrency: int, name: str, args: Sequence[str] = (),
+                 python_path: Sequence[str] = (), tools: str = TEST_TOOLS) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *python_path]),
+                   TOOLFLEET_NAMESPACE=settings.namespace,
                    TOOLFLEET_HEARTBEAT_S=str(settings.heartbeat_s),
                    TOOLFLEET_CLOCK_SKEW_MARGIN_S=str(settings.clock_skew_margin_s))
         env.pop("REDIS_URL", None)
@@ -127,7 +129,7 @@ class WorkerProcess:
         self.settings = settings
         argv = [sys.executable, "-m", "toolfleet", "worker", "--redis-url", settings.redis_url,
                 "--namespace", settings.namespace, "--concurrency", str(concurrency),
-                "--tools", TEST_TOOLS, "--hostname", self.name, "--loglevel", "WARNING", *args]
+                "--tools", tools, "--hostname", self.name, "--loglevel", "WARNING", *args]
         if settings.insecure_no_signing:
             argv.append("--insecure-no-signing")
         if settings.broker_url:
@@ -175,10 +177,11 @@ def start_worker(settings: Settings) -> Iterator:
     started: list[WorkerProcess] = []
 
     def start(concurrency: int = 2, name: str = "w", args: Sequence[str] = (),
-              settings: Settings = settings) -> WorkerProcess:
+              settings: Settings = settings, python_path: Sequence[str] = (), tools: str = TEST_TOOLS) -> WorkerProcess:
         """``args``: extra ``toolfleet worker`` options, e.g. ``["--policy", path]``; ``settings``:
-        another namespace or Redis than the test's (a private Redis)."""
-        worker = WorkerProcess(settings, concurrency, f"{name}{len(started)}", args)
+        another namespace or Redis than the test's (a private Redis); ``python_path``: folders the
+        worker (only) imports from; ``tools``: its ``--tools`` module (default: the tests' tools)."""
+        worker = WorkerProcess(settings, concurrency, f"{name}{len(started)}", args, python_path, tools)
         started.append(worker)
         worker.wait_ready()
         return worker

@@ -157,7 +157,9 @@ def test_no_secret_in_flower_worker_log_or_audit(settings, tmp_path, workspace):
                                     limits=[None, None], envelope=bad)
             d.app.send_task(TASK_NAME, task_id=malformed, queue=queue, kwargs={"envelope": bad},
                             kwargsrepr="{'envelope': '(malformed on purpose)'}", argsrepr="()", ignore_result=True)
-            task_ids = {f"{turn.turn_id}:{c.id}": "SUCCESS" for c in calls} | {malformed: "FAILURE"}
+            # an error result is a failed task (issue 15, point 5: worker/task_states.py)
+            task_ids = {f"{turn.turn_id}:{c.id}": "SUCCESS" if results[c.id].ok else "FAILURE" for c in calls} \
+                | {malformed: "FAILURE"}
 
             def all_in(seen) -> bool:
                 return {(t, "task-succeeded" if s == "SUCCESS" else "task-failed") for t, s in task_ids.items()} \
@@ -199,7 +201,9 @@ def test_no_secret_in_flower_worker_log_or_audit(settings, tmp_path, workspace):
     env_info = infos[f"{turn.turn_id}:env"]
     assert json.loads(env_info["result"].replace("'", '"').replace("None", "null").replace("False", "false")) == {
         "status": "ok", "code": None, "content_chars": len(results["env"].content), "data": False}
-    assert "'code': 'EXECUTION_ERROR'" in infos[f"{turn.turn_id}:fail"]["result"]
+    assert "CallFailed('EXECUTION_ERROR" in infos[f"{turn.turn_id}:fail"]["exception"]
+    assert {tid for tid, s in task_ids.items() if s == "FAILURE"} == {
+        f"{turn.turn_id}:fail", f"{turn.turn_id}:login", f"{turn.turn_id}:db", malformed}
     assert "'data': True" in infos[f"{turn.turn_id}:show"]["result"]
     assert "***" in infos[f"{turn.turn_id}:login"]["kwargs"] and "alice" in infos[f"{turn.turn_id}:login"]["kwargs"]
     failure = infos[malformed]["exception"]

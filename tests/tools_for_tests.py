@@ -61,6 +61,22 @@ def swallowing_sleep(seconds: float) -> str:
     return "slept"
 
 
+@tool(access="read", resources=lambda a: [], timeout_s=30)
+def unstoppable_sleep(seconds: float) -> str:
+    """Sleep and swallow everything, the cancel interrupt included (only a kill stops it).
+
+    Args:
+        seconds: How long to sleep.
+    """
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            time.sleep(0.05)
+        except BaseException:  # noqa: BLE001 - the point of this tool
+            pass
+    return "slept"
+
+
 @tool(access="read", resources=lambda a: [])
 def boom(message: str) -> str:
     """Raise a RuntimeError with the message.

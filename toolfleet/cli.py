@@ -212,6 +212,9 @@ def run(
 ) -> None:
     """Execute the tool calls of a recorded model response or stream and print their results.
 
+    The tools are those the live workers publish (their full specs: no tool code is imported here);
+    --tools modules are used where the live workers run the same version of them.
+
     With --json: ``messages`` are the results in the same provider's shape, ``assistant`` the
     model's own message(s) to put before them in the next request. Calls the policy asks about
     wait until approved or denied from another terminal (`toolfleet approve TURN CALL`); the
@@ -221,7 +224,7 @@ def run(
     from .dispatcher import Dispatcher
     from .dispatcher.adapters import detect, detect_event, get_adapter
     from .progress import live_progress
-    from .tools.registry import default_registry
+    from .tools.registry import Registry, default_registry
     from .view import print_results
 
     # SIGTERM ends the process through SystemExit, so the exit hook cancels the turn (nothing of
@@ -234,7 +237,10 @@ def run(
         adapter = get_adapter(fmt) if fmt else detect(payload)
         if not adapter.streamed and isinstance(payload, list) and payload and detect_event(payload[0]):
             adapter = get_adapter(f"{adapter.name}_stream")  # --format chat for a recorded chat stream
-        dispatcher = Dispatcher(settings, default_registry(tools or []), _policy(policy))
+        # without --tools: the live workers' published specs (no tool code imported); with
+        # --tools: those modules' specs where the live workers run the same version (published.py)
+        registry = Registry.from_catalog(settings, default_registry(tools)) if tools else None
+        dispatcher = Dispatcher(settings, registry, _policy(policy))
         options = {"workspace": str(workspace.resolve()), "session_id": session}
         if adapter.streamed:
             # a recorded stream that cannot be read is refused whole, before anything runs

@@ -81,6 +81,9 @@ class Settings(BaseModel):
     - ``insecure_no_signing``: no key, on purpose: the dispatcher sends unsigned messages and
       workers run any message that reaches their queues. Without a key and without this, a
       dispatcher or worker refuses to start (:meth:`require_signing`).
+    - ``task_sent_events``: the dispatcher publishes a ``task-sent`` event per call (Celery's
+      ``task_send_sent_event``), so Flower lists calls still waiting in a queue; its cost is measured
+      in bench/ ("sent events", bench/results/report.md), which chose the default.
     """
 
     # errors never quote a value: a Redis URL holds a password
@@ -164,6 +167,8 @@ class Settings(BaseModel):
                 "TOOLFLEET_INSECURE_NO_SIGNING=1, Settings(insecure_no_signing=True)); see docs/signing.md")
         return keys
 
+    task_sent_events: bool = True
+
     @field_validator("heartbeat_s", "max_queue_wait_s", "breaker_cooldown_s", "lock_lease_s", "lock_wait_s",
                      "cancel_grace_s", "kill_grace_s", "turn_lease_s", "clock_skew_margin_s")
     @classmethod
@@ -198,7 +203,8 @@ class Settings(BaseModel):
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Settings from ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``, ``TOOLFLEET_NAMESPACE``,
         ``TOOLFLEET_HEARTBEAT_S``, ``TOOLFLEET_TURN_LEASE_S``, ``TOOLFLEET_CLOCK_SKEW_MARGIN_S``,
-        ``TOOLFLEET_SANDBOX``, ``TOOLFLEET_SANDBOX_NETWORK``, ``TOOLFLEET_BWRAP``, ``TOOLFLEET_REDIS_CA_FILE``,
+        ``TOOLFLEET_SANDBOX``, ``TOOLFLEET_SANDBOX_NETWORK``, ``TOOLFLEET_BWRAP``, ``TOOLFLEET_TASK_SENT_EVENTS``
+        (``0``/``false``/``no``/``off`` turn it off), ``TOOLFLEET_REDIS_CA_FILE``,
         ``TOOLFLEET_REDIS_CERT_FILE``, ``TOOLFLEET_REDIS_KEY_FILE``, ``TOOLFLEET_REDIS_CERT_REQS``; keyword
         overrides that are not ``None`` win. ``TOOLFLEET_REDIS_PASSWORD_FILE`` (a file holding the Redis
         password, e.g. a Docker secret; ``TOOLFLEET_REDIS_USER`` the ACL user, default Redis's ``default``)
@@ -228,6 +234,9 @@ class Settings(BaseModel):
         if env.get("TOOLFLEET_CLOCK_SKEW_MARGIN_S"):
             values["clock_skew_margin_s"] = _seconds(env, "TOOLFLEET_CLOCK_SKEW_MARGIN_S")
         values.update(_keys_from_env(env))
+        if env.get("TOOLFLEET_TASK_SENT_EVENTS"):
+            values["task_sent_events"] = env["TOOLFLEET_TASK_SENT_EVENTS"].strip().lower() not in (
+                "0", "false", "no", "off")
         values.update({k: v for k, v in overrides.items() if v is not None})
         if env.get("TOOLFLEET_REDIS_PASSWORD_FILE"):  # a Docker secret: the password never in an env var
             password = _read_secret(env["TOOLFLEET_REDIS_PASSWORD_FILE"], "TOOLFLEET_REDIS_PASSWORD_FILE")

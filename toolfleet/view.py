@@ -77,6 +77,12 @@ def print_catalog(console: Console, entries: list[dict[str, Any]], namespace: st
         cell = Text(name, style="bold") + Text(f"\n{queues[name]}\n{spec['access']} · {spec['timeout_s']:g} s")
         table.add_row(cell, Text(", ".join(workers)), Text(first_line))
     console.print(table)
+    from .tools.published import version_conflicts
+
+    for name, versions in sorted(version_conflicts(entries).items()):  # never silently mixed: refused
+        told = "; ".join(f"version {v} on {', '.join(sorted(w))}" for v, w in sorted(versions.items()))
+        console.print(f"[bold red]{name}: {len(versions)} different versions live ({escape(told)}); "
+                      "its calls get TOOL_UNAVAILABLE until one is left[/]")
     for entry in entries:
         box = entry.get("sandbox") or {}
         if box.get("mode") == "none":

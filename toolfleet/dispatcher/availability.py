@@ -4,6 +4,9 @@
   (:mod:`toolfleet.worker.catalog`). A tool that no live worker serves gets ``TOOL_UNAVAILABLE``
   at once instead of a task that waits in a queue nobody reads. The catalog is read at most once a
   second (two Redis round trips) and re-read before refusing, so a worker that just came up is seen.
+- **One version per tool**: a tool whose live workers publish two versions of its spec or code
+  (:func:`toolfleet.tools.published.version_conflicts`) gets ``TOOL_UNAVAILABLE`` naming the
+  workers, rather than running on whichever worker takes the message (issue 15, point 3).
 - **Circuit breaker** (:mod:`toolfleet.breaker`): a tool whose circuit is open gets
   ``TOOL_UNAVAILABLE``; the dispatcher that finds its cooldown over sends the health check.
 - **Worker liveness**: a worker whose catalog expired (three missed heartbeats) is dead; the turn's
@@ -33,6 +36,7 @@ from ..ledger import translated
 from ..models import ErrorCode, ToolResult
 from ..settings import Settings
 from ..signing import signed_fields
+from ..tools.published import readable_tools, version_conflicts
 from ..tools.spec import ToolSpec
 from ..worker.app import HEALTH_TASK_NAME
 from ..worker.catalog import live_catalog
@@ -80,6 +84,7 @@ class Availability:
         self.breakers = Breakers(settings, client)
         self._lock = threading.Lock()
         self._served: set[str] = set()
+        self._conflicts: dict[str, dict[str, list[str]]] = {}
         self._ever_served: set[str] = set()  # tools this dispatcher has seen a live worker serve
         self._served_at = -1e9
         self._alive: dict[str, tuple[float, bool]] = {}  # worker -> (checked at, catalog present)
@@ -112,6 +117,15 @@ class Availability:
                 f"{NO_LIVE_WORKER} {spec.name!r} (queue {self.keys.queue(spec.queue)}); it did not run",
                 "start a worker that serves it (`toolfleet worker --tools <module>`), or use another tool",
             )
+        with self._lock:
+            versions = self._conflicts.get(spec.name)
+        if versions:
+            told = "; ".join(f"{v}: {', '.join(sorted(w))}" for v, w in sorted(versions.items()))
+            return ToolResult.failure(
+                call_id, spec.name, ErrorCode.TOOL_UNAVAILABLE,
+                f"live workers serve {len(versions)} different versions of {spec.name!r} ({told}); it did not run",
+                "stop the workers that serve the old version (`toolfleet tools` lists them), then call it again",
+            )
         closed = getattr(self._group, "closed", None)
         if closed is not None and spec.name in closed:
             return None
@@ -135,7 +149,8 @@ class Availability:
         with self._lock:
             if fresh or time.monotonic() - self._served_at > CATALOG_CACHE_S:
                 entries = live_catalog(self.settings, self.redis)
-                self._served = {tool["name"] for entry in entries for tool in entry.get("tools", ())}
+                self._served = {tool["name"] for entry in entries for tool in readable_tools(entry)}
+                self._conflicts = version_conflicts(entries)
                 self._served_at = time.monotonic()
                 self._ever_served |= self._served
             return set(self._served)

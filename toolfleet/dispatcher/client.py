@@ -20,6 +20,7 @@ from ..policy.config import Policy
 from ..policy.loops import LoopDetector
 from ..policy.rules import Rule, RuleStore
 from ..settings import Settings
+from ..tools.published import catalog_registry
 from ..tools.registry import Registry, default_registry
 from ..tools.state import SessionStore
 from ..worker.app import create_app
@@ -37,9 +38,12 @@ from .wire import encodable
 class Dispatcher:
     """Runs batches of tool calls on the workers of ``settings.namespace``.
 
-    ``registry`` must describe the same tools the workers serve (default: the built-in workspace
-    tools). ``policy`` decides what runs, waits for a person's approval or is refused (default:
-    :meth:`Policy.permissive`); give the workers the same policy, they check it again. Raises
+    ``registry``: the tools calls are validated and planned against. Default: the tools the live
+    workers publish (their full specs, no tool code imported) over the built-in ones, re-read when
+    a call names a tool it does not know (:func:`toolfleet.tools.published.catalog_registry`).
+    A registry given here is used as it is: it wins over the catalog (the worker validates every
+    call again against its own spec). ``policy`` decides what runs, waits for a person's approval
+    or is refused (default: :meth:`Policy.permissive`); give the workers the same policy, they check it again. Raises
     :class:`~toolfleet.errors.BrokerUnavailable` at construction if Redis does not answer.
     """
 
@@ -47,9 +51,10 @@ class Dispatcher:
         self, settings: Settings | None = None, registry: Registry | None = None, policy: Policy | None = None
     ) -> None:
         self.settings = settings or Settings()
-        self.registry = registry if registry is not None else default_registry()
         self.policy = policy if policy is not None else Policy.permissive()
         self.ledger = Ledger(self.settings)
+        self.registry = registry if registry is not None else \
+            catalog_registry(self.settings, default_registry(), self.ledger.redis)
         self.app = create_app(self.settings, self.registry)
         self.submitter = Submitter(self.app, self.settings, self.ledger.audit)
         self.rules = RuleStore(self.ledger.redis, self.ledger.keys, self.settings.redis_url)
@@ -205,6 +210,7 @@ class Dispatcher:
         return self.approvals.deny(turn_id, call_id, reason, by=by, remember=remember)
 
     def close(self) -> None:
+        self.submitter.close()
         self.app.close()
         self.ledger.redis.close()
 

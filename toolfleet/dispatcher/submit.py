@@ -9,9 +9,11 @@ settings say ``insecure_no_signing``.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -60,6 +62,9 @@ def task_id(turn_id: str, call_id: str) -> str:
     return f"{turn_id}:{call_id}"
 
 
+log = logging.getLogger(__name__)
+
+
 class Submitter:
     """Sends calls with one Celery app (thread-safe: Celery's producer pool)."""
 
@@ -72,6 +77,7 @@ class Submitter:
         self._announced: set[tuple[str, str]] = set()  # (turn, call) whose `submitted` is written
         self._lock = threading.Lock()
         self._batch = threading.local()  # .producer: the producer of this thread's open batch
+        self._reporter: ThreadPoolExecutor | None = None  # report_failed's thread, started on first use
 
     @contextmanager
     def batch(self, size: int) -> Iterator[None]:
@@ -180,6 +186,38 @@ class Submitter:
         except (OperationalError, OSError) as exc:
             raise BrokerUnavailable(self.settings.broker, str(exc)) from exc
         return tid
+
+    def report_failed(self, task_id: str, code: str, worker: str | None = None) -> None:
+        """Tell Flower that a task the dispatcher ended itself failed (its worker died, no worker
+        took it): one ``task-failed`` event, as a worker sends for an error result
+        (:mod:`toolfleet.worker.task_states`); otherwise Flower would show it ``STARTED`` or
+        ``PENDING`` for good. ``worker``: the worker that ran it, if any (the event comes from it,
+        as far as Flower can tell). Sent from a thread of its own (one, reports in order), so a
+        broker in trouble never holds up the turn's driver. Best effort: the ledger holds the
+        result either way."""
+        if not task_id:
+            return
+        with self._lock:
+            if self._reporter is None:
+                self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolfleet-flower")
+            self._reporter.submit(self._send_failed, task_id, code, worker)
+
+    def _send_failed(self, task_id: str, code: str, worker: str | None) -> None:
+        from ..worker.task_states import CallFailed
+
+        text = f"{code}: ended by the dispatcher (see the turn ledger)"
+        try:
+            with self.app.events.default_dispatcher(hostname=worker) as events:
+                events.send("task-failed", uuid=task_id, exception=repr(CallFailed(text)), traceback="")
+        except Exception as exc:  # noqa: BLE001 - Flower's view only
+            log.warning("could not tell Flower that task %s failed (%s)", task_id, exc)
+
+    def close(self) -> None:
+        """Stop the thread that reports failed tasks (reports still queued are dropped)."""
+        with self._lock:
+            reporter, self._reporter = self._reporter, None
+        if reporter is not None:
+            reporter.shutdown(wait=False, cancel_futures=True)
 
     def revoke(self, task_ids: list[str], *, kill: bool = False) -> None:
         """Tell the workers to drop (``kill=False``) or SIGKILL (``kill=True``) these tasks."""

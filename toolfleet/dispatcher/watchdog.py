@@ -126,11 +126,12 @@ class Watchdog:
             self._lost(call_id, f"its worker died and no live worker serves {run.spec.name!r} any more",
                        until_s=self._hard_s(call_id) + turn._settings.clock_skew_margin_s)
             return
-        turn._ledger.record_result(turn.turn_id, ToolResult.failure(
+        if turn._ledger.record_result(turn.turn_id, ToolResult.failure(
             call_id, run.spec.name, ErrorCode.TOOL_UNAVAILABLE,
             f"no live worker serves the tool {run.spec.name!r} any more (their heartbeats stopped); it did not run",
             "start a worker that serves it, or ask again later",
-        ), unless_started=True)
+        ), unless_started=True):
+            self._failed_in_flower(call_id, ErrorCode.TOOL_UNAVAILABLE)
 
     def _send_again(self, call_id: str) -> None:
         """Send the call again; every earlier message of it can no longer claim it."""
@@ -158,9 +159,10 @@ class Watchdog:
                     "check the real state before repeating it",
                 )
                 self._hold_locks(self._hard_s(call_id) + turn._settings.clock_skew_margin_s)
-            else:
+            else:  # never started: its message is revoked (Flower: REVOKED, it did not run)
                 result = not_executed(call_id, turn._names[call_id])
-            turn._ledger.record_result(turn.turn_id, result)
+            if turn._ledger.record_result(turn.turn_id, result) and call_id in started:
+                self._failed_in_flower(call_id, ErrorCode.OUTCOME_UNKNOWN)
         turn._submitter.revoke([t for t in stuck if t], kill=True)
 
     def _worker_gone(self, call_id: str, worker: str, started_at: float, now: float) -> None:
@@ -199,6 +201,7 @@ class Watchdog:
         ))
         if kept:
             self._hold_locks(until_s)
+            self._failed_in_flower(call_id, code or ErrorCode.WORKER_LOST)
         if kept and self.availability is not None:
             self.availability.report_lost(run.spec.name)
 
@@ -219,8 +222,14 @@ class Watchdog:
             self._lost(call_id, f"its worker died and no other worker took it up within {wait_s:g} s",
                        until_s=self._hard_s(call_id) + turn._settings.clock_skew_margin_s)
             return
-        turn._ledger.record_result(turn.turn_id, ToolResult.failure(
+        if turn._ledger.record_result(turn.turn_id, ToolResult.failure(
             call_id, run.spec.name, ErrorCode.TOOL_UNAVAILABLE,
             f"no worker started the call within {wait_s:g} s (max_queue_wait_s); it did not run",
             "the workers serving this tool are busy or gone; ask again later",
-        ), unless_started=True)
+        ), unless_started=True):
+            self._failed_in_flower(call_id, ErrorCode.TOOL_UNAVAILABLE)
+
+    def _failed_in_flower(self, call_id: str, code: ErrorCode) -> None:
+        """A call this dispatcher ended after sending it: its task is a failed task in Flower too."""
+        turn = self.turn
+        turn._submitter.report_failed(turn._submitted.get(call_id, ""), code.value, turn._worker_of.get(call_id))

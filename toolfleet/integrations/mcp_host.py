@@ -232,16 +232,12 @@ def add_hosted_servers(registry: Registry, options: Iterable[str], warn: Any = N
 
 
 def from_description(entry: Mapping[str, Any]) -> ToolSpec:
-    """A dispatcher-side spec (no handler) from a worker catalog's tool description
-    (:meth:`ToolSpec.describe`): resources are not published, so the tool is planned as touching everything."""
-    return tool_from_schema(
-        entry["name"], entry["parameters"], description=entry.get("description", ""), access=entry["access"],
-        queue=entry.get("queue", ""), timeout_s=entry.get("timeout_s", 60.0),
-        cancellable=entry.get("cancellable", True), idempotent=entry.get("idempotent", False),
-        risk=entry.get("risk", "medium"), sensitive=tuple(entry.get("sensitive", ())),
-        command_arg=entry.get("command_arg"), pollable=entry.get("pollable", False),
-        journal=entry.get("journal", False),
-    )
+    """A dispatcher-side spec (no handler) from a worker catalog's tool description: the full
+    published spec (:func:`toolfleet.tools.published.spec_from_description`: schema, access, the
+    resources rule where it is declarative, else touching everything, limits)."""
+    from ..tools.published import spec_from_description
+
+    return spec_from_description(entry)
 
 
 def with_live_tools(registry: Registry, settings: Any) -> Registry:

@@ -38,6 +38,16 @@ class Registry:
         self._tools[spec.name] = spec
         return spec
 
+    @classmethod
+    def from_catalog(cls, settings: Any, local: Registry | None = None, client: Any = None) -> Registry:
+        """The tools the live workers of ``settings.namespace`` publish, usable without importing
+        their code, over ``local`` (default: the built-ins). See
+        :func:`toolfleet.tools.published.catalog_registry` (which spec wins; raises
+        :class:`~toolfleet.errors.BrokerUnavailable` if Redis does not answer)."""
+        from .published import catalog_registry
+
+        return catalog_registry(settings, local, client)
+
     def get(self, name: str) -> ToolSpec | None:
         return self._tools.get(name)
 

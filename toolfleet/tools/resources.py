@@ -65,6 +65,7 @@ def paths(*arg_names: str, default: str = ".") -> Callable[[Mapping[str, Any]], 
 
     resources.declared = [f"fs:{{{name}}}" for name in arg_names]  # type: ignore[attr-defined]
     resources.spellings = spellings  # type: ignore[attr-defined]  # raw paths, for canonicalising
+    resources.paths_declared = (arg_names, default)  # type: ignore[attr-defined]  # published form (tools/published.py)
     return resources
 
 

@@ -148,24 +148,11 @@ class ToolSpec:
         return f"{turn_id}:{call_id}"
 
     def describe(self) -> dict[str, Any]:
-        """Provider-neutral description, as published in the worker catalog."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "parameters": self.parameters,
-            "access": self.access,
-            "queue": self.queue,
-            "timeout_s": self.timeout_s,
-            "cancellable": self.cancellable,
-            "idempotent": self.idempotent,
-            "risk": self.risk,
-            "sensitive": list(self.sensitive),
-            "command_arg": self.command_arg,
-            "pollable": self.pollable,
-            "journal": self.journal,
-            "state": None if self.state is None else self.state.name,
-            "loop_check": self.loop_check,
-        }
+        """Provider-neutral full description, as published in the worker catalog: schema, access,
+        resources rule, limits, queue, ``version`` (:func:`toolfleet.tools.published.describe`)."""
+        from .published import describe
+
+        return describe(self)
 
 
 def tool(

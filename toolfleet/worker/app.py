@@ -13,8 +13,10 @@ again; :mod:`.side_effects` then decides whether it may run again (reads and jou
 ``WORKER_LOST``. With a Redis broker an unacknowledged message comes back after the visibility
 timeout, so that must be longer than any call can take (:func:`visibility_timeout_s`). Results
 live in the turn ledger, not in Celery's result backend (``ignore_result``): a REVOKED state there
-proves nothing about whether a call ran. The task returns only status, error code and sizes, and
-the worker's log lines are redacted (:mod:`.redaction`): Flower and the logs never see tool output.
+proves nothing about whether a call ran. The task returns only status, error code and sizes (an
+error result raises :class:`~.task_states.CallFailed` carrying the same, so Flower shows it as a
+failed task: :mod:`.task_states`), and the worker's log lines are redacted (:mod:`.redaction`):
+Flower and the logs never see tool output.
 """
 
 from __future__ import annotations
@@ -39,10 +41,11 @@ from .affinity import connect_affinity
 from .authenticity import message_problem, report_drop
 from .catalog import connect_catalog
 from .events import BatchedTaskEvents
-from .execute import execute
+from .execute import RUNNING_COPY_MESSAGE, SUPERSEDED_MESSAGE, execute, with_journal_key
 from .pool import POOL_CLASS
 from .redaction import redacted_failure, task_summary
 from .runtime import Runtime
+from .task_states import KILLED_AT_HARD_LIMIT, KILLED_ON_CANCEL, CallFailed, ShadowedAMQP, task_outcome
 from .transport import TRANSPORT_CLASS
 
 TASK_NAME = "toolfleet.run_call"
@@ -102,9 +105,9 @@ def celery_config(settings: Settings, registry: Registry | None = None) -> dict[
         "event_serializer": "json",
         "task_default_queue": f"{settings.namespace}.default",
         "worker_send_task_events": True,
-        # no client-side task-sent events: they carry the real task name, not the shadow, and
-        # when they reach Flower after the worker's events Flower shows "toolfleet.run_call"
-        "task_send_sent_event": False,
+        # task-sent events let Flower list queued calls (PENDING); ShadowedAMQP names them by the
+        # shadow, as the worker's events do (worker/task_states.py; cost: bench/, "sent events")
+        "task_send_sent_event": settings.task_sent_events,
         "worker_prefetch_multiplier": 1,
         # take a message only when a process is free (Redis brokers; Celery >= 5.6): otherwise the
         # worker reserves queued calls ahead, in queue order, and a later call heading a longer
@@ -132,7 +135,8 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
     call. ``app.toolfleet`` is the :class:`Runtime`."""
     registry = registry if registry is not None else default_registry()
     runtime = Runtime(settings, registry, policy)
-    app = Celery(f"toolfleet-{settings.namespace}", broker=settings.broker, backend=settings.redis_url)
+    app = Celery(f"toolfleet-{settings.namespace}", broker=settings.broker, backend=settings.redis_url,
+                 amqp=ShadowedAMQP)
     app.conf.update(celery_config(settings, registry))
     app.steps["consumer"].add(BatchedTaskEvents)
     app.toolfleet = runtime  # type: ignore[attr-defined]
@@ -175,10 +179,16 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
                 # The message goes back to the queue (reject_on_worker_lost); the next delivery
                 # decides what the call may do (worker/side_effects.py). Free its journal key now.
                 _abandoned(runtime, self.kwargs, broken=True, pid=self.worker_pid)
+            hard_limit = isinstance(exc, TimeLimitExceeded)
+            if hard_limit:  # Celery logged "hard time limit exceeded": no traceback of it too, and
+                return_ok, send_failed_event = True, False  # a failed event that names the code
             super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
-            if isinstance(exc, TimeLimitExceeded):
-                pass  # reported by on_timeout
+            if hard_limit:  # the result is reported by on_timeout
+                self.send_event("task-failed", exception=repr(CallFailed(KILLED_AT_HARD_LIMIT)), traceback="")
             elif type(exc).__name__ == "Terminated":
+                # Celery sent task-revoked; the call's result is an error (CANCELLED, or the
+                # dispatcher's OUTCOME_UNKNOWN): a failed task in Flower (worker/task_states.py)
+                self.send_event("task-failed", exception=repr(CallFailed(KILLED_ON_CANCEL)), traceback="")
                 _abandoned(runtime, self.kwargs, broken=False, pid=self.worker_pid)
                 _finalize(runtime, self.kwargs, ErrorCode.CANCELLED,
                           "the call was stopped when its turn was cancelled",
@@ -187,8 +197,9 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
 
     # shared=False: Celery registers a shared task on every app created later in the process, which
     # would run this app's closure (its runtime, its namespace) for another app's calls.
+    # throws: an error result raises CallFailed, an expected exception (one log line, no traceback)
     @app.task(name=TASK_NAME, bind=True, Request=CallRequest, acks_late=True, reject_on_worker_lost=True,
-              ignore_result=True, shared=False)
+              ignore_result=True, shared=False, throws=(CallFailed,))
     def run_call(self: Any, envelope: dict[str, Any]) -> dict[str, Any]:
         problem = message_problem(runtime, task=TASK_NAME, task_id=self.request.id,
                                   queue=(self.request.delivery_info or {}).get("routing_key"),
@@ -208,10 +219,15 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
                       "the call ran past its time limit and was stopped",
                       "ask for less work per call, or a longer time limit where the tool allows it",
                       pid=os.getpid())
-            return {}
+            result = _recorded(runtime, envelope)
+            if result is None:
+                return {}
         except Exception as exc:  # Flower and the logs show the exception: redacted (worker/redaction.py)
             raise redacted_failure(exc, envelope) from None
-        return task_summary(result)  # ids, codes and sizes only: the content is the ledger's
+        if result.error is not None and result.error.message in (SUPERSEDED_MESSAGE, RUNNING_COPY_MESSAGE):
+            return task_summary(result)  # this message ran nothing: the other one tells the call's end
+        # ids, codes and sizes only: the content is the ledger's; an error result raises CallFailed
+        return task_outcome(result)
 
     @app.task(name=HEALTH_TASK_NAME, ignore_result=True, acks_late=False, shared=False,
               soft_time_limit=HEALTH_TIME_LIMIT_S, time_limit=HEALTH_TIME_LIMIT_S + 2)
@@ -258,12 +274,23 @@ def _abandoned(runtime: Runtime, kwargs: dict[str, Any], *, broken: bool, pid: i
         env = CallEnvelope.model_validate(kwargs.get("envelope", {}))
         if pid:
             runtime.ledger.fence_dead(env.turn_id, env.call_id, pid)
+        spec = runtime.registry.get(env.name)
+        env = env if spec is None else with_journal_key(spec, env)
         runtime.journal.release_owner(runtime.journal.key(env.name, env.idempotency_key),
                                       f"{env.turn_id}:{env.call_id}")
         if broken:
             runtime.breakers.observe(env.name, ok=False)
     except Exception as exc:  # best effort: leases lapse by themselves
         log.warning("could not release the journal key of a lost call (%s)", exc)
+
+
+def _recorded(runtime: Runtime, envelope: dict[str, Any]) -> ToolResult | None:
+    """The result the ledger holds for the call of ``envelope`` (``None`` if none, or unreadable)."""
+    try:
+        env = CallEnvelope.model_validate(envelope)
+        return runtime.ledger.results(env.turn_id).get(env.call_id)
+    except Exception:  # best effort: only Flower's state depends on it
+        return None
 
 
 def _finalize(runtime: Runtime, kwargs: dict[str, Any], code: ErrorCode, message: str, hint: str,

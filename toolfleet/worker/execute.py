@@ -31,6 +31,18 @@ from .stateful import call_handler
 from .values import safe_text, to_content_and_data, to_json
 
 log = logging.getLogger(__name__)
+SUPERSEDED_MESSAGE = "this message of the call was superseded by a later send; it did not run"
+RUNNING_COPY_MESSAGE = "a copy of this call's message arrived while the call runs; it did not run"
+
+
+def with_journal_key(spec: ToolSpec, env: CallEnvelope) -> CallEnvelope:
+    """``env`` with the journal key this worker's spec derives (``idempotency_key``), when it
+    declares a function for it: a dispatcher that built the spec from the catalog cannot run that
+    function and sends ``turn_id:call_id`` (tools/published.py)."""
+    if spec.idempotency_key is None:
+        return env
+    return env.model_copy(update={"idempotency_key": spec.idempotency_key_for(env.turn_id, env.call_id,
+                                                                               env.arguments)})
 
 
 def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_s: float | None = None) -> ToolResult:
@@ -52,6 +64,7 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
     problem = check_arguments(spec, env.call_id, env.arguments) or screen_call(runtime, env, spec, worker)
     if problem is not None:
         return _record(runtime, env, problem, worker, picked_at, picked_at)
+    env = with_journal_key(spec, env)
 
     ctx = ToolContext(
         call_id=env.call_id,
@@ -68,13 +81,11 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
         claim = ledger.claim_start(env.turn_id, env.call_id, worker, arm_wait_s=arm_wait_s(env),
                                    hard_limit_s=hard_s, submitted_at=env.submitted_at)
         if claim == "superseded":  # the dispatcher sent the call again: that message runs it, not this one
-            return ToolResult.failure(env.call_id, env.name, ErrorCode.NOT_EXECUTED,
-                                      "this message of the call was superseded by a later send; it did not run", "")
+            return ToolResult.failure(env.call_id, env.name, ErrorCode.NOT_EXECUTED, SUPERSEDED_MESSAGE, "")
         if claim == "running":  # a copy of the message whose execution holds the call: nothing recorded
             log.warning("call %s of turn %s: a copy of its message arrived while its execution runs; not run",
                         env.call_id, env.turn_id)
-            return ToolResult.failure(env.call_id, env.name, ErrorCode.NOT_EXECUTED,
-                                      "a copy of this call's message arrived while the call runs; it did not run", "")
+            return ToolResult.failure(env.call_id, env.name, ErrorCode.NOT_EXECUTED, RUNNING_COPY_MESSAGE, "")
         if claim in ("cancelled", "done", "ended"):
             recorded = ledger.results(env.turn_id).get(env.call_id)
             if recorded is not None:

@@ -6,7 +6,9 @@ which is what the dispatcher reads; Celery only ever sees:
 
 - **the task's return value** (:func:`task_summary`): ``{"status", "code", "content_chars", "data"}``.
   Celery puts it in the worker's ``succeeded in … : <return value>`` log line and in the
-  ``task-succeeded`` event Flower shows as the task's ``result`` (even with ``ignore_result``);
+  ``task-succeeded`` event Flower shows as the task's ``result`` (even with ``ignore_result``); an
+  error result raises :class:`~.task_states.CallFailed` whose message is the same summary
+  (``task-failed``: Flower's ``exception``);
 - **an exception the task body raises** (:func:`redacted_failure`): re-raised as
   :class:`CallTaskError` whose message is the original traceback, redacted, so Flower's
   ``exception``/``traceback`` fields and Celery's error log line carry no secret;

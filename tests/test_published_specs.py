@@ -1,0 +1,213 @@
+"""Issue 15, point 3: one source of truth for tools. Workers publish each tool's full spec; a
+dispatcher (Python API and `toolfleet run` without --tools) builds its registry from the live
+catalog without importing any tool code. The tools module here lives in a temporary folder only
+the worker's PYTHONPATH names: this process cannot import it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from toolfleet import Dispatcher, ToolCall
+from toolfleet.models import ErrorCode
+from toolfleet.tools.published import describe, spec_from_description, version_conflicts
+from toolfleet.tools.registry import Registry, default_registry
+from toolfleet.tools.resources import EVERYTHING, resolve
+
+from .conftest import ROOT
+
+ROW_TOOLS = '''
+import time
+from typing import Annotated
+from pydantic import Field
+from toolfleet import ToolContext, paths, tool
+
+@tool(access="read", resources=paths(), timeout_s=10)  # touches nothing
+def fetch_row(table: str, row: Annotated[int, Field(ge=0)]) -> dict:
+    """Fetch one row of a table."""
+    return {"table": table, "row": row, "value": f"{table}-{row}-VERSION"}
+
+@tool(access="write", resources=paths("path"), timeout_s=10)
+def append_slowly(path: str, text: str, ctx: ToolContext) -> str:
+    """Append a start line, wait, append an end line."""
+    target = ctx.resolve_path(path)
+    with open(target, "a") as out:
+        out.write(f"start {text}\\n")
+    time.sleep(0.4)
+    with open(target, "a") as out:
+        out.write(f"end {text}\\n")
+    return "ok"
+
+@tool(access="write", resources=lambda a: [f"db:{a['table']}"])
+def bump_row(table: str) -> str:
+    """Bump a row counter (its resource function is Python code)."""
+    return "bumped"
+'''
+
+
+def tools_module(tmp_path: Path, version: str = "v1", folder: str = "mods") -> tuple[str, Path]:
+    """A tools module in a folder of its own (not on this process's path): (module name, folder)."""
+    name = f"rowtools_{uuid.uuid4().hex[:8]}"
+    where = tmp_path / folder
+    where.mkdir(exist_ok=True)
+    (where / f"{name}.py").write_text(ROW_TOOLS.replace("VERSION", version))
+    assert importlib.util.find_spec(name) is None  # the dispatcher side cannot import it
+    return name, where
+
+
+def test_published_description_round_trips_for_the_builtins() -> None:
+    for spec in default_registry():
+        entry = describe(spec)
+        again = spec_from_description(json.loads(json.dumps(entry)))
+        assert describe(again)["version"] == entry["version"]
+        assert again.parameters == spec.parameters and again.queue == spec.queue
+        assert (again.timeout_s, again.journal, again.idempotent) == (spec.timeout_s, spec.journal, spec.idempotent)
+    read_file = describe(default_registry().get("read_file"))
+    assert read_file["resources"] == {"paths": ["path"], "default": "."}
+    assert describe(default_registry().get("run_command"))["resources"] == "*"
+    assert describe(default_registry().get("read_output"))["resources"] == "code"  # a lambda
+
+
+def test_version_conflicts_name_the_workers() -> None:
+    entries = [{"worker": "a", "tools": [{"name": "t", "version": "1"}, {"name": "u", "version": "9"}]},
+               {"worker": "b", "tools": [{"name": "t", "version": "2"}, {"name": "u", "version": "9"}]}]
+    assert version_conflicts(entries) == {"t": {"1": ["a"], "2": ["b"]}}
+
+
+def test_dispatcher_without_registry_uses_the_published_specs(settings, start_worker, tmp_path, workspace) -> None:
+    module, folder = tools_module(tmp_path)
+    start_worker(python_path=[str(folder)], tools=module)
+    with Dispatcher(settings) as dispatcher:  # no registry: the live catalog, no tool code imported
+        registry = dispatcher.registry
+        assert registry.sources["fetch_row"] == "live" and registry.sources["read_file"] == "local"
+        assert resolve(registry.get("bump_row").resources, {"table": "x"}) == {EVERYTHING}  # code: everything
+        turn = dispatcher.submit([
+            ToolCall(id="ok", name="fetch_row", arguments={"table": "orders", "row": 3}),
+            ToolCall(id="neg", name="fetch_row", arguments={"table": "orders", "row": -1}),
+            ToolCall(id="extra", name="fetch_row", arguments={"table": "t", "row": 1, "col": "x"}),
+            ToolCall(id="w1", name="append_slowly", arguments={"path": "log.txt", "text": "one"}),
+            ToolCall(id="w2", name="append_slowly", arguments={"path": "./log.txt", "text": "two"}),
+            ToolCall(id="w3", name="append_slowly", arguments={"path": "other.txt", "text": "three"}),
+        ], workspace=str(workspace))
+        results = turn.results(60)
+        deps = {k: sorted(v) for k, v in turn.plan.deps.items()}
+    # the plan rule holds from the published form: same path after, another path beside
+    assert deps.get("w2") == ["w1"] and not deps.get("w3") and not deps.get("w1"), deps
+    by_id = {r.call_id: r for r in results}
+    assert by_id["ok"].ok and by_id["ok"].data == {"table": "orders", "row": 3, "value": "orders-3-v1"}
+    for bad in ("neg", "extra"):  # refused by the dispatcher, from the published schema: never ran
+        assert by_id[bad].code == ErrorCode.INVALID_ARGUMENT, by_id[bad].content
+        assert by_id[bad].worker is None and by_id[bad].attempts == 0
+    assert "row" in by_id["neg"].content and "col" in by_id["extra"].content
+    assert by_id["w1"].ok and by_id["w2"].ok and by_id["w3"].ok
+    # two writes of one path serialize (paths() is published declaratively): never interleaved
+    assert (workspace / "log.txt").read_text().split("\n")[:4] == ["start one", "end one", "start two", "end two"]
+
+
+def test_cli_run_without_tools_gets_the_real_result(settings, start_worker, tmp_path, workspace) -> None:
+    module, folder = tools_module(tmp_path)
+    start_worker(python_path=[str(folder)], tools=module)
+    chat = {"id": "r", "object": "chat.completion", "model": "m", "choices": [{"index": 0, "finish_reason":
+            "tool_calls", "message": {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "fetch_row",
+                                                               "arguments": json.dumps({"table": "t", "row": 7})}},
+                {"id": "c2", "type": "function", "function": {"name": "fetch_row",
+                                                               "arguments": json.dumps({"table": "t"})}}]}}]}
+    path = tmp_path / "chat.json"
+    path.write_text(json.dumps(chat))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # the CLI cannot import the tools module
+    argv = [sys.executable, "-m", "toolfleet", "run", str(path), "-w", str(workspace), "--json",
+            "--redis-url", settings.redis_url, "--namespace", settings.namespace]
+    if settings.broker_url:
+        argv += ["--broker-url", settings.broker_url]
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "UNKNOWN_TOOL" not in done.stdout + done.stderr, done.stderr
+    doc = json.loads(done.stdout)
+    results = {r["call_id"]: r for r in doc["results"]}
+    assert results["c1"]["status"] == "ok" and "t-7-v1" in results["c1"]["content"]
+    assert results["c2"]["error"]["code"] == "INVALID_ARGUMENT"  # `row` is required by the published schema
+
+
+def test_two_versions_of_a_tool_are_refused_and_shown(settings, start_worker, tmp_path) -> None:
+    module, old = tools_module(tmp_path, "v1", "old")
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / f"{module}.py").write_text(ROW_TOOLS.replace("VERSION", "v2"))
+    start_worker(python_path=[str(old)], tools=module, name="old")
+    start_worker(python_path=[str(new)], tools=module, name="new")
+    with Dispatcher(settings) as dispatcher:
+        assert set(dispatcher.registry.conflicts) == {"fetch_row"}  # the other tools' code is the same
+        [result] = dispatcher.run([ToolCall(id="c", name="fetch_row", arguments={"table": "t", "row": 1})],
+                                  timeout_s=60)
+    assert result.code == ErrorCode.TOOL_UNAVAILABLE, result.content
+    assert "2 different versions" in result.content and "old0@" in result.content and "new1@" in result.content
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200")
+    shown = subprocess.run([sys.executable, "-m", "toolfleet", "tools", "--redis-url", settings.redis_url,
+                            "--namespace", settings.namespace], env=env, cwd=ROOT, capture_output=True, text=True,
+                           timeout=60)
+    assert "fetch_row: 2 different versions live" in shown.stdout, shown.stdout + shown.stderr
+
+
+def test_an_explicit_registry_wins(settings, start_worker, tmp_path) -> None:
+    module, folder = tools_module(tmp_path)
+    start_worker(python_path=[str(folder)], tools=module)
+    with Dispatcher(settings, Registry(default_registry())) as dispatcher:
+        [result] = dispatcher.run([ToolCall(id="c", name="fetch_row", arguments={"table": "t", "row": 1})],
+                                  timeout_s=60)
+    assert result.code == ErrorCode.UNKNOWN_TOOL  # used as given: no catalog
+
+
+def test_a_worker_started_after_the_dispatcher_is_found(settings, start_worker, tmp_path) -> None:
+    module, folder = tools_module(tmp_path)
+    with Dispatcher(settings) as dispatcher:
+        assert "fetch_row" not in dispatcher.registry  # no worker yet
+        start_worker(python_path=[str(folder)], tools=module)
+        # an unknown name makes the registry read the catalog again
+        [result] = dispatcher.run([ToolCall(id="c", name="fetch_row", arguments={"table": "t", "row": 2})],
+                                  timeout_s=60)
+    assert result.ok and result.data["value"] == "t-2-v1", result.content
+
+
+def test_session_state_of_a_live_tool_from_the_catalog(settings, start_worker) -> None:
+    """A tool with stored session state (examples.vfs) known to the dispatcher only from the catalog:
+    the session opens with its published initial value or a given one, the state plans as a
+    resource, and the calls see what the earlier ones saved."""
+    start_worker(args=["--tools", "examples.vfs"])
+    with Dispatcher(settings) as d:
+        assert d.registry.sources["fs_cd"] == "live" and d.registry.get("fs_cd").state.name == "vfs"
+        sid = d.open_session(state={"vfs": {"cwd": "/", "dirs": ["/", "/home"], "files": {}}})
+        calls = [ToolCall(id="cd", name="fs_cd", arguments={"path": "home"}),
+                 ToolCall(id="pwd", name="fs_pwd", arguments={})]
+        results = d.submit(calls, session_id=sid).results(60)
+        fresh = d.open_session()  # the published initial value
+        [pwd] = d.submit([ToolCall(id="p", name="fs_pwd", arguments={})], session_id=fresh).results(60)
+    assert [r.content for r in results] == ["/home", "/home"], results
+    assert pwd.ok and pwd.content == "/", pwd.content
+
+
+def test_a_catalog_this_version_cannot_read_is_skipped_not_a_crash(settings) -> None:
+    """Bad input: a worker (of another version, or anything writing the key) publishes tools this
+    dispatcher cannot read; those are skipped, the readable ones taken."""
+    import redis
+
+    from toolfleet.keys import Keys
+    from toolfleet.tools.published import catalog_registry
+
+    keys, client = Keys(settings.namespace), redis.Redis.from_url(settings.redis_url)
+    good = describe(default_registry().get("read_file")) | {"name": "read_file_copy", "version": "x1"}
+    broken = [42, "text", {"name": 7}, {"name": "no_parameters"}, {"name": "bad name!", "parameters": {}},
+              {"name": "bad_schema", "parameters": {"type": 12}}, {"name": "bad_sensitive", "parameters": {},
+                                                                  "sensitive": 3}, good]
+    client.set(keys.catalog("odd@host"), json.dumps({"worker": "odd@host", "tools": broken}), px=30_000)
+    client.set(keys.catalog("older@host"), json.dumps({"worker": "older@host", "tools": "not a list"}), px=30_000)
+    client.sadd(keys.workers, "odd@host", "older@host")
+    registry = catalog_registry(settings)
+    assert registry.sources["read_file_copy"] == "live"
+    assert registry.get("read_file_copy").resources({"path": "a/b"}) == ["fs:a/b"]
+    assert not {"no_parameters", "bad name!", "bad_schema", "bad_sensitive"} & set(registry.names())
+    assert registry.conflicts == {}
