@@ -52,7 +52,8 @@ from .registry import Registry
 from .resources import paths
 from .spec import ToolSpec, tool_from_schema
 
-REFRESH_MIN_S = 1.0  # a registry re-reads the catalog for an unknown name at most this often
+REFRESH_MIN_S = 0.1  # a registry re-reads the catalog for an unknown name at most this often (two
+# round trips; a worker that became ready after the last read is found by the next call that names it)
 
 
 def resources_form(fn: Any) -> Any:
