@@ -40,10 +40,13 @@ def response_file(tmp_path: Path) -> Path:
     return path
 
 
-def start_cli(settings, tmp_path, workspace, *extra: str, lease_s: float | None = None) -> subprocess.Popen:
+def start_cli(settings, tmp_path, workspace, *extra: str, lease_s: float | None = None,
+              heartbeat_s: float | None = None) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     if lease_s is not None:
         env["TOOLFLEET_TURN_LEASE_S"] = str(lease_s)
+    if heartbeat_s is not None:  # the dispatcher's idea of the beat: its watchdog acts later
+        env["TOOLFLEET_HEARTBEAT_S"] = str(heartbeat_s)
     argv = [sys.executable, "-m", "toolfleet", "run", str(response_file(tmp_path)), "--workspace", str(workspace),
             "--json", "--redis-url", settings.redis_url, "--namespace", settings.namespace, "--tools", TEST_TOOLS,
             *extra]
@@ -67,14 +70,15 @@ def tallied(workspace: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
-def kill_worker_mid_turn(settings, dispatcher, start_worker, tmp_path, workspace, *extra, lease_s=None):
+def kill_worker_mid_turn(settings, dispatcher, start_worker, tmp_path, workspace, *extra, lease_s=None,
+                         heartbeat_s=None):
     """The only worker runs t1 (30 s) with t2..t4 queued behind it, and is SIGKILLed."""
     worker = start_worker(concurrency=1)
     from toolfleet.worker.catalog import live_catalog
 
     wait_until(lambda: any(t["name"] == "tally" for e in live_catalog(settings) for t in e.get("tools", ())), 30,
                "the worker's catalog listing tally")
-    cli = start_cli(settings, tmp_path, workspace, *extra, lease_s=lease_s)
+    cli = start_cli(settings, tmp_path, workspace, *extra, lease_s=lease_s, heartbeat_s=heartbeat_s)
     turn_id = the_turn(settings)
     wait_started(dispatcher, turn_id, "t1")
     wait_until(lambda: "b" in tallied(workspace), 30, "t1's handler writing its line")
@@ -97,8 +101,12 @@ def zero_executions_after(dispatcher, start_worker, workspace, turn_id) -> None:
 def test_giving_up_cancels_prints_results_and_nothing_runs_later(settings, dispatcher, start_worker, tmp_path,
                                                                 workspace):
     began = time.monotonic()
+    # The give-up must come before the watchdog ends the calls itself (a dead worker's call after
+    # 4 beats + 1 s, a tool nobody serves after 3 beats + 1 s: with 2 s beats that raced the 8 s
+    # give-up on a loaded machine, and the CLI then rightly exited 0): the CLI's dispatcher counts
+    # 6 s beats, so its watchdog acts after 19 s at the earliest
     cli, turn_id = kill_worker_mid_turn(settings, dispatcher, start_worker, tmp_path, workspace,
-                                        "--timeout", str(GIVE_UP_S))
+                                        "--timeout", str(GIVE_UP_S), heartbeat_s=6.0)
     out, err = cli.communicate(timeout=GIVE_UP_S + 30)
     elapsed = time.monotonic() - began
     assert cli.returncode == 1, err
