@@ -13,6 +13,8 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
+
 from toolfleet import Dispatcher, ToolCall
 from toolfleet.models import ErrorCode
 from toolfleet.tools.published import describe, spec_from_description, version_conflicts
@@ -211,3 +213,27 @@ def test_a_catalog_this_version_cannot_read_is_skipped_not_a_crash(settings) -> 
     assert registry.get("read_file_copy").resources({"path": "a/b"}) == ["fs:a/b"]
     assert not {"no_parameters", "bad name!", "bad_schema", "bad_sensitive"} & set(registry.names())
     assert registry.conflicts == {}
+
+
+def test_a_worker_serves_a_tools_module_given_as_a_file_path(settings, start_worker, tmp_path) -> None:
+    """Newcomer trial: `toolfleet worker --tools ./my_tools.py` said "No module named
+    '/tmp/.../my_tools'". A .py path is imported from its folder, by its stem."""
+    module, folder = tools_module(tmp_path)
+    start_worker(tools=str(folder / f"{module}.py"))
+    with Dispatcher(settings) as dispatcher:  # from the catalog: this process never imports it
+        [result] = dispatcher.run([ToolCall(id="c", name="fetch_row", arguments={"table": "t", "row": 3})],
+                                  timeout_s=60)
+    assert result.ok and result.data["value"] == "t-3-v1", result.content
+
+
+def test_a_tools_module_that_is_not_there_says_how_to_name_one(tmp_path) -> None:
+    from toolfleet.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="PYTHONPATH"):
+        default_registry(["no_such_tools_module_x1"])
+    with pytest.raises(ConfigurationError, match="not a .py file"):
+        default_registry([str(tmp_path / "missing.py")])
+    broken = tmp_path / "needs_pkg.py"
+    broken.write_text("import no_such_package_y2\n")
+    with pytest.raises(ConfigurationError, match="no_such_package_y2"):  # the module's own import, named
+        default_registry([str(broken)])

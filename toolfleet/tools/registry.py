@@ -92,7 +92,14 @@ class Registry:
         is one line naming the file and line where it failed, issue 15 point 6) or holds no tool.
         """
         try:
-            module = importlib.import_module(module_name)
+            module = importlib.import_module(_importable(module_name))
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not (module_name == exc.name or module_name.startswith(f"{exc.name}.")):
+                raise ConfigurationError(f"cannot import tool module {module_name!r}: {type(exc).__name__}: "
+                                         f"{exc}") from None  # a package the module itself imports
+            raise ConfigurationError(
+                f"cannot import tool module {module_name!r}: no module of that name on the Python path; give a "
+                "dotted module name importable here (set PYTHONPATH to its folder) or the path of a .py file") from None
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure of the module's own code
             raise ConfigurationError(f"cannot import tool module {module_name!r}{_where_failed(exc, module_name)}: "
                                      f"{type(exc).__name__}: {exc}") from None
@@ -104,6 +111,25 @@ class Registry:
             raise ConfigurationError(f"module {module_name!r} defines no @tool")
         names = set(replace)
         return [self.add(spec, replace=spec.name in names) for spec in found]
+
+
+def _importable(module_name: str) -> str:
+    """``module_name`` as a dotted name to import: a path to a ``.py`` file (``./my_tools.py``)
+    puts its folder first on ``sys.path`` and becomes the file's stem (so worker pool processes
+    and pickled references find it by that name). Raises :class:`ConfigurationError` for a
+    ``.py`` path that is not a file."""
+    if not module_name.endswith(".py") and os.sep not in module_name:
+        return module_name
+    import sys
+
+    path = os.path.realpath(module_name)
+    if not path.endswith(".py") or not os.path.isfile(path):
+        raise ConfigurationError(f"cannot import tool module {module_name!r}: not a .py file; give a dotted "
+                                 "module name or the path of a .py file")
+    folder, stem = os.path.split(path[:-3])
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return stem
 
 
 def default_registry(modules: Iterable[str] = (), *, builtins: bool = True, replace: Iterable[str] = ()) -> Registry:
