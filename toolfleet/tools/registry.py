@@ -95,8 +95,9 @@ class Registry:
             module = importlib.import_module(_importable(module_name))
         except ModuleNotFoundError as exc:
             if exc.name is None or not (module_name == exc.name or module_name.startswith(f"{exc.name}.")):
-                raise ConfigurationError(f"cannot import tool module {module_name!r}: {type(exc).__name__}: "
-                                         f"{exc}") from None  # a package the module itself imports
+                raise ConfigurationError(  # a package the module itself imports: where it does
+                    f"cannot import tool module {module_name!r}{_where_failed(exc, module_name)}: "
+                    f"{type(exc).__name__}: {exc}") from None
             raise ConfigurationError(
                 f"cannot import tool module {module_name!r}: no module of that name on the Python path; give a "
                 "dotted module name importable here (set PYTHONPATH to its folder) or the path of a .py file") from None
