@@ -370,3 +370,13 @@ def test_up_reusing_a_redis_uses_the_per_user_namespace(tmp_path, redis_url, nam
         for key in client.scan_iter(match=f"toolfleet-{user}[:.]*", count=500):
             client.delete(key)
     assert down.returncode == 0
+
+
+def test_down_without_a_stack_names_where_it_looked(tmp_path):
+    """Newcomer trial: `down` said "no local stack is running" while a stack started with another
+    TOOLFLEET_HOME ran; it now names the state file it looked for."""
+    home = tmp_path / "elsewhere"
+    done = cli("down", env=dict(os.environ, TOOLFLEET_HOME=str(home)))
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert str(home / "stack.json") in text and "TOOLFLEET_HOME" in text

@@ -429,7 +429,8 @@ def down(console: Console) -> None:
     KILL (its whole process group)."""
     state = read_state()
     if not state:
-        console.print("no local stack is running")
+        console.print(f"no local stack is running here: {_state_file()} does not exist (a stack started with "
+                      "another TOOLFLEET_HOME keeps its state there; set it the same for `down`)", markup=False)
         return
     pids = state.get("pids", {})
     for group in (("flower", "worker"), ("redis",)):
