@@ -6,6 +6,7 @@ credential-shaped. Real Redis, real prefork workers, a real turn."""
 from __future__ import annotations
 
 import io
+import re
 import json
 import os
 import subprocess
@@ -91,6 +92,8 @@ def test_trace_is_readable_at_80_and_120_columns(dispatcher, worker, settings, w
         assert OK_RUN in chart[LONG_ID] and ERROR_RUN not in chart[LONG_ID]  # a glyph, not only a colour
         assert ERROR_RUN in chart[ERR_ID] and OK_RUN not in chart[ERR_ID]
         assert MESSAGE in " ".join(text.split()), text  # the error's message, wrapped at the width only
+        # the chart's header is its time scale (newcomer trial: it read "48 characters")
+        assert "characters" not in text and re.search(rf"0 ms +{timeline.span_ms:.0f} ms", text), text
     assert any(MESSAGE in line for line in rendered(timeline, 120).splitlines())
 
 

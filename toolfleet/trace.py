@@ -206,7 +206,8 @@ def print_timeline(console: Console, timeline: Timeline, width: int = BAR_WIDTH)
     chart = Table(title=f"timeline: 0 to {timeline.span_ms} ms", title_justify="left")
     chart.add_column("#", justify="right", no_wrap=True)
     chart.add_column("call id", overflow="fold", width=max(chart_id_chars, 7))
-    chart.add_column(f"{bar_width} characters", no_wrap=True, min_width=bar_width, max_width=bar_width)
+    chart.add_column(axis_header(timeline.span_ms, bar_width), no_wrap=True, min_width=bar_width,
+                     max_width=bar_width)
     for row in timeline.rows:
         chart.add_row(str(row.index), Text(row.call_id), bar(row, timeline, bar_width))
     console.print(chart)
@@ -218,6 +219,14 @@ def print_timeline(console: Console, timeline: Timeline, width: int = BAR_WIDTH)
     for row in timeline.rows:
         for note in row.notes:
             console.print(Text(f"  {row.call_id}: {note}"))
+
+
+def axis_header(span_ms: float, width: int) -> str:
+    """The chart column's header: the time scale of its ``width`` characters, ``0 ms`` at the left
+    and the turn's span at the right (``0 ms ......... 701 ms``)."""
+    left, right = "0 ms", f"{span_ms:.0f} ms"
+    gap = width - len(left) - len(right)
+    return left + " " * gap + right if gap >= 1 else right
 
 
 def _ms(value: float | None) -> str:

@@ -170,7 +170,9 @@ def timeline_svg(timeline: Timeline, cancel: tuple[int, str] | None) -> str:
     for i in range(5):  # the axis: 0, 25, 50, 75, 100 % of the turn
         ms = timeline.start_ms + timeline.span_ms * i // 4
         parts.append(f'<line class="axis" x1="{x(ms)}" y1="20" x2="{x(ms)}" y2="{height - 8}"/>'
-                     f'<text class="tick" x="{x(ms) + 3}" y="14">{ms - timeline.start_ms} ms</text>')
+                     # the last label ends at its line, so the chart's edge does not clip it
+                     + (f'<text class="tick" x="{x(ms) - 3}" y="14" text-anchor="end">' if i == 4 else
+                        f'<text class="tick" x="{x(ms) + 3}" y="14">') + f'{ms - timeline.start_ms} ms</text>')
     y = 26
     for row in rows:
         kind, shown = outcome(row)
