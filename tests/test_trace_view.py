@@ -6,9 +6,9 @@ credential-shaped. Real Redis, real prefork workers, a real turn."""
 from __future__ import annotations
 
 import io
-import re
 import json
 import os
+import re
 import subprocess
 import sys
 
