@@ -106,3 +106,20 @@ def test_failures_the_tool_reports_on_purpose_do_not_open_the_circuit(dispatcher
         assert result.code is ErrorCode.EXECUTION_ERROR and "file not found" in result.content
     assert dispatcher.run([call("ok", "read_file", path="README.md")], workspace=ws, timeout_s=30)[0].ok
     assert _breaker_state(dispatcher, "read_file") == "closed"
+
+
+def test_a_tool_served_only_in_another_namespace_is_named_in_the_log_not_in_the_result(settings, worker, workspace,
+                                                                                       caplog):
+    """Newcomer trial: a dispatcher in the wrong namespace got TOOL_UNAVAILABLE, the queue name its
+    only clue. The log names the namespace whose live workers serve the tool; the result the model
+    reads does not (another namespace's name is none of its business)."""
+    import logging
+
+    elsewhere = settings.model_copy(update={"namespace": f"{settings.namespace}-other"})
+    with caplog.at_level(logging.WARNING, logger="toolfleet.dispatcher.availability"), \
+            Dispatcher(elsewhere, make_registry()) as dispatcher:
+        [result] = dispatcher.run([call("c", "wait_read", label="x")], workspace=str(workspace), timeout_s=30)
+    assert result.code == ErrorCode.TOOL_UNAVAILABLE
+    assert settings.namespace not in result.content.replace(elsewhere.namespace, "")
+    said = [r.getMessage() for r in caplog.records if "namespace(s)" in r.getMessage()]
+    assert said and f"namespace(s) {settings.namespace} do" in said[0], said

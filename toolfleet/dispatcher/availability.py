@@ -49,6 +49,8 @@ HEALTH_CHECK_TTL_S = 3600.0  # a signed health check older than this is dropped 
 DEAD_CONFIRM_S = 1.0  # a worker's catalog must stay missing this long before it is declared dead
 UNSERVED_CONFIRM_BEATS = 1.0  # heartbeats a tool stays unserved before its calls end
 CATALOG_TTL_BEATS = 3  # toolfleet.worker.catalog: a catalog expires after three missed beats
+ELSEWHERE_SCAN_STEPS = 20  # SCAN steps (500 keys each) looking for other namespaces serving a missing tool
+ELSEWHERE_CACHE_S = 30.0  # ... at most once per tool this often
 
 _QUEUED = """
 -- KEYS: the queue's lists (one per priority step) ; ARGV: needle ('"<task id>"')
@@ -93,6 +95,7 @@ class Availability:
         self._unserved_since: dict[str, float] = {}
         self._queued_script = client.register_script(_QUEUED)
         self._broker_client: redis.Redis | None = None
+        self._told_elsewhere: dict[str, float] = {}  # tool -> when other namespaces were looked at
 
     @contextmanager
     def group(self) -> Iterator[None]:
@@ -104,6 +107,42 @@ class Availability:
         finally:
             self._group.closed = None
 
+    def _say_where_else(self, tool: str) -> None:
+        """Log (never in the result the model reads) the other namespaces on this Redis whose live
+        workers serve ``tool``: a dispatcher in the wrong namespace is a newcomer's first trap.
+        Bounded: at most ``ELSEWHERE_SCAN_STEPS`` SCAN steps, once per tool per ``ELSEWHERE_CACHE_S``;
+        any Redis refusal (an ACL user without SCAN) leaves it unsaid."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._told_elsewhere.get(tool, -ELSEWHERE_CACHE_S) < ELSEWHERE_CACHE_S:
+                return
+            self._told_elsewhere[tool] = now
+        found: set[str] = set()
+        try:
+            cursor, steps = 0, 0
+            while steps < ELSEWHERE_SCAN_STEPS:
+                cursor, keys = self.redis.scan(cursor, match="*:workers", count=500)
+                steps += 1
+                for key in keys:
+                    namespace = (key.decode() if isinstance(key, bytes) else key).rsplit(":", 1)[0]
+                    if namespace != self.settings.namespace and self._serves_in(namespace, tool):
+                        found.add(namespace)
+                if cursor == 0:
+                    break
+        except redis.RedisError:
+            return
+        if found:
+            log.warning("no live worker in namespace %r serves %r, but live workers in namespace(s) %s do: set "
+                        "TOOLFLEET_NAMESPACE / --namespace / Settings(namespace=...) to theirs to use them",
+                        self.settings.namespace, tool, ", ".join(sorted(found)))
+
+    def _serves_in(self, namespace: str, tool: str) -> bool:
+        try:
+            entries = live_catalog(self.settings.model_copy(update={"namespace": namespace}), self.redis)
+        except (redis.RedisError, ValueError):
+            return False
+        return any(t.get("name") == tool for e in entries for t in e.get("tools", ()) if isinstance(t, dict))
+
     def refusal(self, spec: ToolSpec, call_id: str) -> ToolResult | None:
         """``None`` if the call may be sent, else its ``TOOL_UNAVAILABLE`` result. Raises
         :class:`~toolfleet.errors.BrokerUnavailable` if Redis does not answer."""
@@ -112,6 +151,7 @@ class Availability:
 
     def _refusal(self, spec: ToolSpec, call_id: str) -> ToolResult | None:
         if self.settings.require_live_worker and not self._is_served(spec.name):
+            self._say_where_else(spec.name)
             return ToolResult.failure(
                 call_id, spec.name, ErrorCode.TOOL_UNAVAILABLE,
                 f"{NO_LIVE_WORKER} {spec.name!r} (queue {self.keys.queue(spec.queue)}); it did not run",
