@@ -49,7 +49,8 @@ HEALTH_CHECK_TTL_S = 3600.0  # a signed health check older than this is dropped 
 DEAD_CONFIRM_S = 1.0  # a worker's catalog must stay missing this long before it is declared dead
 UNSERVED_CONFIRM_BEATS = 1.0  # heartbeats a tool stays unserved before its calls end
 CATALOG_TTL_BEATS = 3  # toolfleet.worker.catalog: a catalog expires after three missed beats
-ELSEWHERE_SCAN_STEPS = 20  # SCAN steps (500 keys each) looking for other namespaces serving a missing tool
+ELSEWHERE_SCAN_STEPS = 200  # SCAN steps (1,000 keys each, in a thread of its own) looking for other
+# namespaces whose workers serve a tool missing here
 ELSEWHERE_CACHE_S = 30.0  # ... at most once per tool this often
 
 _QUEUED = """
@@ -110,26 +111,34 @@ class Availability:
     def _say_where_else(self, tool: str) -> None:
         """Log (never in the result the model reads) the other namespaces on this Redis whose live
         workers serve ``tool``: a dispatcher in the wrong namespace is a newcomer's first trap.
-        Bounded: at most ``ELSEWHERE_SCAN_STEPS`` SCAN steps, once per tool per ``ELSEWHERE_CACHE_S``;
-        any Redis refusal (an ACL user without SCAN) leaves it unsaid."""
+        Bounded: in a daemon thread (the refusal does not wait for it), at most
+        ``ELSEWHERE_SCAN_STEPS`` SCAN steps, once per tool per ``ELSEWHERE_CACHE_S``; any Redis
+        refusal (an ACL user without SCAN) leaves it unsaid."""
         now = time.monotonic()
         with self._lock:
             if now - self._told_elsewhere.get(tool, -ELSEWHERE_CACHE_S) < ELSEWHERE_CACHE_S:
                 return
             self._told_elsewhere[tool] = now
+        threading.Thread(target=self._look_elsewhere, args=(tool,), daemon=True,
+                         name=f"toolfleet-elsewhere-{tool[:20]}").start()
+
+    def _look_elsewhere(self, tool: str) -> None:
         found: set[str] = set()
         try:
             cursor, steps = 0, 0
             while steps < ELSEWHERE_SCAN_STEPS:
-                cursor, keys = self.redis.scan(cursor, match="*:workers", count=500)
+                cursor, keys = self.redis.scan(cursor, match="*:workers", count=1000)
                 steps += 1
                 for key in keys:
-                    namespace = (key.decode() if isinstance(key, bytes) else key).rsplit(":", 1)[0]
-                    if namespace != self.settings.namespace and self._serves_in(namespace, tool):
+                    name = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+                    namespace = name[: -len(":workers")]
+                    if ":" not in namespace and namespace != self.settings.namespace and \
+                            self._serves_in(namespace, tool):
                         found.add(namespace)
                 if cursor == 0:
                     break
-        except redis.RedisError:
+        except Exception as exc:  # noqa: BLE001 - a hint only: Redis refusing SCAN, the dispatcher closed
+            log.debug("could not look for %r in other namespaces (%s)", tool, exc)
             return
         if found:
             log.warning("no live worker in namespace %r serves %r, but live workers in namespace(s) %s do: set "
@@ -141,7 +150,8 @@ class Availability:
             entries = live_catalog(self.settings.model_copy(update={"namespace": namespace}), self.redis)
         except (redis.RedisError, ValueError):
             return False
-        return any(t.get("name") == tool for e in entries for t in e.get("tools", ()) if isinstance(t, dict))
+        return any(isinstance(t, dict) and t.get("name") == tool
+                   for e in entries if isinstance(e, dict) for t in e.get("tools", ()) or ())
 
     def refusal(self, spec: ToolSpec, call_id: str) -> ToolResult | None:
         """``None`` if the call may be sent, else its ``TOOL_UNAVAILABLE`` result. Raises
