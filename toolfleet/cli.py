@@ -121,7 +121,7 @@ def worker(
     except ValueError as exc:  # pydantic's ValidationError: a wrong value in the environment or options
         _fail(ToolfleetError(f"invalid setting: {exc}"))
     try:
-        connect(settings.redis_url)
+        connect(settings.ledger)
         registry, message = serve_sandboxed(
             default_registry(tools or [], builtins=not no_builtins, replace=replace or []), settings)
         if message:
@@ -432,7 +432,7 @@ def tools_cmd(
         print(json.dumps(adapter.tools(source), indent=2, ensure_ascii=False))
         return
     try:
-        entries = live_catalog(settings, connect(settings.redis_url))
+        entries = live_catalog(settings, connect(settings.ledger))
     except ToolfleetError as exc:
         _fail(exc)
     if as_json:
@@ -447,7 +447,7 @@ def _live_entries(settings: Settings) -> list[dict[str, Any]]:
     from .worker.catalog import live_catalog
 
     try:
-        return live_catalog(settings, connect(settings.redis_url))
+        return live_catalog(settings, connect(settings.ledger))
     except ToolfleetError:
         return []
 

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, field_validator
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 
 
 class Settings(BaseModel):
@@ -22,6 +23,11 @@ class Settings(BaseModel):
     - ``redis_url``: result store, turn ledger and tool catalog (and the broker unless
       ``broker_url`` is set).
     - ``broker_url``: Celery broker; defaults to ``redis_url``.
+    - ``ledger_url``: where the turn ledger and every other key toolfleet keeps (journal, breakers,
+      locks, sessions, catalog, audit) live; defaults to ``redis_url``. ``redis+cluster://host:port``
+      (or ``rediss+cluster://``) puts them on a Redis Cluster (redis-py's ``RedisCluster``, any node
+      as the seed; docs/scaling.md). Celery's broker and result backend stay on ``broker_url`` /
+      ``redis_url``: a cluster cannot carry them.
     - ``namespace``: prefix of every Redis key and queue name toolfleet uses, so several fleets
       (or test runs) share one Redis without seeing each other.
     - ``result_ttl_s``: how long a turn's ledger (results, events) is kept in Redis.
@@ -69,6 +75,7 @@ class Settings(BaseModel):
 
     redis_url: str = DEFAULT_REDIS_URL
     broker_url: str | None = None
+    ledger_url: str | None = None
     namespace: str = "toolfleet"
     result_ttl_s: int = 24 * 3600
     cancel_grace_s: float = 0.5
@@ -105,6 +112,13 @@ class Settings(BaseModel):
             raise ValueError("must be at least 1")
         return value
 
+    @field_validator("ledger_url")
+    @classmethod
+    def _ledger_scheme(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES)):
+            raise ValueError("must be a redis://, rediss://, unix://, redis+cluster:// or rediss+cluster:// URL")
+        return value
+
     @field_validator("namespace")
     @classmethod
     def _namespace_chars(cls, value: str) -> str:
@@ -117,12 +131,21 @@ class Settings(BaseModel):
         return self.broker_url or self.redis_url
 
     @property
+    def ledger(self) -> str:
+        """The ledger's Redis URL: ``ledger_url``, else ``redis_url``."""
+        return self.ledger_url or self.redis_url
+
+    @property
+    def ledger_is_cluster(self) -> bool:
+        return self.ledger.startswith(CLUSTER_SCHEMES)
+
+    @property
     def broker_is_redis(self) -> bool:
         return self.broker.startswith(("redis://", "rediss://"))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
-        """Settings from ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``, ``TOOLFLEET_NAMESPACE``,
+        """Settings from ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``, ``TOOLFLEET_LEDGER_URL``, ``TOOLFLEET_NAMESPACE``,
         ``TOOLFLEET_HEARTBEAT_S``, ``TOOLFLEET_TURN_LEASE_S``, ``TOOLFLEET_CLOCK_SKEW_MARGIN_S``,
         ``TOOLFLEET_SANDBOX``, ``TOOLFLEET_SANDBOX_NETWORK``, ``TOOLFLEET_BWRAP``; keyword overrides that are
         not ``None`` win."""
@@ -132,6 +155,8 @@ class Settings(BaseModel):
             values["redis_url"] = env["REDIS_URL"]
         if env.get("TOOLFLEET_BROKER_URL"):
             values["broker_url"] = env["TOOLFLEET_BROKER_URL"]
+        if env.get("TOOLFLEET_LEDGER_URL"):
+            values["ledger_url"] = env["TOOLFLEET_LEDGER_URL"]
         if env.get("TOOLFLEET_NAMESPACE"):
             values["namespace"] = env["TOOLFLEET_NAMESPACE"]
         if env.get("TOOLFLEET_HEARTBEAT_S"):

@@ -191,10 +191,10 @@ class SessionStore:
         self._save = client.register_script(_SAVE)
 
     def meta_key(self, session_id: str) -> str:
-        return f"{self.keys.ns}:session:{session_id}:meta"
+        return f"{self.keys.ns}:session:{{{session_id}}}:meta"
 
     def state_key(self, session_id: str, name: str) -> str:
-        return f"{self.keys.ns}:session:{session_id}:state:{name}"
+        return f"{self.keys.ns}:session:{{{session_id}}}:state:{name}"
 
     @property
     def index_key(self) -> str:

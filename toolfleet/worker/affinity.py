@@ -54,7 +54,9 @@ from celery.signals import celeryd_after_setup, worker_shutdown
 
 from ..errors import ToolFailure
 from ..keys import Keys
+from ..ledger import client_for
 from ..models import ErrorCode, ToolResult
+from .catalog import mget
 from .live_shell import Shell
 
 log = logging.getLogger(__name__)
@@ -119,7 +121,7 @@ class SessionHost:
         self.settings = runtime.settings
         self.keys = Keys(self.settings.namespace)
         self.worker = worker
-        self.redis = redis.Redis.from_url(self.settings.redis_url, socket_connect_timeout=3, socket_timeout=10)
+        self.redis = client_for(self.settings.ledger, socket_connect_timeout=3, socket_timeout=10)
         self.sessions: dict[str, _Session] = {}
         self.lock = threading.Lock()
         self.create_lock = threading.Lock()
@@ -245,7 +247,7 @@ class SessionHost:
             sids = list(self.sessions)
         if not sids:
             return
-        holders = self.redis.mget([self.keys.live_holder(s) for s in sids])
+        holders = mget(self.redis, [self.keys.live_holder(s) for s in sids])
         ttl = idle_ttl_s()
         for sid, holder in zip(sids, holders, strict=True):
             session = self.sessions.get(sid)
