@@ -22,6 +22,7 @@ import redis
 
 from toolfleet import Dispatcher, Settings, default_registry
 from toolfleet.keys import Keys
+from toolfleet.ledger import client_for
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "examples" / "cases"
@@ -29,6 +30,11 @@ TEST_TOOLS = "tests.tools_for_tests"
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 # Set to an amqp:// URL to run the suite with RabbitMQ as the broker (Redis stays the result store).
 TEST_BROKER_URL = os.environ.get("TOOLFLEET_TEST_BROKER_URL") or None
+# Set to a redis+cluster:// URL to run the suite with the ledger on a Redis Cluster (the broker and
+# Celery's result backend stay on REDIS_URL; docs/scaling.md, `python -m tests.redis_cluster`).
+TEST_LEDGER_URL = os.environ.get("TOOLFLEET_TEST_LEDGER_URL") or None
+if TEST_LEDGER_URL:
+    os.environ["TOOLFLEET_LEDGER_URL"] = TEST_LEDGER_URL  # for the CLI processes tests start
 READY_TIMEOUT_S = 60
 
 
@@ -77,6 +83,10 @@ def namespace(redis_url: str) -> Iterator[str]:
     client = redis.Redis.from_url(redis_url)
     for key in client.scan_iter(match=f"{ns}[:.]*", count=500):
         client.delete(key)
+    if TEST_LEDGER_URL:
+        ledger = client_for(TEST_LEDGER_URL)
+        for key in ledger.scan_iter(match=f"{ns}[:.]*", count=500):
+            ledger.delete(key)
     if TEST_BROKER_URL:
         delete_amqp_queues(TEST_BROKER_URL, ns)
 
@@ -97,7 +107,7 @@ def delete_amqp_queues(broker_url: str, ns: str) -> None:
 @pytest.fixture
 def settings(redis_url: str, namespace: str) -> Settings:
     return Settings(redis_url=redis_url, namespace=namespace, cancel_grace_s=0.5, kill_grace_s=1.0,
-                    broker_url=TEST_BROKER_URL)
+                    broker_url=TEST_BROKER_URL, ledger_url=TEST_LEDGER_URL)
 
 
 def make_registry():
@@ -113,6 +123,9 @@ class WorkerProcess:
                    TOOLFLEET_CLOCK_SKEW_MARGIN_S=str(settings.clock_skew_margin_s))
         env.pop("REDIS_URL", None)
         env.pop("TOOLFLEET_BROKER_URL", None)
+        env.pop("TOOLFLEET_LEDGER_URL", None)
+        if settings.ledger_url:
+            env["TOOLFLEET_LEDGER_URL"] = settings.ledger_url
         self.name = f"{name}@{settings.namespace}"
         self.settings = settings
         argv = [sys.executable, "-m", "toolfleet", "worker", "--redis-url", settings.redis_url,
@@ -137,7 +150,7 @@ class WorkerProcess:
 
     def wait_ready(self) -> None:
         # redis-py 8 reads with a 5 s socket timeout by default: longer than that, BLPOP would fail
-        client = redis.Redis.from_url(self.settings.redis_url, socket_timeout=READY_TIMEOUT_S + 10)
+        client = client_for(self.settings.ledger, socket_timeout=READY_TIMEOUT_S + 10)
         key = Keys(self.settings.namespace).workers_ready
         # redis-py 8 reads with a 5 s socket timeout by default: block in short steps
         deadline = time.monotonic() + READY_TIMEOUT_S
