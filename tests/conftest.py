@@ -124,6 +124,9 @@ class WorkerProcess:
         env.pop("REDIS_URL", None)
         env.pop("TOOLFLEET_BROKER_URL", None)
         env.pop("TOOLFLEET_LEDGER_URL", None)
+        env.pop("TOOLFLEET_BROKER_QUEUE_TYPE", None)
+        if settings.broker_queue_type != "classic":
+            env["TOOLFLEET_BROKER_QUEUE_TYPE"] = settings.broker_queue_type
         if settings.ledger_url:
             env["TOOLFLEET_LEDGER_URL"] = settings.ledger_url
         self.name = f"{name}@{settings.namespace}"

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
@@ -28,6 +28,10 @@ class Settings(BaseModel):
       (or ``rediss+cluster://``) puts them on a Redis Cluster (redis-py's ``RedisCluster``, any node
       as the seed; docs/scaling.md). Celery's broker and result backend stay on ``broker_url`` /
       ``redis_url``: a cluster cannot carry them.
+    - ``broker_queue_type``: RabbitMQ broker only: ``"classic"`` (default) or ``"quorum"``: the
+      tool queues are declared as quorum queues (replicated over a RabbitMQ cluster, so the broker
+      survives a node; Celery's ``task_create_missing_queue_type``; docs/scaling.md). Every worker
+      and dispatcher of a namespace must agree (RabbitMQ refuses a queue declared with another type).
     - ``namespace``: prefix of every Redis key and queue name toolfleet uses, so several fleets
       (or test runs) share one Redis without seeing each other.
     - ``result_ttl_s``: how long a turn's ledger (results, events) is kept in Redis.
@@ -76,6 +80,7 @@ class Settings(BaseModel):
     redis_url: str = DEFAULT_REDIS_URL
     broker_url: str | None = None
     ledger_url: str | None = None
+    broker_queue_type: Literal["classic", "quorum"] = "classic"
     namespace: str = "toolfleet"
     result_ttl_s: int = 24 * 3600
     cancel_grace_s: float = 0.5
@@ -119,6 +124,12 @@ class Settings(BaseModel):
             raise ValueError("must be a redis://, rediss://, unix://, redis+cluster:// or rediss+cluster:// URL")
         return value
 
+    @model_validator(mode="after")
+    def _quorum_needs_rabbitmq(self) -> Settings:
+        if self.broker_queue_type == "quorum" and self.broker_is_redis:
+            raise ValueError("broker_queue_type 'quorum' needs a RabbitMQ broker (broker_url amqp://...)")
+        return self
+
     @field_validator("namespace")
     @classmethod
     def _namespace_chars(cls, value: str) -> str:
@@ -145,7 +156,8 @@ class Settings(BaseModel):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
-        """Settings from ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``, ``TOOLFLEET_LEDGER_URL``, ``TOOLFLEET_NAMESPACE``,
+        """Settings from ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``, ``TOOLFLEET_LEDGER_URL``,
+        ``TOOLFLEET_BROKER_QUEUE_TYPE``, ``TOOLFLEET_NAMESPACE``,
         ``TOOLFLEET_HEARTBEAT_S``, ``TOOLFLEET_TURN_LEASE_S``, ``TOOLFLEET_CLOCK_SKEW_MARGIN_S``,
         ``TOOLFLEET_SANDBOX``, ``TOOLFLEET_SANDBOX_NETWORK``, ``TOOLFLEET_BWRAP``; keyword overrides that are
         not ``None`` win."""
@@ -155,6 +167,8 @@ class Settings(BaseModel):
             values["redis_url"] = env["REDIS_URL"]
         if env.get("TOOLFLEET_BROKER_URL"):
             values["broker_url"] = env["TOOLFLEET_BROKER_URL"]
+        if env.get("TOOLFLEET_BROKER_QUEUE_TYPE"):
+            values["broker_queue_type"] = env["TOOLFLEET_BROKER_QUEUE_TYPE"]
         if env.get("TOOLFLEET_LEDGER_URL"):
             values["ledger_url"] = env["TOOLFLEET_LEDGER_URL"]
         if env.get("TOOLFLEET_NAMESPACE"):

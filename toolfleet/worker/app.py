@@ -116,6 +116,9 @@ def celery_config(settings: Settings, registry: Registry | None = None) -> dict[
         "task_reject_on_worker_lost": True,
         "worker_hijack_root_logger": False,
         "task_publish_retry": False,
+        # RabbitMQ: the tool queues Celery declares on demand (workers and dispatchers alike)
+        "task_create_missing_queue_type": settings.broker_queue_type,
+        "task_default_queue_type": settings.broker_queue_type,
     }
 
 
