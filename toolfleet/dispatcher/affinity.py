@@ -59,7 +59,7 @@ def close_live_session(settings: Settings, session_id: str) -> str | None:
     worker that held it, or ``None`` if none did. Raises ``redis.RedisError`` when Redis does not answer."""
     client = _client(settings.ledger)
     key = Keys(settings.namespace).live_holder(session_id)
-    with client.pipeline() as pipe:
+    with client.pipeline(transaction=True) as pipe:  # one key: MULTI on a cluster too
         pipe.get(key)
         pipe.delete(key)
         holder, _ = pipe.execute()

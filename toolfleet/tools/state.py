@@ -241,9 +241,10 @@ class SessionStore:
             keys = [self.meta_key(session_id),
                     *(self.state_key(session_id, name) for name in self._state_names(session_id))]
             pipe = self.redis.pipeline()
-            pipe.delete(*keys)
+            for key in keys:  # one DEL per key: a cluster pipeline takes no multi-key DEL
+                pipe.delete(key)
             pipe.zrem(self.index_key, session_id)
-            return bool(pipe.execute()[0])
+            return any(pipe.execute()[: len(keys)])
         except redis.RedisError as exc:
             raise self._broker(exc) from exc
 
