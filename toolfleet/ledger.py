@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis
+from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
 from . import ledger_scripts as lua
@@ -76,8 +77,6 @@ def client_for(url: str, **options: Any) -> redis.Redis:
     URL, the rest found by ``CLUSTER SLOTS``) when the scheme is ``redis+cluster://`` or
     ``rediss+cluster://``, else ``redis.Redis``. ``options``: redis-py connection keywords."""
     if url.startswith(CLUSTER_SCHEMES):
-        from redis.cluster import RedisCluster
-
         return RedisCluster.from_url(url.replace("+cluster", "", 1), **options)  # type: ignore[return-value]
     return redis.Redis.from_url(url, **options)
 
@@ -113,7 +112,7 @@ class Ledger:
         self.redis = client if client is not None else connect(settings.ledger)
         # on a Redis Cluster, keys shared across turns (the fence counter, a tool's breaker, a
         # journal entry) are in other slots than the turn's: the steps touching them are split
-        self.cluster = type(self.redis).__name__ == "RedisCluster"
+        self.cluster = isinstance(self.redis, RedisCluster)
         self.retry_s = retry_s
         self._record = self.redis.register_script(lua.RECORD)
         self._record_unstarted = self.redis.register_script(lua.RECORD_UNSTARTED)

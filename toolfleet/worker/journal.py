@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from ..keys import Keys
 from ..models import ToolResult
@@ -135,7 +136,7 @@ class Journal:
         self._retrying = retrying or (lambda op: op())
         self.keys = Keys(settings.namespace)
         self.redis = client
-        self.cluster = type(client).__name__ == "RedisCluster"  # ledger_url redis+cluster://
+        self.cluster = isinstance(client, RedisCluster)  # ledger_url redis+cluster://
         self.lease_ms = int(settings.heartbeat_s * 3 * 1000)
         self.margin_ms = int(settings.clock_skew_margin_s * 1000)
         self._begin = client.register_script(_BEGIN)
