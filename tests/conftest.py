@@ -22,6 +22,7 @@ import redis
 
 from toolfleet import Dispatcher, Settings, default_registry
 from toolfleet.keys import Keys
+from toolfleet.ledger import client_for
 from toolfleet.signing import generate_key
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +31,11 @@ TEST_TOOLS = "tests.tools_for_tests"
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 # Set to an amqp:// URL to run the suite with RabbitMQ as the broker (Redis stays the result store).
 TEST_BROKER_URL = os.environ.get("TOOLFLEET_TEST_BROKER_URL") or None
+# Set to a redis+cluster:// URL to run the suite with the ledger on a Redis Cluster (the broker and
+# Celery's result backend stay on REDIS_URL; docs/scaling.md, `python -m tests.redis_cluster`).
+TEST_LEDGER_URL = os.environ.get("TOOLFLEET_TEST_LEDGER_URL") or None
+if TEST_LEDGER_URL:
+    os.environ["TOOLFLEET_LEDGER_URL"] = TEST_LEDGER_URL  # for the CLI processes tests start
 READY_TIMEOUT_S = 60
 # The fleet key of this test run (docs/signing.md): made here, once, like `toolfleet up` makes one per
 # stack; in the environment so every worker a test starts (the fixtures' and its own subprocesses) has it.
@@ -81,6 +87,10 @@ def namespace(redis_url: str) -> Iterator[str]:
     client = redis.Redis.from_url(redis_url)
     for key in client.scan_iter(match=f"{ns}[:.]*", count=500):
         client.delete(key)
+    if TEST_LEDGER_URL:
+        ledger = client_for(TEST_LEDGER_URL)
+        for key in ledger.scan_iter(match=f"{ns}[:.]*", count=500):
+            ledger.delete(key)
     if TEST_BROKER_URL:
         delete_amqp_queues(TEST_BROKER_URL, ns)
 
@@ -101,7 +111,8 @@ def delete_amqp_queues(broker_url: str, ns: str) -> None:
 @pytest.fixture
 def settings(redis_url: str, namespace: str) -> Settings:
     return Settings(redis_url=redis_url, namespace=namespace, cancel_grace_s=0.5, kill_grace_s=1.0,
-                    broker_url=TEST_BROKER_URL, fleet_key=FLEET_KEY)
+                    broker_url=TEST_BROKER_URL, fleet_key=FLEET_KEY,
+                    ledger_url=TEST_LEDGER_URL)
 
 
 def make_registry():
@@ -125,6 +136,12 @@ class WorkerProcess:
         if settings.fleet_key is not None:  # the worker gets the keys of the settings it is started with
             env["TOOLFLEET_FLEET_KEY"] = settings.fleet_key.get_secret_value()
             env["TOOLFLEET_FLEET_KEYS_PREVIOUS"] = ",".join(k.get_secret_value() for k in settings.fleet_keys_previous)
+        env.pop("TOOLFLEET_LEDGER_URL", None)
+        env.pop("TOOLFLEET_BROKER_QUEUE_TYPE", None)
+        if settings.broker_queue_type != "classic":
+            env["TOOLFLEET_BROKER_QUEUE_TYPE"] = settings.broker_queue_type
+        if settings.ledger_url:
+            env["TOOLFLEET_LEDGER_URL"] = settings.ledger_url
         self.name = f"{name}@{settings.namespace}"
         self.settings = settings
         argv = [sys.executable, "-m", "toolfleet", "worker", "--redis-url", settings.redis_url,
@@ -151,7 +168,7 @@ class WorkerProcess:
 
     def wait_ready(self) -> None:
         # redis-py 8 reads with a 5 s socket timeout by default: longer than that, BLPOP would fail
-        client = redis.Redis.from_url(self.settings.redis_url, socket_timeout=READY_TIMEOUT_S + 10)
+        client = client_for(self.settings.ledger, socket_timeout=READY_TIMEOUT_S + 10)
         key = Keys(self.settings.namespace).workers_ready
         # redis-py 8 reads with a 5 s socket timeout by default: block in short steps
         deadline = time.monotonic() + READY_TIMEOUT_S

@@ -9,11 +9,11 @@ import subprocess
 import sys
 
 import pytest
-import redis
 
 from toolfleet import Dispatcher, NotPending, Policy, ToolCall
 from toolfleet.audit import AuditLog
 from toolfleet.keys import Keys
+from toolfleet.ledger import client_for
 
 from .conftest import ROOT, make_registry
 
@@ -61,7 +61,7 @@ def guarded(settings, start_worker, policy_file):
 
 def started_counts(settings, turn_id: str) -> dict[str, int]:
     """How many times each call of the turn started, from its audit trail."""
-    log = AuditLog(redis.Redis.from_url(settings.redis_url), Keys(settings.namespace), 60)
+    log = AuditLog(client_for(settings.ledger), Keys(settings.namespace), 60)
     counts: dict[str, int] = {}
     for event in log.read(turn_id):
         if event.type == "started":
@@ -226,7 +226,7 @@ def test_a_streamed_turn_holds_its_asks_and_dispatches_the_rest_early(settings, 
         turn.approve("call_st2")
         results = {r.call_id: r for r in turn.results(WAIT_S)}
     assert results["call_st2"].ok and "WARN slow" in results["call_st2"].content
-    trail = AuditLog(redis.Redis.from_url(settings.redis_url), Keys(settings.namespace), 60).read(turn.turn_id)
+    trail = AuditLog(client_for(settings.ledger), Keys(settings.namespace), 60).read(turn.turn_id)
     planned = [e for e in trail if e.type == "planned"]
     assert [c["id"] for e in planned for c in e.data["calls"]] == ["call_st1", "call_st2"]
     assert [c["verdict"] for e in planned for c in e.data["calls"]] == ["allow", "ask"]

@@ -12,12 +12,12 @@ import time
 import urllib.request
 
 import pytest
-import redis
 from celery.events.receiver import EventReceiver
 
 from toolfleet import Dispatcher, Policy, ToolCall
 from toolfleet.audit import AuditLog
 from toolfleet.keys import Keys
+from toolfleet.ledger import client_for
 from toolfleet.trace import build_timeline
 
 from .conftest import ROOT, make_registry
@@ -161,7 +161,7 @@ def test_secrets_never_reach_the_audit_trail_or_flower(settings, start_worker, t
         if event["type"] == "task-received":
             assert "***" in event["kwargs"] and turn.turn_id in event["kwargs"]
 
-    client = redis.Redis.from_url(settings.redis_url)
+    client = client_for(settings.ledger)
     keys = Keys(settings.namespace)
     raw = json.dumps([[k.decode(), v.decode()] for _id, fields in client.xrange(keys.turn_audit(turn.turn_id))
                       for k, v in fields.items()])
@@ -180,7 +180,7 @@ def test_trail_records_every_step_with_timings_and_workers(dispatcher, worker, s
     ]
     turn = dispatcher.submit(calls, workspace=str(workspace))
     turn.results(WAIT_S)
-    events = AuditLog(redis.Redis.from_url(settings.redis_url), Keys(settings.namespace), 60).read(turn.turn_id)
+    events = AuditLog(client_for(settings.ledger), Keys(settings.namespace), 60).read(turn.turn_id)
     types = [e.type for e in events]
     assert types[0] == "planned"
     for call_id in ("w", "r", "p", "bad"):
@@ -228,7 +228,7 @@ def test_trail_records_approvals_denials_and_cancel(settings, start_worker, tmp_
         assert turn.result("a").ok and turn.result("b").code.value == "PERMISSION_DENIED"
         turn.cancel("user closed the tab")
         turn.results(WAIT_S)
-    events = AuditLog(redis.Redis.from_url(settings.redis_url), Keys(settings.namespace), 60).read(turn.turn_id)
+    events = AuditLog(client_for(settings.ledger), Keys(settings.namespace), 60).read(turn.turn_id)
     by_type = {}
     for e in events:
         by_type.setdefault(e.type, []).append(e)

@@ -82,7 +82,7 @@ def test_probe_that_finds_nothing_lets_the_handler_run(dispatcher, worker, works
     the call runs (the effect happens once)."""
     from toolfleet.ledger import connect
 
-    journal = Journal(settings, connect(settings.redis_url))
+    journal = Journal(settings, connect(settings.ledger))
     key = journal.key("refund", "arg:order-G7")
     assert journal.begin(key, "dead-token", "old-turn:old-call").verdict == "new"
     assert journal.release(key, "dead-token")  # its worker died: no outcome
@@ -97,7 +97,7 @@ def test_journal_verdicts(settings):
     from toolfleet.ledger import connect
     from toolfleet.models import ToolResult
 
-    journal = Journal(settings, connect(settings.redis_url))
+    journal = Journal(settings, connect(settings.ledger))
     key = journal.key("t", "k")
     assert journal.begin(key, "a", "turn:1").verdict == "new"
     busy = journal.begin(key, "b", "turn:2")

@@ -42,9 +42,9 @@ def test_two_processes_writing_the_same_file_do_not_interleave(settings, start_w
     procs = {tag: spawn_turn(settings, workspace, [call(f"{tag}{i}", "append_line", path="history.txt",
                                                         line=f"{tag} {i}") for i in range(WRITES_PER_TURN)], go)
              for tag in ("A", "B")}
-    from redis import Redis
+    from toolfleet.ledger import client_for
 
-    Redis.from_url(settings.redis_url).rpush(go, "go", "go")
+    client_for(settings.ledger).rpush(go, "go", "go")  # the scripts wait on their ledger client
     runs = {tag: finish(proc) for tag, proc in procs.items()}
     for run in runs.values():
         assert all(r["status"] == "ok" for r in run["results"]), run["results"]
@@ -96,7 +96,7 @@ def test_waiting_too_long_for_a_lock_gives_tool_unavailable(settings, start_work
 def test_lock_conflicts_follow_the_planner_rule(settings):
     from toolfleet.ledger import connect
 
-    locks = ResourceLocks(settings, connect(settings.redis_url))
+    locks = ResourceLocks(settings, connect(settings.ledger))
     assert locks.acquire("A", lock_names("/ws", ["fs:notes"])) is None
     assert locks.acquire("B", lock_names("/ws", ["fs:notes/a.md"])) == "A"  # prefix by whole components
     assert locks.acquire("B", lock_names("/ws", ["fs:notes2"])) is None

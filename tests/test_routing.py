@@ -9,10 +9,9 @@ import signal
 import subprocess
 import sys
 
-import redis
-
 from toolfleet import ToolCall
 from toolfleet.keys import Keys
+from toolfleet.ledger import client_for
 
 from .conftest import ROOT
 
@@ -26,7 +25,8 @@ def test_a_call_only_reaches_workers_that_serve_its_tool(settings, start_worker,
         env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT, start_new_session=True,
     )
     try:
-        assert redis.Redis.from_url(settings.redis_url).blpop([Keys(settings.namespace).workers_ready], timeout=60)
+        ready = client_for(settings.ledger, socket_timeout=70)  # where workers announce themselves
+        assert ready.blpop([Keys(settings.namespace).workers_ready], timeout=60)
         calls = [ToolCall(id=f"c{i}", name="wait_read", arguments=json.dumps({"label": str(i)})) for i in range(8)]
         results = dispatcher.run(calls, timeout_s=60)
         assert [r.status for r in results] == ["ok"] * 8

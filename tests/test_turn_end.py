@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from toolfleet.keys import Keys
+from toolfleet.ledger import client_for
 
 from .conftest import ROOT, TEST_TOOLS
 from .faults import call, wait_started, wait_until
@@ -54,11 +55,12 @@ def start_cli(settings, tmp_path, workspace, *extra: str, lease_s: float | None 
 
 
 def the_turn(settings) -> str:
-    client = redis.Redis.from_url(settings.redis_url)
+    client = client_for(settings.ledger)
     found: list[str] = []
 
     def opened() -> bool:
-        found[:] = [k.decode().split(":")[2] for k in client.scan_iter(match=f"{settings.namespace}:turn:*:events")]
+        pattern = f"{settings.namespace}:turn:*:events"
+        found[:] = [k.decode().split(":")[2].strip("{}") for k in client.scan_iter(match=pattern)]
         return bool(found)
 
     wait_until(opened, 30, "the CLI's turn opening")
@@ -158,7 +160,7 @@ def test_messages_carry_an_expiry(settings, workspace):
     with Dispatcher(settings, make_registry()) as dispatcher:
         sent_at = time.time()
         turn = dispatcher.submit([call("q", "tally", text="x")], workspace=str(workspace))
-        client = dispatcher.ledger.redis
+        client = redis.Redis.from_url(settings.broker)
         queued = [k for k in client.scan_iter(match=f"{settings.namespace}.tally*") if client.type(k) == b"list"]
         messages = [json.loads(m) for k in queued for m in client.lrange(k, 0, -1)]
         assert len(messages) == 1

@@ -376,7 +376,7 @@ def tools_cmd(
         print(json.dumps(adapter.tools(source), indent=2, ensure_ascii=False))
         return
     try:
-        entries = live_catalog(settings, connect(settings.redis_url))
+        entries = live_catalog(settings, connect(settings.ledger))
     except ToolfleetError as exc:
         _fail(exc)
     if as_json:
@@ -391,7 +391,7 @@ def _live_entries(settings: Settings) -> list[dict[str, Any]]:
     from .worker.catalog import live_catalog
 
     try:
-        return live_catalog(settings, connect(settings.redis_url))
+        return live_catalog(settings, connect(settings.ledger))
     except ToolfleetError:
         return []
 

@@ -148,7 +148,7 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per 
         try:
             from .keys import Keys
 
-            store = RuleStore(connect(settings.redis_url), Keys(settings.namespace), settings.redis_url)
+            store = RuleStore(connect(settings.ledger), Keys(settings.namespace), settings.redis_url)
             if forget:
                 if not store.forget(forget):
                     _fail(ToolfleetError(f"no remembered rule {forget!r}"))
@@ -188,7 +188,7 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per 
 
         settings = _settings(redis_url, namespace)
         try:
-            log = AuditLog(connect(settings.redis_url), Keys(settings.namespace), settings.result_ttl_s)
+            log = AuditLog(connect(settings.ledger), Keys(settings.namespace), settings.result_ttl_s)
             events = log.read(turn_id)
         except ToolfleetError as exc:
             _fail(exc)

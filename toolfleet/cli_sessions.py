@@ -38,7 +38,7 @@ def sessions(
 
     try:
         settings = _settings(redis_url, namespace)
-        client = connect(settings.redis_url)
+        client = connect(settings.ledger)
         store = SessionStore(client, Keys(settings.namespace), url=settings.redis_url,
                              default_ttl_s=settings.result_ttl_s)
         if open_id:

@@ -81,6 +81,8 @@ def worker(
                       "worker's queues runs", style="bold yellow", markup=False)
         # Redis refusing this worker's user a right it needs stops it here, with Redis's reason
         check_worker_access(connect(settings.redis_url), settings)
+        if settings.ledger != settings.redis_url:  # the ledger on a cluster of its own (docs/scaling.md)
+            connect(settings.ledger)
         registry, message = serve_sandboxed(
             default_registry(tools or [], builtins=not no_builtins, replace=replace or []), settings)
         if message:

@@ -1,6 +1,9 @@
 """Every Redis key and queue name toolfleet uses, in one place.
 
-All live under the settings' ``namespace`` (default ``toolfleet-<user>``, toolfleet/defaults.py).
+All live under the settings' ``namespace`` (default ``toolfleet-<user>``, toolfleet/defaults.py). Keys one Lua script or
+transaction touches together share a Redis Cluster hash tag (the part in ``{}``), so the ledger
+can live on a cluster (docs/scaling.md): every key of a turn carries ``{<turn_id>}``, a session's
+keys ``{<session_id>}``, the locks and their holds ``{locks}``.
 """
 
 from __future__ import annotations
@@ -15,69 +18,69 @@ class Keys:
     # --- per turn (the ledger) ---
     def turn_calls(self, turn_id: str) -> str:
         """Hash call_id -> tool name: the calls of the turn (set at submit)."""
-        return f"{self.ns}:turn:{turn_id}:calls"
+        return f"{self.ns}:turn:{{{turn_id}}}:calls"
 
     def turn_started(self, turn_id: str) -> str:
         """Hash call_id -> JSON {worker, started_at}: the calls whose handler began."""
-        return f"{self.ns}:turn:{turn_id}:started"
+        return f"{self.ns}:turn:{{{turn_id}}}:started"
 
     def turn_results(self, turn_id: str) -> str:
         """Hash call_id -> ToolResult JSON: the first (and only) result recorded per call."""
-        return f"{self.ns}:turn:{turn_id}:results"
+        return f"{self.ns}:turn:{{{turn_id}}}:results"
 
     def turn_attempts(self, turn_id: str) -> str:
         """Hash call_id -> how many times a worker began the call (redeliveries count)."""
-        return f"{self.ns}:turn:{turn_id}:attempts"
+        return f"{self.ns}:turn:{{{turn_id}}}:attempts"
 
     def turn_armed(self, turn_id: str) -> str:
         """String: set once the dispatcher sent every call of the turn's first group; a worker
         runs no call of a turn that is not armed (so a half-submitted turn never runs)."""
-        return f"{self.ns}:turn:{turn_id}:armed"
+        return f"{self.ns}:turn:{{{turn_id}}}:armed"
 
     def turn_cancelled(self, turn_id: str) -> str:
         """String: set when the turn is cancelled (value: reason)."""
-        return f"{self.ns}:turn:{turn_id}:cancelled"
+        return f"{self.ns}:turn:{{{turn_id}}}:cancelled"
 
     def turn_ended(self, turn_id: str) -> str:
         """String: set when the turn is over (all results in, cancelled, given up, abandoned): a
         worker's claim refuses its calls from then on (value: why)."""
-        return f"{self.ns}:turn:{turn_id}:ended"
+        return f"{self.ns}:turn:{{{turn_id}}}:ended"
 
     def turn_lease(self, turn_id: str) -> str:
         """String with a TTL of ``turn_lease_s`` (Redis's clock), renewed by the turn's live
         dispatcher: once it lapses (the dispatcher vanished) a worker's claim refuses the turn's calls."""
-        return f"{self.ns}:turn:{turn_id}:lease"
+        return f"{self.ns}:turn:{{{turn_id}}}:lease"
 
     def turn_events(self, turn_id: str) -> str:
         """Stream of the turn's events (started, result, cancel), read by the dispatcher."""
-        return f"{self.ns}:turn:{turn_id}:events"
+        return f"{self.ns}:turn:{{{turn_id}}}:events"
 
     def turn_audit(self, turn_id: str) -> str:
         """Stream: the turn's audit trail (planned, submitted, started, finished, approved, denied,
         cancelled), redacted; written by every side, never read by the turn's driver."""
-        return f"{self.ns}:turn:{turn_id}:audit"
+        return f"{self.ns}:turn:{{{turn_id}}}:audit"
 
     def turn_pending(self, turn_id: str) -> str:
         """Hash call_id -> JSON (tool, arguments redacted, reason, workspace): calls held for approval."""
-        return f"{self.ns}:turn:{turn_id}:pending"
+        return f"{self.ns}:turn:{{{turn_id}}}:pending"
 
     def turn_decisions(self, turn_id: str) -> str:
         """Hash call_id -> JSON (decision approved|denied, by, reason, at): the first decision wins."""
-        return f"{self.ns}:turn:{turn_id}:decisions"
+        return f"{self.ns}:turn:{{{turn_id}}}:decisions"
 
     def turn_fence(self, turn_id: str) -> str:
         """Hash call_id -> "token deadline_ms pid": the fencing token of the execution that holds
         the call (its latest claim), its deadline on the Redis clock and its process id."""
-        return f"{self.ns}:turn:{turn_id}:fence"
+        return f"{self.ns}:turn:{{{turn_id}}}:fence"
 
     def turn_late(self, turn_id: str) -> str:
         """Hash "call_id token" -> result JSON: outcomes a stale execution reported after the
         caller's answer (kept for the operator, never the call's result; ``toolfleet trace``)."""
-        return f"{self.ns}:turn:{turn_id}:late"
+        return f"{self.ns}:turn:{{{turn_id}}}:late"
 
     def turn_sent_after(self, turn_id: str) -> str:
         """Hash call_id -> unix s: the call was sent again then; older messages of it are superseded."""
-        return f"{self.ns}:turn:{turn_id}:sent_after"
+        return f"{self.ns}:turn:{{{turn_id}}}:sent_after"
 
     @property
     def fence_counter(self) -> str:
@@ -100,7 +103,7 @@ class Keys:
 
     def session_loop(self, session_id: str) -> str:
         """Hash (sig, count, at): the last call signature of a session and how often it repeated."""
-        return f"{self.ns}:session:{session_id}:loop"
+        return f"{self.ns}:session:{{{session_id}}}:loop"
 
     def output(self, ref: str) -> str:
         """String (with a time to live): the whole output of a call whose result was cut."""
@@ -118,8 +121,9 @@ class Keys:
     @property
     def locks(self) -> str:
         """Hash: resource locks across turns, field = workspace + newline + resource,
-        value = owner turn id + space + lease end (ms, Redis clock)."""
-        return f"{self.ns}:locks"
+        value = owner turn id + space + lease end (ms, Redis clock). Tagged ``{locks}``: its
+        ``:hold`` companion must share its cluster slot."""
+        return f"{self.ns}:{{locks}}"
 
     # --- fleet ---
     def catalog(self, worker: str) -> str:

@@ -22,7 +22,11 @@ Each of them also appends to the turn's redacted audit trail (:mod:`toolfleet.au
 ``started`` and ``finished`` inside the scripts (so the trail's order is the ledger's order),
 ``cancelled`` right after it.
 
-Keys are listed in :mod:`toolfleet.keys`; all expire ``result_ttl_s`` after the last write.
+Keys are listed in :mod:`toolfleet.keys`; all expire ``result_ttl_s`` after the last write. Every
+key of a turn carries the hash tag ``{<turn_id>}``, so on a Redis Cluster (``ledger_url``
+``redis+cluster://``) a turn lives on one shard and each script stays in one slot; the few steps
+that also touch a key shared across turns split off that part (:attr:`Ledger.cluster`;
+docs/scaling.md).
 Redis errors reach callers as :class:`~toolfleet.errors.BrokerUnavailable`; a worker's ledger
 retries them for ``retry_s`` (a Redis restart must not lose a result the handler produced).
 """
@@ -39,14 +43,17 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 from . import ledger_scripts as lua
 from .access import refused
 from .audit import AuditLog
+from .breaker import success_lua
 from .errors import BrokerRefused, BrokerUnavailable, TurnNotFound
 from .keys import Keys
 from .models import ErrorCode, ToolResult
-from .settings import Settings
+from .settings import CLUSTER_SCHEMES, Settings
 from .tools.redact import redact_text
 
 log = logging.getLogger(__name__)
@@ -56,11 +63,25 @@ ARM_WAIT_S = 10.0  # longest a worker waits for an unarmed turn before calling i
 
 
 def connect(url: str) -> redis.Redis:
-    """A redis-py client for ``url`` that answers, else :class:`BrokerUnavailable`."""
-    client = redis.Redis.from_url(url, socket_connect_timeout=3, health_check_interval=30)
+    """A redis-py client for ``url`` that answers, else :class:`BrokerUnavailable` (or
+    :class:`BrokerRefused` when Redis refuses the login). ``redis+cluster://`` /
+    ``rediss+cluster://``: a Redis Cluster client (:func:`client_for`)."""
     with translated(url):
-        client.ping()
+        try:
+            client = client_for(url, socket_connect_timeout=3, health_check_interval=30)
+            client.ping()
+        except RedisClusterException as exc:  # no seed node of a cluster answers
+            raise BrokerUnavailable(url, str(exc)) from exc
     return client
+
+
+def client_for(url: str, **options: Any) -> redis.Redis:
+    """redis-py's client for ``url``: ``redis.cluster.RedisCluster`` (seeded from the node in the
+    URL, the rest found by ``CLUSTER SLOTS``) when the scheme is ``redis+cluster://`` or
+    ``rediss+cluster://``, else ``redis.Redis``. ``options``: redis-py connection keywords."""
+    if url.startswith(CLUSTER_SCHEMES):
+        return RedisCluster.from_url(url.replace("+cluster", "", 1), **options)  # type: ignore[return-value]
+    return redis.Redis.from_url(url, **options)
 
 
 @contextmanager
@@ -96,7 +117,10 @@ class Ledger:
     def __init__(self, settings: Settings, client: redis.Redis | None = None, *, retry_s: float = 0.0) -> None:
         self.settings = settings
         self.keys = Keys(settings.namespace)
-        self.redis = client if client is not None else connect(settings.redis_url)
+        self.redis = client if client is not None else connect(settings.ledger)
+        # on a Redis Cluster, keys shared across turns (the fence counter, a tool's breaker, a
+        # journal entry) are in other slots than the turn's: the steps touching them are split
+        self.cluster = isinstance(self.redis, RedisCluster)
         self.retry_s = retry_s
         self._record = self.redis.register_script(lua.RECORD)
         self._record_unstarted = self.redis.register_script(lua.RECORD_UNSTARTED)
@@ -107,6 +131,7 @@ class Ledger:
         self._reopen = self.redis.register_script(lua.REOPEN)
         self._check_fence = self.redis.register_script(lua.CHECK_FENCE)
         self._fence_dead = self.redis.register_script(lua.FENCE_DEAD)
+        self._breaker_ok = self.redis.register_script(success_lua("KEYS[1]"))
 
     def retrying(self, op: Callable[[], T]) -> T:
         """Run ``op``; while Redis is down, retry it for ``retry_s`` (then BrokerUnavailable)."""
@@ -131,7 +156,7 @@ class Ledger:
         """Register the calls (call_id -> tool name) of a new turn. ``armed=False`` for a turn
         whose first calls must all be sent before any runs: :meth:`arm` it once they are."""
         k, ttl = self.keys, self.settings.result_ttl_s
-        pipe = self.redis.pipeline()
+        pipe = self.redis.pipeline(transaction=True)
         if calls:
             pipe.hset(k.turn_calls(turn_id), mapping=calls)
         if armed:
@@ -154,7 +179,7 @@ class Ledger:
         worker's claim refuses its calls, so nothing of it can run later. Idempotent. Raises
         :class:`BrokerUnavailable` if Redis does not answer (the lease then lapses by itself)."""
         k = self.keys
-        pipe = self.redis.pipeline()
+        pipe = self.redis.pipeline(transaction=True)
         pipe.set(k.turn_ended(turn_id), reason, ex=self.settings.result_ttl_s, nx=True)
         pipe.delete(k.turn_lease(turn_id))
         with translated(self.settings.redis_url):
@@ -164,7 +189,7 @@ class Ledger:
         """Confirm that every call of the turn's first group was sent: workers may run them now.
         Raises :class:`BrokerUnavailable` if Redis does not answer (the turn then never runs)."""
         k, ttl = self.keys, self.settings.result_ttl_s
-        pipe = self.redis.pipeline()
+        pipe = self.redis.pipeline(transaction=True)
         pipe.set(k.turn_armed(turn_id), "1", ex=ttl)
         pipe.xadd(k.turn_events(turn_id), {"type": "armed", "call_id": "", "data": ""})
         with translated(self.settings.redis_url):
@@ -270,10 +295,13 @@ class Ledger:
         if not unless_started:
             keys += [k.turn_fence(turn_id), k.turn_late(turn_id)]
             args.append("" if fencing_token is None else str(fencing_token))
-            if tool_worked is not None:
+            if tool_worked is not None and not self.cluster:
                 keys.append(k.breaker(tool_worked))
         script = self._record_unstarted if unless_started else self._record
-        return bool(self.retrying(lambda: script(keys=keys, args=args)))
+        kept = bool(self.retrying(lambda: script(keys=keys, args=args)))
+        if tool_worked is not None and not unless_started and self.cluster:
+            self.retrying(lambda: self._breaker_ok(keys=[k.breaker(tool_worked)]))  # its own slot
+        return kept
 
     def record_failures(
         self, turn_id: str, failures: Sequence[ToolResult]
@@ -314,9 +342,13 @@ class Ledger:
             k.turn_ended(turn_id),
             k.turn_lease(turn_id),
         ]
-        keys += [k.turn_fence(turn_id), k.fence_counter, k.turn_sent_after(turn_id)]
+        keys += [k.turn_fence(turn_id), k.turn_sent_after(turn_id)]
         args = [call_id, started, self.settings.result_ttl_s, self.audit.plain(worker=worker),
                 int(hard_limit_s * 1000), repr(min(submitted_at, 1e15)), os.getpid()]
+        if self.cluster:  # the namespace's counter is in its own slot: take the token first
+            args.append(self.retrying(lambda: self.redis.incr(k.fence_counter)))
+        else:
+            keys.append(k.fence_counter)
         claim = Claim.parse(_s(self.retrying(lambda: self._claim(keys=keys, args=args))))
         if claim != "unarmed":
             return claim
@@ -339,10 +371,15 @@ class Ledger:
         ``retry_s`` raises :class:`BrokerUnavailable` (the caller must then refuse its step)."""
         k = self.keys
         keys = [k.turn_fence(turn_id), k.turn_results(turn_id), k.turn_cancelled(turn_id)]
-        if journal_key:
+        if journal_key and not self.cluster:
             keys.append(journal_key)
         args = [call_id, str(token), "1" if refuse_if_cancelled else "0"]
-        return _s(self.retrying(lambda: self._check_fence(keys=keys, args=args)))
+        why = _s(self.retrying(lambda: self._check_fence(keys=keys, args=args)))
+        if why or not journal_key or not self.cluster:
+            return why
+        # on a cluster the journal entry is in another slot: checked right after, in its own step
+        holder = self.retrying(lambda: self.redis.hget(journal_key, "token"))
+        return "" if holder is not None and _s(holder) == str(token) else "another execution holds its idempotency key"
 
     def fence_dead(self, turn_id: str, call_id: str, pid: int) -> bool:
         """The pool process ``pid`` that held ``call_id`` died (its worker saw it): a redelivered
@@ -364,7 +401,7 @@ class Ledger:
         unacknowledged index, a queue)."""
         key = self.keys.turn_sent_after(turn_id)
         with translated(self.settings.redis_url):
-            pipe = self.redis.pipeline()
+            pipe = self.redis.pipeline(transaction=True)
             pipe.hset(key, call_id, repr(time.time()))
             pipe.expire(key, self.settings.result_ttl_s)
             pipe.execute()

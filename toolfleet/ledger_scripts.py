@@ -43,8 +43,9 @@ RECORD_UNSTARTED = """
 if redis.call('HEXISTS', KEYS[4], ARGV[1]) == 1 then return 0 end""" + _STORE_RESULT
 
 CLAIM = """
--- KEYS: results, events, started, cancelled, audit, armed, attempts, ended, lease, fence, fence_counter, sent_after
--- ARGV: call_id, started_json, ttl, audit, hard_limit_ms, submitted_at (unix s, dispatcher clock), pid
+-- KEYS: results, events, started, cancelled, audit, armed, attempts, ended, lease, fence, sent_after[, fence_counter]
+-- ARGV: call_id, started_json, ttl, audit, hard_limit_ms, submitted_at (unix s, dispatcher clock), pid[, token]
+-- (no fence_counter key: a Redis Cluster, where it lives in another slot; the token was taken before, ARGV[8])
 if redis.call('EXISTS', KEYS[4]) == 1 then return 'cancelled' end
 if redis.call('EXISTS', KEYS[8]) == 1 or redis.call('EXISTS', KEYS[9]) == 0 then return 'ended' end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 'done' end
@@ -52,7 +53,7 @@ if redis.call('EXISTS', KEYS[6]) == 0 then return 'unarmed' end
 """ + """
 -- fencing: a message sent before the dispatcher sent the call again is superseded; every claim
 -- takes a new token from the namespace's counter and its deadline (Redis clock + hard limit)
-local after = redis.call('HGET', KEYS[12], ARGV[1])
+local after = redis.call('HGET', KEYS[11], ARGV[1])
 if after and tonumber(ARGV[6]) < tonumber(after) then return 'superseded' end
 local ft = redis.call('TIME')
 local fnow = tonumber(ft[1]) * 1000 + math.floor(tonumber(ft[2]) / 1000)
@@ -66,7 +67,12 @@ if held and redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
   local sent = tonumber(f[4] or '')
   if tonumber(f[2]) > fnow and f[5] ~= 'dead' and sent and tonumber(ARGV[6]) <= sent then return 'running' end
 end
-local token = redis.call('INCR', KEYS[11])
+local token
+if #KEYS >= 12 then token = redis.call('INCR', KEYS[12]) else
+  token = ARGV[8]
+  -- taken before this script: a claim that took a later token may already hold the call
+  if held and tonumber(string.match(held, '^(%d+)')) > tonumber(token) then return 'superseded' end
+end
 redis.call('HSET', KEYS[10], ARGV[1], token .. ' ' .. (fnow + tonumber(ARGV[5])) .. ' ' .. ARGV[7] .. ' ' .. ARGV[6])
 redis.call('EXPIRE', KEYS[10], tonumber(ARGV[3]))
 """ + """

@@ -18,6 +18,8 @@ from .defaults import DEFAULT_REDIS_URL, default_namespace
 from .redis_tls import TLS_QUERY, ssl_options, with_login, with_tls
 from .signing import MIN_KEY_CHARS, FleetKeys, read_key_file
 
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+
 __all__ = ["DEFAULT_REDIS_URL", "Settings", "default_namespace"]
 
 
@@ -27,6 +29,15 @@ class Settings(BaseModel):
     - ``redis_url``: result store, turn ledger and tool catalog (and the broker unless
       ``broker_url`` is set).
     - ``broker_url``: Celery broker; defaults to ``redis_url``.
+    - ``ledger_url``: where the turn ledger and every other key toolfleet keeps (journal, breakers,
+      locks, sessions, catalog, audit) live; defaults to ``redis_url``. ``redis+cluster://host:port``
+      (or ``rediss+cluster://``) puts them on a Redis Cluster (redis-py's ``RedisCluster``, any node
+      as the seed; docs/scaling.md). Celery's broker and result backend stay on ``broker_url`` /
+      ``redis_url``: a cluster cannot carry them.
+    - ``broker_queue_type``: RabbitMQ broker only: ``"classic"`` (default) or ``"quorum"``: the
+      tool queues are declared as quorum queues (replicated over a RabbitMQ cluster, so the broker
+      survives a node; Celery's ``task_create_missing_queue_type``; docs/scaling.md). Every worker
+      and dispatcher of a namespace must agree (RabbitMQ refuses a queue declared with another type).
     - ``namespace``: prefix of every Redis key and queue name toolfleet uses, so several fleets
       (or test runs) share one Redis without seeing each other. Default ``toolfleet-<user>``
       (:func:`toolfleet.defaults.default_namespace`: per user, so two users of one Redis do not
@@ -91,6 +102,8 @@ class Settings(BaseModel):
 
     redis_url: str = DEFAULT_REDIS_URL
     broker_url: str | None = None
+    ledger_url: str | None = None
+    broker_queue_type: Literal["classic", "quorum"] = "classic"
     namespace: str = Field(default_factory=default_namespace)
     result_ttl_s: int = 24 * 3600
     cancel_grace_s: float = 0.5
@@ -184,6 +197,19 @@ class Settings(BaseModel):
             raise ValueError("must be at least 1")
         return value
 
+    @field_validator("ledger_url")
+    @classmethod
+    def _ledger_scheme(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES)):
+            raise ValueError("must be a redis://, rediss://, unix://, redis+cluster:// or rediss+cluster:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _quorum_needs_rabbitmq(self) -> Settings:
+        if self.broker_queue_type == "quorum" and self.broker_is_redis:
+            raise ValueError("broker_queue_type 'quorum' needs a RabbitMQ broker (broker_url amqp://...)")
+        return self
+
     @field_validator("namespace")
     @classmethod
     def _namespace_chars(cls, value: str) -> str:
@@ -196,12 +222,22 @@ class Settings(BaseModel):
         return self.broker_url or self.redis_url
 
     @property
+    def ledger(self) -> str:
+        """The ledger's Redis URL: ``ledger_url``, else ``redis_url``."""
+        return self.ledger_url or self.redis_url
+
+    @property
+    def ledger_is_cluster(self) -> bool:
+        return self.ledger.startswith(CLUSTER_SCHEMES)
+
+    @property
     def broker_is_redis(self) -> bool:
         return self.broker.startswith(("redis://", "rediss://"))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
-        """Settings from ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``, ``TOOLFLEET_NAMESPACE``,
+        """Settings from ``REDIS_URL``, ``TOOLFLEET_BROKER_URL``, ``TOOLFLEET_LEDGER_URL``,
+        ``TOOLFLEET_BROKER_QUEUE_TYPE``, ``TOOLFLEET_NAMESPACE``,
         ``TOOLFLEET_HEARTBEAT_S``, ``TOOLFLEET_TURN_LEASE_S``, ``TOOLFLEET_CLOCK_SKEW_MARGIN_S``,
         ``TOOLFLEET_SANDBOX``, ``TOOLFLEET_SANDBOX_NETWORK``, ``TOOLFLEET_BWRAP``, ``TOOLFLEET_TASK_SENT_EVENTS``
         (``0``/``false``/``no``/``off`` turn it off), ``TOOLFLEET_REDIS_CA_FILE``,
@@ -219,6 +255,10 @@ class Settings(BaseModel):
             values["redis_url"] = env["REDIS_URL"]
         if env.get("TOOLFLEET_BROKER_URL"):
             values["broker_url"] = env["TOOLFLEET_BROKER_URL"]
+        if env.get("TOOLFLEET_BROKER_QUEUE_TYPE"):
+            values["broker_queue_type"] = env["TOOLFLEET_BROKER_QUEUE_TYPE"]
+        if env.get("TOOLFLEET_LEDGER_URL"):
+            values["ledger_url"] = env["TOOLFLEET_LEDGER_URL"]
         if env.get("TOOLFLEET_NAMESPACE"):
             values["namespace"] = env["TOOLFLEET_NAMESPACE"]
         if env.get("TOOLFLEET_HEARTBEAT_S"):

@@ -15,6 +15,7 @@ from typing import Any
 import redis
 
 from ..keys import Keys
+from ..ledger import client_for
 from ..settings import Settings
 from ..worker.affinity import LIVE_TOOLS, worker_queue
 
@@ -25,7 +26,7 @@ _lock = threading.Lock()
 def _client(url: str) -> redis.Redis:
     with _lock:
         if url not in _clients:
-            _clients[url] = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=5)
+            _clients[url] = client_for(url, socket_connect_timeout=3, socket_timeout=5)
         return _clients[url]
 
 
@@ -35,7 +36,7 @@ def live_queue(settings: Settings, spec: Any, session_id: str | None) -> str | N
     if spec.name not in LIVE_TOOLS or not session_id:
         return None
     keys = Keys(settings.namespace)
-    client = _client(settings.redis_url)
+    client = _client(settings.ledger)
     try:
         holder = client.get(keys.live_holder(session_id))
         if holder is None:
@@ -48,7 +49,7 @@ def live_queue(settings: Settings, spec: Any, session_id: str | None) -> str | N
 
 def live_holder(settings: Settings, session_id: str) -> str | None:
     """The worker that holds ``session_id``'s shell, or ``None``. Raises ``redis.RedisError``."""
-    raw = _client(settings.redis_url).get(Keys(settings.namespace).live_holder(session_id))
+    raw = _client(settings.ledger).get(Keys(settings.namespace).live_holder(session_id))
     return None if raw is None else raw.decode()
 
 
@@ -56,9 +57,9 @@ def close_live_session(settings: Settings, session_id: str) -> str | None:
     """Close ``session_id``'s live shell: its holder ends it (and every process of its sandbox) at
     its next housekeeping, within ``min(heartbeat_s / 2, 1 s)`` (docs/guarantees.md). Returns the
     worker that held it, or ``None`` if none did. Raises ``redis.RedisError`` when Redis does not answer."""
-    client = _client(settings.redis_url)
+    client = _client(settings.ledger)
     key = Keys(settings.namespace).live_holder(session_id)
-    with client.pipeline() as pipe:
+    with client.pipeline(transaction=True) as pipe:  # one key: MULTI on a cluster too
         pipe.get(key)
         pipe.delete(key)
         holder, _ = pipe.execute()

@@ -247,7 +247,7 @@ class Availability:
         if not self.settings.broker_is_redis:
             return None
         if self._broker_client is None:
-            self._broker_client = (self.redis if self.settings.broker == self.settings.redis_url
+            self._broker_client = (self.redis if self.settings.broker == self.settings.ledger
                                    else redis.Redis.from_url(self.settings.broker, socket_connect_timeout=3))
         keys = [queue if pri == 0 else f"{queue}{KOMBU_PRIORITY_SEP}{pri}" for pri in KOMBU_PRIORITY_STEPS]
         script = self._queued_script if self._broker_client is self.redis else \

@@ -247,7 +247,7 @@ def with_live_tools(registry: Registry, settings: Any) -> Registry:
     from ..ledger import connect
     from ..worker.catalog import live_catalog
 
-    for entry in live_catalog(settings, connect(settings.redis_url)):
+    for entry in live_catalog(settings, connect(settings.ledger)):
         for description in entry["tools"]:
             if description["name"] not in registry:
                 try:

@@ -191,10 +191,10 @@ class SessionStore:
         self._save = client.register_script(_SAVE)
 
     def meta_key(self, session_id: str) -> str:
-        return f"{self.keys.ns}:session:{session_id}:meta"
+        return f"{self.keys.ns}:session:{{{session_id}}}:meta"
 
     def state_key(self, session_id: str, name: str) -> str:
-        return f"{self.keys.ns}:session:{session_id}:state:{name}"
+        return f"{self.keys.ns}:session:{{{session_id}}}:state:{name}"
 
     @property
     def index_key(self) -> str:
@@ -241,9 +241,10 @@ class SessionStore:
             keys = [self.meta_key(session_id),
                     *(self.state_key(session_id, name) for name in self._state_names(session_id))]
             pipe = self.redis.pipeline()
-            pipe.delete(*keys)
+            for key in keys:  # one DEL per key: a cluster pipeline takes no multi-key DEL
+                pipe.delete(key)
             pipe.zrem(self.index_key, session_id)
-            return bool(pipe.execute()[0])
+            return any(pipe.execute()[: len(keys)])
         except redis.RedisError as exc:
             raise self._broker(exc) from exc
 

@@ -54,8 +54,10 @@ from celery.signals import celeryd_after_setup, worker_shutdown
 
 from ..errors import ToolFailure
 from ..keys import Keys
+from ..ledger import client_for
 from ..models import ErrorCode, ToolResult
 from .authenticity import message_problem, report_drop
+from .catalog import mget
 from .live_shell import Shell
 
 log = logging.getLogger(__name__)
@@ -120,7 +122,7 @@ class SessionHost:
         self.settings = runtime.settings
         self.keys = Keys(self.settings.namespace)
         self.worker = worker
-        self.redis = redis.Redis.from_url(self.settings.redis_url, socket_connect_timeout=3, socket_timeout=10)
+        self.redis = client_for(self.settings.ledger, socket_connect_timeout=3, socket_timeout=10)
         self.sessions: dict[str, _Session] = {}
         self.lock = threading.Lock()
         self.create_lock = threading.Lock()
@@ -246,7 +248,7 @@ class SessionHost:
             sids = list(self.sessions)
         if not sids:
             return
-        holders = self.redis.mget([self.keys.live_holder(s) for s in sids])
+        holders = mget(self.redis, [self.keys.live_holder(s) for s in sids])
         ttl = idle_ttl_s()
         for sid, holder in zip(sids, holders, strict=True):
             session = self.sessions.get(sid)

@@ -126,6 +126,9 @@ def celery_config(settings: Settings, registry: Registry | None = None) -> dict[
         # Flower reads broker_use_ssl too. None: not TLS (Celery's default)
         "broker_use_ssl": ssl_options(settings.broker) if settings.broker_is_redis else None,
         "redis_backend_use_ssl": ssl_options(settings.redis_url),
+        # RabbitMQ: the tool queues Celery declares on demand (workers and dispatchers alike)
+        "task_create_missing_queue_type": settings.broker_queue_type,
+        "task_default_queue_type": settings.broker_queue_type,
     }
 
 

@@ -20,6 +20,7 @@ from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 
 from ..keys import Keys
+from ..ledger import client_for
 from ..observe.metrics import heartbeat
 from ..settings import Settings
 
@@ -47,7 +48,7 @@ def connect_catalog(app: Celery, runtime: Any) -> None:
         if getattr(sender, "app", None) is not app:
             return
         worker = sender.hostname
-        client = redis.Redis.from_url(runtime.settings.redis_url)
+        client = client_for(runtime.settings.ledger)
         key = runtime.keys.catalog(worker)
         ttl_ms = int(runtime.settings.heartbeat_s * 3 * 1000)
 
@@ -85,13 +86,13 @@ def connect_catalog(app: Celery, runtime: Any) -> None:
 def live_catalog(settings: Settings, client: redis.Redis | None = None) -> list[dict[str, Any]]:
     """The catalogs of the live workers of ``settings.namespace``, by worker name (two round trips;
     names of workers whose catalog expired are removed from the set on the way)."""
-    client = client or redis.Redis.from_url(settings.redis_url)
+    client = client or client_for(settings.ledger)
     keys = Keys(settings.namespace)
     names = sorted(_s(n) for n in client.smembers(keys.workers))
     if not names:
         return []
     entries, dead = [], []
-    for name, raw in zip(names, client.mget([keys.catalog(n) for n in names]), strict=True):
+    for name, raw in zip(names, mget(client, [keys.catalog(n) for n in names]), strict=True):
         if raw:
             entries.append(json.loads(raw))
         else:
@@ -103,3 +104,10 @@ def live_catalog(settings: Settings, client: redis.Redis | None = None) -> list[
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def mget(client: redis.Redis, keys: list[str]) -> list[Any]:
+    """MGET of keys that may sit in different slots: on a Redis Cluster, redis-py's
+    ``mget_nonatomic`` (one MGET per slot; these reads need no atomicity), else one MGET."""
+    many = getattr(client, "mget_nonatomic", None)
+    return many(keys) if many is not None else client.mget(keys)

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from ..keys import Keys
 from ..models import ToolResult
@@ -135,6 +136,7 @@ class Journal:
         self._retrying = retrying or (lambda op: op())
         self.keys = Keys(settings.namespace)
         self.redis = client
+        self.cluster = isinstance(client, RedisCluster)  # ledger_url redis+cluster://
         self.lease_ms = int(settings.heartbeat_s * 3 * 1000)
         self.margin_ms = int(settings.clock_skew_margin_s * 1000)
         self._begin = client.register_script(_BEGIN)
@@ -173,13 +175,25 @@ class Journal:
         payload_in = result.model_dump_json(exclude_none=True)
         args = [payload_in, self.settings.journal_ttl_s, token]
         keys = [key]
-        if call is not None and token:
+        if call is not None and token and self.cluster:
+            # on a Redis Cluster the journal entry and the turn are in different slots: the
+            # ledger's side is checked first, in its own step (the entry's token check stays atomic)
+            fence, answered = self._retrying(lambda: self._ledger_side(call[0], call[1]))
+            if (fence is not None and _s(fence).split(" ")[0] != token) or answered:
+                return None
+        elif call is not None and token:
             keys += [self.keys.turn_fence(call[0]), self.keys.turn_results(call[0])]
             args.append(call[1])
         kept, payload = self._retrying(lambda: self._finish(keys=keys, args=args))
         if int(kept) < 0:
             return None
         return ToolResult.model_validate_json(payload)
+
+    def _ledger_side(self, turn_id: str, call_id: str) -> list[Any]:
+        pipe = self.redis.pipeline(transaction=True)  # both keys carry the turn's hash tag
+        pipe.hget(self.keys.turn_fence(turn_id), call_id)
+        pipe.hexists(self.keys.turn_results(turn_id), call_id)
+        return pipe.execute()
 
     def release(self, key: str, token: str) -> bool:
         """The holder stopped without an outcome (cancelled, timed out, crashed): let the next

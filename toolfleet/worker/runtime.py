@@ -10,7 +10,7 @@ import redis
 
 from ..breaker import Breakers
 from ..keys import Keys
-from ..ledger import Ledger
+from ..ledger import Ledger, client_for
 from ..policy.config import Policy
 from ..policy.rules import RuleStore
 from ..settings import Settings
@@ -39,7 +39,7 @@ class Runtime:
         self.watcher = CancelWatcher(self.keys, self._new_client, settings.cancel_grace_s)
 
     def _new_client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.settings.redis_url, socket_connect_timeout=3)
+        return client_for(self.settings.ledger, socket_connect_timeout=3)
 
     @property
     def ledger(self) -> Ledger:
