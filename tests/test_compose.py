@@ -184,3 +184,28 @@ def test_monitoring_profile_is_optional_and_its_files_are_in_the_repo():
                    "toolfleet_queue_depth", "toolfleet_worker_calls_running", "toolfleet_calls_in_flight",
                    "toolfleet_worker_heartbeat_timestamp_seconds"):
         assert metric in exprs, metric
+
+
+def test_redis_refuses_to_start_with_an_empty_password_secret(tmp_path):
+    """Found by an attack: an empty secrets/redis_password made `requirepass ""`, a Redis with no
+    password at all. The service's own command (as `docker-compose config` gives it, `$$` being the
+    container's `$`, run by sh with the secret's path pointed at a file of the test's and
+    redis-server replaced by `cat`, so no server starts) exits non-zero naming the secret when it is
+    empty, and hands redis-server the requirepass line otherwise."""
+    need_compose()
+    command = compose_config()["services"]["redis"]["command"]
+    assert command[:2] == ["sh", "-c"], command
+    assert "exec redis-server - " in command[2]
+    secret = tmp_path / "redis_password"
+
+    def run(content: str) -> subprocess.CompletedProcess[str]:
+        secret.write_text(content)
+        script = (command[2].replace("$$", "$").replace("/run/secrets/redis_password", str(secret))
+                  .replace("exec redis-server - ", "exec cat - # "))
+        return subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+
+    for empty in ("", "\n", "  \n"):
+        proc = run(empty)
+        assert proc.returncode != 0 and "redis_password is empty" in proc.stderr, (empty, proc.stderr)
+    proc = run("s3cret\n")
+    assert proc.returncode == 0 and proc.stdout == 'requirepass "s3cret"\n', proc

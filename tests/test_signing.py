@@ -441,3 +441,24 @@ def test_keygen_prints_a_key_and_its_id():
                           timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     key = done.stdout.strip()
     assert done.returncode == 0 and len(key) >= 32 and key_id(key) in done.stderr and key not in done.stderr
+
+
+def test_a_non_ascii_signature_is_dropped_and_the_worker_lives_on(settings, start_worker, dispatcher, ws):
+    """Found by an attack: `"signature": "é"` made hmac.compare_digest raise TypeError in the
+    worker's main process, which died, and the unacked message killed every worker that took it
+    next. Now it is one more dropped message; the worker then runs a real call. (The property test
+    below only mutates signed envelopes into ASCII-safe shapes; this is the non-ASCII kind.)"""
+    start_worker(concurrency=1)
+    client = attacker(settings)
+    turn = "forged-nonascii"
+    live_turn(settings, turn)
+    queue = f"{settings.namespace}.tally"
+    for i, signature in enumerate(["é", "\udcff" * 3, "A" * 42 + "€"]):
+        client.send_task(TASK_NAME, kwargs={"envelope": envelope(turn, f"n{i}", ws, "x", key_id=key_id(FLEET_KEY),
+                                                                 expires_at=time.time() + 60, signature=signature)},
+                         task_id=f"{turn}:n{i}", queue=queue)
+    counts = wait_dropped(settings, 3)
+    assert counts.get("bad_signature", 0) + counts.get("malformed", 0) == 3, counts
+    [result] = dispatcher.run([call("after", "tally", text="after")], workspace=str(ws), timeout_s=60)
+    assert result.ok, result.content  # the same worker, still alive
+    assert tallies(ws) == ["after"]

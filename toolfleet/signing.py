@@ -163,8 +163,13 @@ def verify(keys: FleetKeys, *, task: str, task_id: str | None, queue: str | None
         expected = _mac(key, canonical(task, task_id, queue, limits, envelope))
     except (TypeError, ValueError):  # not JSON-able (NaN, odd types): nothing a dispatcher signs
         return MALFORMED
-    if not hmac.compare_digest(expected, signature):
+    # bytes, not str: compare_digest raises TypeError for a str that is not ASCII, and a forged
+    # "é" must be a bad signature, not an exception in the worker's main process
+    if not hmac.compare_digest(expected.encode("ascii"), signature.encode("utf-8", "surrogatepass")):
         return BAD_SIGNATURE
-    if (time.time() if now is None else now) > float(expires_at) + skew_s:
-        return EXPIRED
+    try:
+        if (time.time() if now is None else now) > float(expires_at) + skew_s:
+            return EXPIRED
+    except (OverflowError, ValueError):  # a signed 10**400 or NaN: nothing a dispatcher signs
+        return MALFORMED
     return None

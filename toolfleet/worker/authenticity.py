@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..signing import verify
+from ..signing import MALFORMED, verify
 from .values import safe_text
 
 if TYPE_CHECKING:
@@ -37,8 +37,12 @@ def message_problem(runtime: Runtime, *, task: str, task_id: Any, queue: Any, ti
         return None if settings.insecure_no_signing else NO_KEY
     hard, soft = (list(timelimit) + [None, None])[:2] if isinstance(timelimit, (list, tuple)) else (None, None)
     envelope = kwargs.get("envelope") if isinstance(kwargs, dict) else None
-    return verify(keys, task=task, task_id=task_id, queue=queue, limits=[soft, hard], envelope=envelope,
-                  skew_s=settings.clock_skew_margin_s)
+    try:
+        return verify(keys, task=task, task_id=task_id, queue=queue, limits=[soft, hard], envelope=envelope,
+                      skew_s=settings.clock_skew_margin_s)
+    except Exception as exc:  # noqa: BLE001 - whatever a forged message holds, it is dropped, never a crash
+        log.error("the signature check failed on a message (%s); dropped as malformed", type(exc).__name__)
+        return MALFORMED
 
 
 def _shown(value: Any) -> str:
