@@ -10,6 +10,7 @@ calls, prints ``started <turn id>`` as soon as the turn is submitted, then one J
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -19,7 +20,11 @@ from .conftest import make_registry
 
 
 def main() -> None:
-    settings = Settings.model_validate_json(sys.argv[1])
+    # the JSON dump masks the fleet key (a SecretStr): the key comes from the environment, as the
+    # test run's processes all get it (conftest.FLEET_KEY)
+    data = json.loads(sys.argv[1])
+    data["fleet_key"], data["fleet_keys_previous"] = os.environ.get("TOOLFLEET_FLEET_KEY"), ()
+    settings = Settings.model_validate(data)
     workspace, calls = sys.argv[2], [ToolCall(**c) for c in json.loads(sys.argv[3])]
     with Dispatcher(settings, make_registry()) as dispatcher:
         if len(sys.argv) > 4:
