@@ -26,7 +26,6 @@ from kombu.utils.url import maybe_sanitize_url
 from toolfleet.settings import Settings
 
 from . import cancel_latency, overhead, plan_efficiency, sandbox_overhead, scale, sent_events, streaming, throughput
-from .plot import plot
 from .report import render
 from .stack import ROOT, PrivateRedis, RawFleet, ToolfleetFleet
 
@@ -224,6 +223,8 @@ def write(results: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "report.md").write_text(render(results))
+    from .plot import plot  # matplotlib: the bench extra (the smoke tests need only the test extra)
+
     plot(results, out / "bench.png")
     _log(f"wrote {out / 'report.md'} and {out / 'bench.png'}")
 
