@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import sys
 
 from toolfleet import ToolCall
 from toolfleet.tools.output import fit_output
@@ -19,7 +18,9 @@ PAGE = 20_000
 
 def test_two_megabyte_command_output_is_cut_stored_and_paged(dispatcher, worker, workspace):
     script = f"import sys; sys.stdout.write(''.join(f'{{i:07d}}\\n' for i in range({LINES})))"
-    command = f"{shlex.quote(sys.executable)} -c {shlex.quote(script)}"
+    # the system's python3: the sandbox gives commands a private /tmp, so a venv under /tmp (a
+    # checkout there) is not visible inside it
+    command = f"python3 -c {shlex.quote(script)}"
     [result] = dispatcher.run([ToolCall(id="big", name="run_command", arguments=json.dumps({"command": command}))],
                               workspace=str(workspace), timeout_s=WAIT_S)
     assert result.ok, result.content
