@@ -17,8 +17,9 @@ from .faults import call, kill_pid, wait_started, wait_until
 RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 
-@pytest.fixture
-def settings(settings, namespace):
+def on_rabbitmq(settings, namespace, **update):
+    """The body of a ``settings`` fixture: the test's settings with RabbitMQ as broker (plus
+    ``update``), skipping when none answers; the namespace's queues are deleted afterwards."""
     from kombu import Connection
 
     try:
@@ -26,8 +27,13 @@ def settings(settings, namespace):
             conn.ensure_connection(max_retries=1)
     except Exception as exc:  # noqa: BLE001 - any failure means: no RabbitMQ here
         pytest.skip(f"no RabbitMQ at {RABBITMQ_URL} ({exc})")
-    yield settings.model_copy(update={"broker_url": RABBITMQ_URL, "heartbeat_s": 0.5})
+    yield settings.model_copy(update={"broker_url": RABBITMQ_URL, "heartbeat_s": 0.5, **update})
     delete_amqp_queues(RABBITMQ_URL, namespace)
+
+
+@pytest.fixture
+def settings(settings, namespace):
+    yield from on_rabbitmq(settings, namespace)
 
 
 def test_parallel_reads_and_a_write(dispatcher, worker, workspace):

@@ -8,22 +8,13 @@ import pytest
 
 from toolfleet import ErrorCode, Settings
 
-from .conftest import delete_amqp_queues
 from .faults import call, kill_pid, wait_started
-from .test_rabbitmq import RABBITMQ_URL
+from .test_rabbitmq import RABBITMQ_URL, on_rabbitmq
 
 
 @pytest.fixture
 def settings(settings, namespace):
-    from kombu import Connection
-
-    try:
-        with Connection(RABBITMQ_URL, connect_timeout=3) as conn:
-            conn.ensure_connection(max_retries=1)
-    except Exception as exc:  # noqa: BLE001 - any failure means: no RabbitMQ here
-        pytest.skip(f"no RabbitMQ at {RABBITMQ_URL} ({exc})")
-    yield settings.model_copy(update={"broker_url": RABBITMQ_URL, "broker_queue_type": "quorum", "heartbeat_s": 0.5})
-    delete_amqp_queues(RABBITMQ_URL, namespace)
+    yield from on_rabbitmq(settings, namespace, broker_queue_type="quorum")
 
 
 def _declared_type_is_quorum(queue: str) -> bool:
