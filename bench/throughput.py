@@ -8,8 +8,10 @@ median of the rounds' ratios (each round: one toolfleet and one raw segment, bac
 burst of load from elsewhere skews one round, not the figure.
 
 Alongside the rate, the run records what each call costs: CPU seconds of the worker processes, of
-the client process and of Redis, and Redis commands, each divided by the calls. :mod:`bench.scale`
-projects from these.
+the client process and of Redis, and Redis commands, each divided by the calls, with Redis's
+``INFO commandstats`` by command name (:mod:`bench.redis_stats`). After the timed rounds, one
+untimed sample per side runs with ``MONITOR`` attached, to split the commands into those clients
+send (round trips) and those Lua scripts run inside Redis.
 """
 
 from __future__ import annotations
@@ -22,16 +24,10 @@ from typing import Any
 
 import redis
 
+from . import redis_stats
+from .cluster import binaries
 from .overhead import BATCH, run_raw, run_toolfleet
 from .stack import RawFleet, ToolfleetFleet, WorkerProcess
-
-
-def redis_counters(client: redis.Redis) -> dict[str, float]:
-    info = client.info()
-    return {
-        "commands": float(info["total_commands_processed"]),
-        "cpu_s": float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
-    }
 
 
 def _client_cpu_s() -> float:
@@ -76,20 +72,33 @@ class _Side:
         self.system, self.run_batch, self.worker, self.processes = system, run_batch, worker, processes
         self.calls = 0
         self.segment_rates: list[float] = []
-        self.totals = {"wall_s": 0.0, "worker_cpu_s": 0.0, "client_cpu_s": 0.0, "redis_cpu_s": 0.0,
-                       "redis_commands": 0.0}
+        self.totals = {"wall_s": 0.0, "worker_cpu_s": 0.0, "client_cpu_s": 0.0}
+        self.redis: dict[str, Any] = {}
+        self.split: dict[str, float] | None = None
 
     def segment(self, client: redis.Redis, batches: int, in_flight: int) -> None:
-        before_redis, before_worker, before_client = redis_counters(client), self.worker.cpu_s(), _client_cpu_s()
+        before_redis, before_worker, before_client = redis_stats.counters(client), self.worker.cpu_s(), _client_cpu_s()
         wall_s = _drive(self.run_batch, batches, in_flight)
-        after_redis, after_worker, after_client = redis_counters(client), self.worker.cpu_s(), _client_cpu_s()
+        after_redis, after_worker, after_client = redis_stats.counters(client), self.worker.cpu_s(), _client_cpu_s()
         self.calls += batches * BATCH
         self.segment_rates.append(batches * BATCH / wall_s)
         self.totals["wall_s"] += wall_s
         self.totals["worker_cpu_s"] += after_worker - before_worker
         self.totals["client_cpu_s"] += after_client - before_client
-        self.totals["redis_cpu_s"] += after_redis["cpu_s"] - before_redis["cpu_s"]
-        self.totals["redis_commands"] += after_redis["commands"] - before_redis["commands"]
+        self.redis = redis_stats.add(self.redis, redis_stats.delta(before_redis, after_redis))
+
+    def monitor_sample(self, client: redis.Redis, batches: int, in_flight: int) -> None:
+        """Untimed: ``batches`` batches with MONITOR attached (client vs script-inner commands)."""
+        found = binaries()
+        kwargs = client.connection_pool.connection_kwargs
+        if found is None or "host" not in kwargs:  # no redis-cli, or a unix socket
+            return
+        try:
+            self.split = redis_stats.monitor_split(
+                found[1], kwargs["host"], kwargs.get("port", 6379),
+                lambda: (_drive(self.run_batch, batches, in_flight), batches * BATCH)[1], kwargs.get("password"))
+        except RuntimeError:  # MONITOR refused (an ACL user without it, TLS): the split is left out
+            self.split = None
 
     def row(self, in_flight: int, rounds: int) -> dict[str, Any]:
         t, n = self.totals, self.calls
@@ -104,8 +113,10 @@ class _Side:
             "segment_calls_per_s": self.segment_rates,
             "worker_cpu_ms_per_call": t["worker_cpu_s"] / n * 1000,
             "client_cpu_ms_per_call": t["client_cpu_s"] / n * 1000,
-            "redis_cpu_ms_per_call": t["redis_cpu_s"] / n * 1000,
-            "redis_commands_per_call": t["redis_commands"] / n,
+            "redis_cpu_ms_per_call": self.redis["cpu_s"] / n * 1000,
+            "redis_commands_per_call": self.redis["commands"] / n,
+            "redis": redis_stats.per_call(self.redis, n),
+            "redis_monitor_sample": self.split,
         }
 
 
@@ -131,6 +142,8 @@ def measure(tf: ToolfleetFleet, raw: RawFleet, raw_like_toolfleet: RawFleet | No
         for r in range(rounds):
             for side in sides if r % 2 == 0 else reversed(sides):
                 side.segment(client, batches, in_flight)
+        for side in sides:
+            side.monitor_sample(client, in_flight * 2, in_flight)
     finally:
         client.close()
     return [side.row(in_flight, rounds) for side in sides]

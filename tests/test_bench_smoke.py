@@ -7,6 +7,7 @@ renders every section from it; the lower-bound arithmetic is checked on the issu
 from __future__ import annotations
 
 import pytest
+import redis
 
 from bench import plan_efficiency
 from bench.report import SECTIONS, render
@@ -61,3 +62,34 @@ def test_the_report_shows_the_command_with_redis_passwords_masked():
         "rediss://bench:**@redis.internal:6380/0"
     assert _masked("--redis-url=redis://:s3cret@h:6379/0") == "--redis-url=redis://:**@h:6379/0"
     assert _masked("--quick") == "--quick"
+
+
+def test_monitor_split_tells_script_inner_commands_from_client_commands():
+    """bench.redis_stats: MONITOR tags a script's commands; INFO counts them with the client's."""
+    from bench import redis_stats
+    from bench.cluster import binaries
+    from bench.stack import PrivateRedis
+
+    found = binaries()
+    if found is None:
+        pytest.skip("redis-server and redis-cli are needed")
+    server = PrivateRedis()  # a server of its own: nobody else's commands in its MONITOR
+    try:
+        client = redis.Redis(host="127.0.0.1", port=server.port)
+
+        def load() -> int:
+            for _ in range(3):  # per "call": 1 EVAL running 2 commands inside, and 1 GET
+                client.eval("redis.call('set', KEYS[1], 'v'); return redis.call('get', KEYS[1])", 1, "k")
+                client.get("k")
+            return 3
+
+        before = redis_stats.counters(client)
+        split = redis_stats.monitor_split(found[1], "127.0.0.1", server.port, load)
+        d = redis_stats.per_call(redis_stats.delta(before, redis_stats.counters(client)), 3)
+        client.close()
+    finally:
+        server.stop()
+    assert split == {"calls": 3, "client_per_call": 2.0, "script_inner_per_call": 2.0}
+    assert d["script_calls_per_call"] == 1.0 and d["cmdstats_per_call"]["get"] == 2.0  # 1 from the script
+    assert d["commands_per_call"] >= 4.0  # INFO counts the inner commands too (and the echo marker, INFO)
+
