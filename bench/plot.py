@@ -117,12 +117,14 @@ def _scale(ax: Any, results: dict[str, Any]) -> bool:
     sc = results.get("scale")
     if not sc:
         return False
-    pr = sc["projection"]
+    pr = sc.get("projection") or {}
+    if "ledger_ceilings" not in pr:  # a results.json from before the measured scale section
+        return False
     hosts = [r["hosts"] for r in pr["rows"]]
     ax.plot(hosts, [h * pr["per_host_calls_per_s"] for h in hosts], "--", label="workers alone")
-    ax.plot(hosts, [r["calls_per_s"] for r in pr["rows"]], "o-", label="with one Redis")
-    if pr.get("redis_ceiling"):
-        ax.axhline(pr["redis_ceiling"], color="C3", linewidth=0.8, label="Redis ceiling")
+    for name in pr["ledger_ceilings"]:
+        ax.plot(hosts, [r["cells"][name]["calls_per_s"] for r in pr["rows"]], "o-", markersize=3, label=name)
+    ax.axhline(pr["broker_ceiling"], color="C3", linewidth=0.8, label="broker Redis ceiling")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel(f"worker hosts ({pr['cores_per_host']} cores each)")

@@ -79,31 +79,76 @@ def _scaling(rows: list[dict[str, Any]]) -> str:
 
 def scale_section(results: dict[str, Any]) -> str | None:
     sc = results.get("scale")
-    if not sc:
+    if not sc or "rows" not in sc:  # none, or a results.json from before the measured section
         return None
-    pr, rb = sc["projection"], sc["redis_benchmark"]
-    ops = ", ".join(f"{k} {v:,.0f}" for k, v in (rb.get("ops_per_s") or {}).items()) or "redis-benchmark not found"
-    rows = [[r["hosts"], f"{r['calls_per_s']:,.0f}", r["limited_by"]] for r in pr["rows"]]
-    src = sc["source"]
+    one, cl = (next(r for r in sc["rows"] if r["ledger"] == name) for name in ("one_redis", "cluster"))
+    pr = sc["projection"]
+    servers = []
+    for r, label in ((one, "ledger on one Redis"), (cl, "ledger on 3 shards")):
+        servers.append([label, "broker (Celery's queues)", *_server(r["broker"]), "", "", "",
+                        f"{r['calls_per_s']:.0f}"])
+        for i, node in enumerate(r["ledger_nodes"]):
+            name = "ledger" if len(r["ledger_nodes"]) == 1 else f"ledger shard {i + 1} (:{node['port']})"
+            servers.append([label, name, *_server(node), f"{node['idle_cpu_per_s'] * 1000:.1f}",
+                            f"{node['net_cpu_ms_per_call']:.3f}", f"{node['share_of_commands']:.0%}", ""])
+        if len(r["ledger_nodes"]) > 1:
+            servers.append([label, "ledger, all shards", f"{r['ledger_cpu_ms_per_call']:.3f}",
+                            f"{r['ledger_commands_per_call']:.1f}", "", "", f"{r['ledger_net_cpu_ms_per_call']:.3f}",
+                            "100%", ""])
+    shares = " / ".join(f"{n['share_of_commands']:.0%}" for n in cl["ledger_nodes"])
+    own = " / ".join(f"{n.get('share_of_own_commands', n['share_of_commands']):.0%}" for n in cl["ledger_nodes"])
+    names = list(pr["ledger_ceilings"])
+    proj = [[r["hosts"], *(f"{r['cells'][n]['calls_per_s']:,.0f} ({r['cells'][n]['limited_by']})" for n in names)]
+            for r in pr["rows"]]
+    ceilings = ", ".join(f"{n}: {c:,.0f}" for n, c in pr["ledger_ceilings"].items())
     return (
-        f"From the toolfleet throughput run with {src['worker_processes']} worker processes: worker CPU "
-        f"{src['worker_cpu_ms_per_call']:.2f} ms/call, dispatcher CPU {src['client_cpu_ms_per_call']:.2f} ms/call, "
-        f"Redis CPU {src['redis_cpu_ms_per_call']:.3f} ms/call, {src['redis_commands_per_call']:.1f} Redis "
-        "commands/call (scripts' inner commands counted).\n\n"
-        f"Redis on this machine (`redis-benchmark -q -n {rb.get('requests', 0):,} -c {rb.get('clients', 0)}`, "
-        f"private server, no pipelining): {ops} ops/s.\n\n"
-        f"- One worker host of {pr['cores_per_host']} cores: ~{pr['per_host_calls_per_s']:,.0f} no-op calls/s "
-        "(cores / worker CPU per call).\n"
-        f"- One Redis: **~{pr['redis_ceiling_by_cpu']:,.0f} calls/s**, by its CPU per call (single-threaded: one "
-        f"core); the ceiling used below. Pessimistic bound: ~{pr['redis_ceiling_by_commands'] or 0:,.0f}, "
-        "redis-benchmark's median ops/s over the commands per call, which counts each command a ledger script "
-        "runs inside Redis as if it were a round trip.\n"
-        f"- Redis becomes the limit at about **{pr['hosts_to_saturate_redis']:.1f} hosts** of this size.\n"
-        f"- A dispatcher process carries ~{pr['dispatcher_calls_per_s_per_core']:,.0f} calls/s per core of its own.\n\n"
-        + table(["worker hosts", "projected no-op calls/s", "limited by"], rows)
-        + "\n\nThese are no-op calls. With real tools a host carries its processes divided by the tools' "
-        f"duration: 16 processes of 100 ms tools carry 160 calls/s, so one Redis serves about "
-        f"**{pr['redis_ceiling'] / 160:.0f} such hosts**. The per-call costs were measured with workers, client "
-        "and Redis sharing two cores, which inflates them a little (context switches); past the Redis ceiling, "
-        "shard by namespace (one Redis per fleet) or move the broker to RabbitMQ and keep Redis for the ledger."
+        f"Measured, not projected from one Redis: the same toolfleet no-op load (batches of 16, {sc['in_flight']} "
+        f"in flight, {one['worker_processes']} worker processes) run with the ledger on a Redis of its own and "
+        f"with the ledger on a three-master Redis Cluster (`ledger_url` `redis+cluster://`, `bench/cluster.py`), "
+        f"{one['calls']} calls each in {sc['rounds']} alternating segments; the broker is the run's single Redis "
+        "for both. Per server, from its `INFO` before and after each segment: CPU (`used_cpu_sys + used_cpu_user`), "
+        "commands (`total_commands_processed`, script-inner included) and script calls (`cmdstat_evalsha` and "
+        "kin: client commands), each divided by the calls. *Background*: what a ledger server used per second "
+        "while the other layout ran (its cron, the cluster bus, an idle worker's heartbeats); the net CPU per call "
+        "takes it out.\n\n"
+        + table(["layout", "server", "CPU ms/call", "commands/call", "scripts/call", "background CPU ms/s",
+                 "CPU ms/call net of background", "share of ledger commands", "calls/s of the load"], servers)
+        + f"\n\n**Each shard's share of the ledger's commands: {shares}**; without the cluster client's `COMMAND` "
+        f"look-ups (below), which all go to one node: {own}. A third each would be 33%: turns land on shards by "
+        "their random turn ids, and the shard holding the namespace's fence counter and the tools' breakers "
+        f"carries a little more. Busiest shard / mean: {pr['imbalance']:.2f}. On three shards "
+        f"the ledger runs {cl['ledger_net_cpu_ms_per_call']:.3f} ms of Redis CPU per call in all (net of "
+        f"background), against {one['ledger_net_cpu_ms_per_call']:.3f} on one Redis, and "
+        f"{cl['ledger_commands_per_call']:.1f} commands against {one['ledger_commands_per_call']:.1f}"
+        + _getkeys(cl) + ".\n\n"
+        "Projection, from these figures. Assumptions: each Redis is single-threaded and gets a core of its own, "
+        "so it carries at most (1 s - its background CPU per s) / (its net CPU per call) calls/s; the broker "
+        "stays one Redis "
+        f"({pr['broker_cpu_ms_per_call']:.3f} ms/call, the mean of the two layouts: **~{pr['broker_ceiling']:,.0f} "
+        "calls/s whatever the ledger**), so it caps every column but the first; a worker host of "
+        f"{pr['cores_per_host']} cores carries ~{pr['per_host_calls_per_s']:,.0f} calls/s (cores / worker CPU ms "
+        "per call, measured on the cluster layout; CPU-bound once it runs enough processes to hide the round "
+        "trips); on S shards the ledger's net CPU per call is the three-shard total, and the busiest shard "
+        "keeps the measured imbalance (its part = imbalance / S, its background the shards' mean; 3 shards: the "
+        "busiest shard as measured); "
+        "*one Redis for both* puts broker and ledger on one server (the default), its CPU the sum. Ceilings "
+        f"(calls/s): {ceilings}. The per-call CPU was measured with workers, clients and every Redis sharing "
+        f"{results.get('meta', {}).get('cpu_count', '?')} cores, which inflates it a little (context switches); "
+        "no-op calls: with real tools a host carries its processes divided by the tools' duration.\n\n"
+        + table(["worker hosts", *names], proj)
+        + "\n\nPast the broker's ceiling the next step is the broker, not the ledger: RabbitMQ (quorum queues, "
+        "docs/scaling.md) or a broker Redis per namespace."
     )
+
+
+def _server(p: dict[str, Any]) -> list[str]:
+    return [f"{p['cpu_ms_per_call']:.3f}", f"{p['commands_per_call']:.1f}", f"{p['script_calls_per_call']:.1f}"]
+
+
+def _getkeys(cl: dict[str, Any]) -> str:
+    """The cluster client's ``COMMAND GETKEYS`` round trips, when the shards' commandstats show them."""
+    n = sum(node["cmdstats_per_call"].get("command", 0.0) for node in cl["ledger_nodes"])
+    if n < 0.1:
+        return ""
+    return (f", of which {n:.1f} per call are `COMMAND` (redis-py's cluster client asks a node for the keys of "
+            "each command whose keys it cannot place itself, XREAD among them: one extra round trip each)")

@@ -45,17 +45,17 @@ class Sizes:
     throughput_in_flight: int
     cancel_trials: int
     stream_trials: int
-    redis_bench_requests: int
+    scale_calls: int
     sandbox_rounds: int = 200
     sent_events_calls: int = 4000
 
 
 FULL = Sizes(plan_trials=7, plan_slots=(2, 4, 8), overhead_rounds=40, overhead_default_get_rounds=10,
              throughput_calls=10_000, throughput_in_flight=4, cancel_trials=50, stream_trials=5,
-             redis_bench_requests=100_000)
+             scale_calls=4000)
 QUICK = Sizes(plan_trials=2, plan_slots=(2, 4), overhead_rounds=8, overhead_default_get_rounds=2,
               throughput_calls=800, throughput_in_flight=4, cancel_trials=5, stream_trials=1,
-              redis_bench_requests=20_000, sandbox_rounds=40, sent_events_calls=640)
+              scale_calls=640, sandbox_rounds=40, sent_events_calls=640)
 
 
 def _log(message: str) -> None:
@@ -157,12 +157,13 @@ def run(sizes: Sizes, only: tuple[str, ...], redis_url: str | None, out: Path, c
                     results["plan_efficiency"].append(plan_efficiency.measure(tf.dispatcher, slots,
                                                                               trials=sizes.plan_trials))
         if "scale" in only:
-            _log("redis-benchmark")
-            bench = scale.redis_ops_per_s(sizes.redis_bench_requests)
-            source = next((r for r in reversed(results.get("throughput", [])) if r["system"] == "toolfleet"), None)
-            if source is not None:
-                results["scale"] = {"redis_benchmark": bench, "source": source,
-                                    "projection": scale.project(source, bench, cores_per_host=os.cpu_count() or 1)}
+            _log(f"scale: the ledger on one Redis and on a three-master cluster, {sizes.scale_calls} calls each")
+            try:
+                results["scale"] = scale.measure(url, total_calls=sizes.scale_calls,
+                                                 in_flight=sizes.throughput_in_flight,
+                                                 cores_per_host=os.cpu_count() or 1)
+            except FileNotFoundError as exc:  # no redis-server / redis-cli for the cluster
+                _log(f"scale not measured: {exc}")
         if "sandbox" in only:
             _log(f"sandbox: run_command with and without it, {sizes.sandbox_rounds} calls each")
             try:
@@ -234,9 +235,8 @@ def render_again(out: Path) -> None:
     or the report's wording), recomputing the figures derived from the measurements."""
     results = json.loads((out / "results.json").read_text())
     sc = results.get("scale")
-    if sc:
-        sc["projection"] = scale.project(sc["source"], sc["redis_benchmark"],
-                                         cores_per_host=results["meta"].get("cpu_count") or 1)
+    if sc and "rows" in sc:  # a run before the measured scale section has no rows to project from
+        sc["projection"] = scale.project(sc["rows"], cores_per_host=results["meta"].get("cpu_count") or 1)
     results["meta"]["rendered"] = time.strftime("%Y-%m-%d %H:%M %Z")
     write(results, out)
 

@@ -24,6 +24,7 @@ import redis
 
 from toolfleet import Dispatcher, Settings, default_registry
 from toolfleet.keys import Keys
+from toolfleet.ledger import client_for
 from toolfleet.signing import generate_key
 
 from . import raw_celery
@@ -79,12 +80,16 @@ class PrivateRedis:
 class WorkerProcess:
     """One worker process (and its prefork children), started in its own session."""
 
-    def __init__(self, argv: list[str], redis_url: str, ready_key: str) -> None:
+    def __init__(self, argv: list[str], redis_url: str, ready_key: str, ledger_url: str | None = None) -> None:
+        """``ready_key`` is read on ``ledger_url`` (toolfleet workers push it to their ledger), else on
+        ``redis_url``; a ``ledger_url`` also goes to the worker as ``TOOLFLEET_LEDGER_URL``."""
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        env.pop("REDIS_URL", None)
-        env.pop("TOOLFLEET_NAMESPACE", None)
+        for name in ("REDIS_URL", "TOOLFLEET_NAMESPACE", "TOOLFLEET_LEDGER_URL"):
+            env.pop(name, None)
+        if ledger_url:
+            env["TOOLFLEET_LEDGER_URL"] = ledger_url
         self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, start_new_session=True)
-        client = redis.Redis.from_url(redis_url)
+        client = client_for(ledger_url or redis_url)
         reply = client.blpop([ready_key], timeout=READY_TIMEOUT_S)
         client.close()
         if reply is None:
@@ -120,29 +125,33 @@ class WorkerProcess:
 
 @dataclass
 class ToolfleetFleet:
-    """A toolfleet worker with ``concurrency`` pool processes and a dispatcher, in a fresh namespace."""
+    """A toolfleet worker with ``concurrency`` pool processes and a dispatcher, in a fresh namespace;
+    the ledger on ``ledger_url`` (a ``redis+cluster://`` URL: a Redis Cluster), else on ``redis_url``."""
 
     redis_url: str
     concurrency: int
     namespace: str | None = None  # default: a fresh one
+    ledger_url: str | None = None
     settings: Settings = field(init=False)
     worker: WorkerProcess = field(init=False)
     dispatcher: Dispatcher = field(init=False)
 
     def __post_init__(self) -> None:
         ns = self.namespace or f"bench-{uuid.uuid4().hex[:8]}-tf{self.concurrency}"
-        self.settings = Settings(redis_url=self.redis_url, namespace=ns, cancel_grace_s=0.5, kill_grace_s=1.0,
-                                 fleet_key=FLEET_KEY)
+        self.settings = Settings(redis_url=self.redis_url, ledger_url=self.ledger_url, namespace=ns,
+                                 cancel_grace_s=0.5, kill_grace_s=1.0, fleet_key=FLEET_KEY)
         argv = [sys.executable, "-m", "toolfleet", "worker", "--redis-url", self.redis_url, "--namespace", ns,
                 "--concurrency", str(self.concurrency), "--tools", BENCH_TOOLS, "--hostname", f"tf@{ns}",
                 "--loglevel", "WARNING"]
-        self.worker = WorkerProcess(argv, self.redis_url, Keys(ns).workers_ready)
+        self.worker = WorkerProcess(argv, self.redis_url, Keys(ns).workers_ready, self.ledger_url)
         self.dispatcher = Dispatcher(self.settings, bench_registry())
 
     def stop(self) -> None:
         self.dispatcher.close()
         self.worker.stop()
         _delete_namespace(self.redis_url, self.settings.namespace)
+        if self.ledger_url:
+            _delete_namespace(self.ledger_url, self.settings.namespace)
 
     def __enter__(self) -> ToolfleetFleet:
         return self
@@ -182,7 +191,7 @@ class RawFleet:
 
 
 def _delete_namespace(redis_url: str, namespace: str) -> None:
-    client = redis.Redis.from_url(redis_url)
+    client = client_for(redis_url)  # a cluster client scans every master
     for key in client.scan_iter(match=f"{namespace}[:.]*", count=1000):
         client.delete(key)
     client.close()

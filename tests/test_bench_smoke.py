@@ -93,3 +93,38 @@ def test_monitor_split_tells_script_inner_commands_from_client_commands():
     assert d["script_calls_per_call"] == 1.0 and d["cmdstats_per_call"]["get"] == 2.0  # 1 from the script
     assert d["commands_per_call"] >= 4.0  # INFO counts the inner commands too (and the echo marker, INFO)
 
+
+def test_scale_projection_and_its_section_from_measured_rows():
+    """bench.scale.project: the ceilings follow each server's net CPU per call; the report shows the split."""
+    from bench.report_redis import scale_section
+    from bench.scale import project
+
+    def node(cpu_ms: float, share: float) -> dict:
+        return {"cpu_ms_per_call": cpu_ms, "net_cpu_ms_per_call": cpu_ms, "idle_cpu_per_s": 0.0,
+                "commands_per_call": 40 * share, "script_calls_per_call": 1.0, "share_of_commands": share,
+                "share_of_own_commands": share, "cmdstats_per_call": {}, "port": 1}
+
+    broker = {"cpu_ms_per_call": 0.25, "commands_per_call": 11.0, "script_calls_per_call": 0.0}
+    rows = [
+        {"ledger": "one_redis", "calls": 640, "calls_per_s": 300, "worker_processes": 2,
+         "worker_cpu_ms_per_call": 4.0, "broker": broker, "ledger_nodes": [node(0.5, 1.0)],
+         "ledger_cpu_ms_per_call": 0.5, "ledger_net_cpu_ms_per_call": 0.5, "ledger_commands_per_call": 40.0},
+        {"ledger": "cluster", "calls": 640, "calls_per_s": 300, "worker_processes": 2,
+         "worker_cpu_ms_per_call": 4.0, "broker": broker,
+         "ledger_nodes": [node(0.2, 0.4), node(0.15, 0.3), node(0.15, 0.3)],
+         "ledger_cpu_ms_per_call": 0.5, "ledger_net_cpu_ms_per_call": 0.5, "ledger_commands_per_call": 40.0},
+    ]
+    pr = project(rows, cores_per_host=2)
+    assert pr["per_host_calls_per_s"] == pytest.approx(500)
+    assert pr["broker_ceiling"] == pytest.approx(4000)
+    assert pr["ledger_ceilings"]["one Redis for both"] == pytest.approx(1000 / 0.75)
+    assert pr["ledger_ceilings"]["ledger on 1 Redis"] == pytest.approx(2000)
+    assert pr["ledger_ceilings"]["ledger on 3 shards"] == pytest.approx(5000)  # the busiest shard, 0.2 ms
+    assert pr["ledger_ceilings"]["ledger on 6 shards"] == pytest.approx(1000 / (0.5 * 1.2 / 6))
+    by_hosts = {r["hosts"]: r["cells"] for r in pr["rows"]}
+    assert by_hosts[1]["ledger on 3 shards"] == {"calls_per_s": pytest.approx(500), "limited_by": "workers"}
+    assert by_hosts[64]["ledger on 12 shards"]["limited_by"] == "broker"
+    assert by_hosts[64]["one Redis for both"]["limited_by"] == "redis"
+    text = scale_section({"meta": {"cpu_count": 2},
+                          "scale": {"rows": rows, "rounds": 6, "in_flight": 4, "projection": pr}})
+    assert "Each shard's share of the ledger's commands: 40% / 30% / 30%" in text
