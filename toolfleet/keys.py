@@ -78,7 +78,8 @@ class Keys:
           process id and when its message was sent;
         - ``s:<call_id>`` -> JSON {worker, pid, started_at}: set once a handler began the call;
         - ``n:<call_id>`` -> how many times a worker began the call (redeliveries count);
-        - ``x:<call_id>`` -> unix s: the call was sent again then; older messages of it are superseded.
+        - ``x:<call_id>`` -> unix s: the call was sent again then; older messages of it are superseded;
+        - ``turn`` -> ``open``: written with the hash's time to live when the turn opens.
         """
         return f"{self.ns}:turn:{{{turn_id}}}:runs"
 

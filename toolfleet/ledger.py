@@ -165,8 +165,9 @@ class Ledger:
             pipe.set(k.turn_armed(turn_id), "1", ex=ttl)
         pipe.set(k.turn_lease(turn_id), "1", px=int(self.settings.turn_lease_s * 1000))
         pipe.xadd(k.turn_events(turn_id), {"type": "open", "call_id": "", "data": str(time.time())})
-        pipe.expire(k.turn_calls(turn_id), ttl)
-        pipe.expire(k.turn_events(turn_id), ttl)
+        pipe.hset(k.turn_runs(turn_id), "turn", "open")  # so a claim finds it with its time to live
+        for key in (k.turn_calls(turn_id), k.turn_events(turn_id), k.turn_runs(turn_id)):
+            pipe.expire(key, ttl)
         with translated(self.settings.redis_url):
             pipe.execute()
 
@@ -266,7 +267,13 @@ class Ledger:
         self, turn_id: str, after: str = "0-0", block_ms: int = 1000
     ) -> Iterator[LedgerEvent]:
         """Events after stream id ``after``, waiting up to ``block_ms`` for the first."""
-        reply = self.redis.xread({self.keys.turn_events(turn_id): after}, block=block_ms)
+        key = self.keys.turn_events(turn_id)
+        if self.cluster:  # sent to the stream's node: redis-py's cluster client would first ask a
+            # node for the keys of an XREAD (COMMAND GETKEYS), one more round trip per read
+            node = self.redis.get_node_from_key(key)
+            reply = self.redis.execute_command("XREAD", "BLOCK", block_ms, "STREAMS", key, after, target_nodes=node)
+        else:
+            reply = self.redis.xread({key: after}, block=block_ms)
         for _stream, entries in reply or ():
             for stream_id, fields in entries:
                 yield LedgerEvent(

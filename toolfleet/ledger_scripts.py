@@ -63,16 +63,14 @@ CLAIM = """
 -- ARGV: call_id, started_json, ttl, audit, hard_limit_ms, submitted_at (unix s, dispatcher clock), pid[, token]
 -- (no fence_counter key: a Redis Cluster, where it lives in another slot; the token was taken before, ARGV[8])
 local cid = ARGV[1]
--- the usual case in two commands: neither cancelled nor ended, lease and arming both present
-if redis.call('EXISTS', KEYS[4], KEYS[7]) > 0 or redis.call('EXISTS', KEYS[8], KEYS[6]) < 2 then
-  if redis.call('EXISTS', KEYS[4]) == 1 then return 'cancelled' end
-  if redis.call('EXISTS', KEYS[7]) == 1 or redis.call('EXISTS', KEYS[8]) == 0 then return 'ended' end
-  if redis.call('HEXISTS', KEYS[1], cid) == 1 then return 'done' end
-  return 'unarmed'
-end
+local flag = redis.call('MGET', KEYS[4], KEYS[7], KEYS[8], KEYS[6])  -- cancelled, ended, lease, armed
+if flag[1] then return 'cancelled' end
+if flag[2] or not flag[3] then return 'ended' end
 if redis.call('HEXISTS', KEYS[1], cid) == 1 then return 'done' end
-local run = redis.call('HMGET', KEYS[3], 'f:' .. cid, 's:' .. cid, 'n:' .. cid, 'x:' .. cid)
-local held, before, attempts, after = run[1], run[2], run[3], run[4]
+if not flag[4] then return 'unarmed' end
+-- field 'turn': set with the hash's time to live when the turn opened (missing: Redis lost it)
+local run = redis.call('HMGET', KEYS[3], 'f:' .. cid, 's:' .. cid, 'n:' .. cid, 'x:' .. cid, 'turn')
+local held, before, attempts, after, opened = run[1], run[2], run[3], run[4], run[5]
 -- fencing: a message sent before the dispatcher sent the call again is superseded; every claim
 -- takes a new token from the namespace's counter and its deadline (Redis clock + hard limit)
 if after and tonumber(ARGV[6]) < tonumber(after) then return 'superseded' end
@@ -94,17 +92,19 @@ if #KEYS >= 9 then token = redis.call('INCR', KEYS[9]) else
   if held and tonumber(string.match(held, '^(%d+)')) > tonumber(token) then return 'superseded' end
 end
 local fence = token .. ' ' .. (fnow + tonumber(ARGV[5])) .. ' ' .. ARGV[7] .. ' ' .. ARGV[6]
-local ttl = tonumber(ARGV[3])
+if not opened then
+  redis.call('HSET', KEYS[3], 'turn', 'open')
+  redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
+end
 -- this same claim, retried after its reply was lost: the same execution, holding the new token
 if before == ARGV[2] then
   redis.call('HSET', KEYS[3], 'f:' .. cid, fence)
-  redis.call('EXPIRE', KEYS[3], ttl)
   return 'ok ' .. token
 end
 redis.call('HSET', KEYS[3], 'f:' .. cid, fence, 's:' .. cid, ARGV[2], 'n:' .. cid, (tonumber(attempts) or 0) + 1)
 redis.call('XADD', KEYS[2], '*', 'type', 'started', 'call_id', cid, 'data', ARGV[2])
+-- (the audit stream has its time to live since the turn's submit)
 redis.call('XADD', KEYS[5], '*', 'type', 'started', 'call_id', cid, 'data', ARGV[4])
-redis.call('EXPIRE', KEYS[3], ttl)  -- the audit stream has its time to live since the turn's submit
 if before then return 'restarted ' .. token end
 return 'ok ' .. token
 """
