@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from toolfleet import Dispatcher, ToolCall
-from toolfleet.keys import Keys
+from toolfleet.keys import STARTED, Keys, run_field
 
 
 def call(call_id: str, name: str, **arguments: Any) -> ToolCall:
@@ -32,7 +32,8 @@ def wait_started(dispatcher: Dispatcher, turn_id: str, call_id: str, timeout_s: 
 
 
 def started_record(dispatcher: Dispatcher, turn_id: str, call_id: str) -> dict[str, Any] | None:
-    raw = dispatcher.ledger.redis.hget(Keys(dispatcher.settings.namespace).turn_started(turn_id), call_id)
+    key = Keys(dispatcher.settings.namespace).turn_runs(turn_id)
+    raw = dispatcher.ledger.redis.hget(key, run_field(STARTED, call_id))
     return None if raw is None else json.loads(raw)
 
 

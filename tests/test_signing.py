@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from toolfleet import Dispatcher, Settings
 from toolfleet.errors import ConfigurationError
-from toolfleet.keys import Keys
+from toolfleet.keys import ATTEMPTS, Keys, run_field
 from toolfleet.signing import FleetKeys, canonical, generate_key, key_id, sign, verify
 from toolfleet.worker.app import TASK_NAME
 
@@ -99,8 +99,7 @@ def tallies(workspace: Path) -> list[str]:
 def nothing_recorded(settings: Settings, turn_id: str) -> None:
     client = redis.Redis.from_url(settings.redis_url)
     keys = Keys(settings.namespace)
-    for key in (keys.turn_started(turn_id), keys.turn_results(turn_id), keys.turn_attempts(turn_id),
-                keys.turn_events(turn_id), keys.turn_fence(turn_id)):
+    for key in (keys.turn_runs(turn_id), keys.turn_results(turn_id), keys.turn_events(turn_id)):
         assert not client.exists(key), key
 
 
@@ -292,7 +291,8 @@ def test_replay_of_a_running_call_neither_runs_nor_displaces_it(settings, start_
     later_args = {"text": "later"} if tool == "tally" else {"label": "later"}
     later = dispatcher.run([call("c", tool, **later_args)], workspace=str(ws))[0]  # after the copy (FIFO)
     assert later.ok, later.content
-    attempts = redis.Redis.from_url(settings.redis_url).hget(Keys(settings.namespace).turn_attempts(turn.turn_id), "a")
+    attempts = redis.Redis.from_url(settings.redis_url).hget(Keys(settings.namespace).turn_runs(turn.turn_id),
+                                                             run_field(ATTEMPTS, "a"))
     assert int(attempts) == 1
     if tool == "tally":
         assert tallies(ws) == ["slow", "later"]

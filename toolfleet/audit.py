@@ -13,7 +13,9 @@ type            writer        data
 ``planned``     dispatcher    ``session_id``, ``workspace``, ``calls`` (index, id, tool, arguments,
                               verdict), ``deps`` (call -> calls it waits for)
 ``pending``     dispatcher    ``tool``, ``reason``: the call waits for a person
-``submitted``   dispatcher    ``tool``, ``queue``, ``task_id``: sent to the workers
+``submitted``   dispatcher    ``tool``, ``queue``, ``task_id``: sent to the workers (stored as
+                              one entry per group sent, ``calls`` [{``call_id``, ...}], so a
+                              group costs one append; :meth:`AuditLog.read` gives one event per call)
 ``started``     worker        ``worker`` (a second ``started`` means a redelivery)
 ``finished``    any side      ``tool``, ``status``, ``code``, ``message``, ``worker``, ``queued_ms``,
                               ``run_ms``, ``attempts``, ``content_chars``
@@ -107,6 +109,20 @@ class AuditLog:
         except redis.RedisError as exc:
             log.warning("audit: could not append %d event(s) of turn %s (%s)", len(events), turn_id, exc)
 
+    def append_submitted(self, turn_id: str, calls: list[tuple[str, dict[str, Any]]]) -> None:
+        """Append one ``submitted`` entry for the ``(call_id, data)`` of a group sent together
+        (``data`` made by toolfleet: not redacted), in one round trip; best effort, as :meth:`append_many`."""
+        if not calls:
+            return
+        data = self.plain(calls=[{"call_id": call_id, **fields} for call_id, fields in calls])
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xadd(self.keys.turn_audit(turn_id), {"type": "submitted", "call_id": "", "data": data})
+            pipe.expire(self.keys.turn_audit(turn_id), self.ttl_s)
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("audit: could not append `submitted` of %d call(s) of turn %s (%s)", len(calls), turn_id, exc)
+
     @classmethod
     def finished_data(cls, result: ToolResult) -> str:
         """The ``data`` of the ``finished`` event of ``result``."""
@@ -125,16 +141,21 @@ class AuditLog:
 
     def read(self, turn_id: str) -> list[AuditEvent]:
         """Every event of the turn, oldest first (empty for an unknown or expired turn)."""
-        entries = self.redis.xrange(self.keys.turn_audit(turn_id))
-        return [
-            AuditEvent(
-                stream_id=_s(stream_id),
-                type=_s(fields.get(b"type", b"")),
-                call_id=_s(fields.get(b"call_id", b"")),
-                data=json.loads(_s(fields.get(b"data", b"{}")) or "{}"),
-            )
-            for stream_id, fields in entries
-        ]
+        events: list[AuditEvent] = []
+        for stream_id, fields in self.redis.xrange(self.keys.turn_audit(turn_id)):
+            event = AuditEvent(stream_id=_s(stream_id), type=_s(fields.get(b"type", b"")),
+                               call_id=_s(fields.get(b"call_id", b"")),
+                               data=json.loads(_s(fields.get(b"data", b"{}")) or "{}"))
+            group = event.data.get("calls") if event.type == "submitted" and not event.call_id else None
+            if not isinstance(group, list):
+                events.append(event)
+                continue
+            for entry in group:  # a group's entry (append_submitted): one event per call
+                if isinstance(entry, dict):
+                    data = {k: v for k, v in entry.items() if k != "call_id"}
+                    events.append(AuditEvent(event.stream_id, "submitted", str(entry.get("call_id", "")),
+                                             {**data, "at": event.data.get("at")}))
+        return events
 
 
 def _s(value: Any) -> str:

@@ -37,9 +37,11 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 def success_lua(key: str) -> str:
     """Lua that counts one call that worked against the breaker hash ``key`` (a Lua expression):
     a closed breaker's run of failures ends. Also run by the ledger's record script, so a worker
-    reports a call that worked in the same round trip as its result."""
+    reports a call that worked in the same round trip as its result. One read when there is
+    nothing to reset (no breaker hash, or no failures counted): the usual case."""
     return f"""
-if (redis.call('HGET', {key}, 'state') or 'closed') == 'closed' and redis.call('EXISTS', {key}) == 1 then
+local breaker = redis.call('HMGET', {key}, 'state', 'failures')
+if (breaker[1] or 'closed') == 'closed' and breaker[2] and breaker[2] ~= '0' then
   redis.call('HSET', {key}, 'failures', 0)
 end
 """

@@ -8,6 +8,15 @@ keys ``{<session_id>}``, the locks and their holds ``{locks}``.
 
 from __future__ import annotations
 
+# the fields of Keys.turn_runs, by fact: fencing record, start record, attempts, re-sent at
+FENCE, STARTED, ATTEMPTS, SENT_AFTER = "f:", "s:", "n:", "x:"
+
+
+def run_field(fact: str, call_id: str) -> str:
+    """The field of ``call_id``'s ``fact`` (:data:`FENCE`, :data:`STARTED`, :data:`ATTEMPTS`,
+    :data:`SENT_AFTER`) in :meth:`Keys.turn_runs`."""
+    return fact + call_id
+
 
 class Keys:
     """Key builder for one namespace."""
@@ -20,17 +29,9 @@ class Keys:
         """Hash call_id -> tool name: the calls of the turn (set at submit)."""
         return f"{self.ns}:turn:{{{turn_id}}}:calls"
 
-    def turn_started(self, turn_id: str) -> str:
-        """Hash call_id -> JSON {worker, started_at}: the calls whose handler began."""
-        return f"{self.ns}:turn:{{{turn_id}}}:started"
-
     def turn_results(self, turn_id: str) -> str:
         """Hash call_id -> ToolResult JSON: the first (and only) result recorded per call."""
         return f"{self.ns}:turn:{{{turn_id}}}:results"
-
-    def turn_attempts(self, turn_id: str) -> str:
-        """Hash call_id -> how many times a worker began the call (redeliveries count)."""
-        return f"{self.ns}:turn:{{{turn_id}}}:attempts"
 
     def turn_armed(self, turn_id: str) -> str:
         """String: set once the dispatcher sent every call of the turn's first group; a worker
@@ -68,19 +69,24 @@ class Keys:
         """Hash call_id -> JSON (decision approved|denied, by, reason, at): the first decision wins."""
         return f"{self.ns}:turn:{{{turn_id}}}:decisions"
 
-    def turn_fence(self, turn_id: str) -> str:
-        """Hash call_id -> "token deadline_ms pid": the fencing token of the execution that holds
-        the call (its latest claim), its deadline on the Redis clock and its process id."""
-        return f"{self.ns}:turn:{{{turn_id}}}:fence"
+    def turn_runs(self, turn_id: str) -> str:
+        """Hash of each call's executions, one field per fact (prefix + call_id, so one read or
+        write of a claim touches one key; :func:`run_field`):
+
+        - ``f:<call_id>`` -> "token deadline_ms pid sent_at [dead]": the fencing token of the
+          execution that holds the call (its latest claim), its deadline on the Redis clock, its
+          process id and when its message was sent;
+        - ``s:<call_id>`` -> JSON {worker, pid, started_at}: set once a handler began the call;
+        - ``n:<call_id>`` -> how many times a worker began the call (redeliveries count);
+        - ``x:<call_id>`` -> unix s: the call was sent again then; older messages of it are superseded;
+        - ``turn`` -> ``open``: written with the hash's time to live when the turn opens.
+        """
+        return f"{self.ns}:turn:{{{turn_id}}}:runs"
 
     def turn_late(self, turn_id: str) -> str:
         """Hash "call_id token" -> result JSON: outcomes a stale execution reported after the
         caller's answer (kept for the operator, never the call's result; ``toolfleet trace``)."""
         return f"{self.ns}:turn:{{{turn_id}}}:late"
-
-    def turn_sent_after(self, turn_id: str) -> str:
-        """Hash call_id -> unix s: the call was sent again then; older messages of it are superseded."""
-        return f"{self.ns}:turn:{{{turn_id}}}:sent_after"
 
     @property
     def fence_counter(self) -> str:

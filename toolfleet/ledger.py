@@ -22,7 +22,9 @@ Each of them also appends to the turn's redacted audit trail (:mod:`toolfleet.au
 ``started`` and ``finished`` inside the scripts (so the trail's order is the ledger's order),
 ``cancelled`` right after it.
 
-Keys are listed in :mod:`toolfleet.keys`; all expire ``result_ttl_s`` after the last write. Every
+Keys are listed in :mod:`toolfleet.keys`; all expire ``result_ttl_s`` after the last write (the
+keys a step creates get their time to live in that step; every key of the turn gets it again on
+each lease renewal and at ``end_turn``, so per-call steps renew none). Every
 key of a turn carries the hash tag ``{<turn_id>}``, so on a Redis Cluster (``ledger_url``
 ``redis+cluster://``) a turn lives on one shard and each script stays in one slot; the few steps
 that also touch a key shared across turns split off that part (:attr:`Ledger.cluster`;
@@ -51,7 +53,7 @@ from .access import refused
 from .audit import AuditLog
 from .breaker import success_lua
 from .errors import BrokerRefused, BrokerUnavailable, TurnNotFound
-from .keys import Keys
+from .keys import ATTEMPTS, FENCE, SENT_AFTER, STARTED, Keys, run_field
 from .models import ErrorCode, ToolResult
 from .settings import CLUSTER_SCHEMES, Settings
 from .tools.redact import redact_text
@@ -163,16 +165,22 @@ class Ledger:
             pipe.set(k.turn_armed(turn_id), "1", ex=ttl)
         pipe.set(k.turn_lease(turn_id), "1", px=int(self.settings.turn_lease_s * 1000))
         pipe.xadd(k.turn_events(turn_id), {"type": "open", "call_id": "", "data": str(time.time())})
-        pipe.expire(k.turn_calls(turn_id), ttl)
-        pipe.expire(k.turn_events(turn_id), ttl)
+        pipe.hset(k.turn_runs(turn_id), "turn", "open")  # so a claim finds it with its time to live
+        for key in (k.turn_calls(turn_id), k.turn_events(turn_id), k.turn_runs(turn_id)):
+            pipe.expire(key, ttl)
         with translated(self.settings.redis_url):
             pipe.execute()
 
     def renew_lease(self, turn_id: str) -> None:
         """The turn's dispatcher is alive: its lease runs ``turn_lease_s`` from now (Redis's clock).
         Raises :class:`BrokerUnavailable` if Redis does not answer."""
+        k = self.keys
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(k.turn_lease(turn_id), "1", px=int(self.settings.turn_lease_s * 1000))
+        for key in self._turn_record(turn_id):  # per turn, not per call: kept alive while the turn lasts
+            pipe.expire(key, self.settings.result_ttl_s)
         with translated(self.settings.redis_url):
-            self.redis.set(self.keys.turn_lease(turn_id), "1", px=int(self.settings.turn_lease_s * 1000))
+            pipe.execute()
 
     def end_turn(self, turn_id: str, reason: str) -> None:
         """The turn is over (all results in, cancelled, given up or abandoned): from now on a
@@ -182,8 +190,16 @@ class Ledger:
         pipe = self.redis.pipeline(transaction=True)
         pipe.set(k.turn_ended(turn_id), reason, ex=self.settings.result_ttl_s, nx=True)
         pipe.delete(k.turn_lease(turn_id))
+        for key in (*self._turn_record(turn_id), k.turn_cancelled(turn_id)):
+            pipe.expire(key, self.settings.result_ttl_s)  # the turn's record lives result_ttl_s past its end
         with translated(self.settings.redis_url):
             pipe.execute()
+
+    def _turn_record(self, turn_id: str) -> tuple[str, ...]:
+        """The keys of a turn that per-call steps write without renewing their time to live."""
+        k = self.keys
+        return (k.turn_calls(turn_id), k.turn_runs(turn_id), k.turn_results(turn_id), k.turn_events(turn_id),
+                k.turn_audit(turn_id))
 
     def arm(self, turn_id: str) -> None:
         """Confirm that every call of the turn's first group was sent: workers may run them now.
@@ -234,7 +250,7 @@ class Ledger:
                 raise TurnNotFound(f"no turn {turn_id!r} in namespace {k.ns!r}")
             keys = [
                 k.turn_calls(turn_id),
-                k.turn_started(turn_id),
+                k.turn_runs(turn_id),
                 k.turn_results(turn_id),
                 k.turn_cancelled(turn_id),
                 k.turn_events(turn_id),
@@ -251,7 +267,13 @@ class Ledger:
         self, turn_id: str, after: str = "0-0", block_ms: int = 1000
     ) -> Iterator[LedgerEvent]:
         """Events after stream id ``after``, waiting up to ``block_ms`` for the first."""
-        reply = self.redis.xread({self.keys.turn_events(turn_id): after}, block=block_ms)
+        key = self.keys.turn_events(turn_id)
+        if self.cluster:  # sent to the stream's node: redis-py's cluster client would first ask a
+            # node for the keys of an XREAD (COMMAND GETKEYS), one more round trip per read
+            node = self.redis.get_node_from_key(key)
+            reply = self.redis.execute_command("XREAD", "BLOCK", block_ms, "STREAMS", key, after, target_nodes=node)
+        else:
+            reply = self.redis.xread({key: after}, block=block_ms)
         for _stream, entries in reply or ():
             for stream_id, fields in entries:
                 yield LedgerEvent(
@@ -281,19 +303,12 @@ class Ledger:
         newer execution holds the call or the call already has a result, and kept as a late note
         (:meth:`late_notes`) instead."""
         k = self.keys
-        keys = [
-            k.turn_results(turn_id),
-            k.turn_events(turn_id),
-            k.turn_calls(turn_id),
-            k.turn_started(turn_id),
-            k.turn_cancelled(turn_id),
-            k.turn_audit(turn_id),
-        ]
+        keys = [k.turn_results(turn_id), k.turn_events(turn_id), k.turn_audit(turn_id), k.turn_runs(turn_id)]
         payload = result.model_dump_json(exclude_none=True)
         audit = self.audit.finished_data(result)
         args = [result.call_id, payload, self.settings.result_ttl_s, audit]
         if not unless_started:
-            keys += [k.turn_fence(turn_id), k.turn_late(turn_id)]
+            keys.append(k.turn_late(turn_id))
             args.append("" if fencing_token is None else str(fencing_token))
             if tool_worked is not None and not self.cluster:
                 keys.append(k.breaker(tool_worked))
@@ -334,15 +349,13 @@ class Ledger:
         keys = [
             k.turn_results(turn_id),
             k.turn_events(turn_id),
-            k.turn_started(turn_id),
+            k.turn_runs(turn_id),
             k.turn_cancelled(turn_id),
             k.turn_audit(turn_id),
             k.turn_armed(turn_id),
-            k.turn_attempts(turn_id),
             k.turn_ended(turn_id),
             k.turn_lease(turn_id),
         ]
-        keys += [k.turn_fence(turn_id), k.turn_sent_after(turn_id)]
         args = [call_id, started, self.settings.result_ttl_s, self.audit.plain(worker=worker),
                 int(hard_limit_s * 1000), repr(min(submitted_at, 1e15)), os.getpid()]
         if self.cluster:  # the namespace's counter is in its own slot: take the token first
@@ -370,7 +383,7 @@ class Ledger:
         ``journal_key`` if given); else why not. One atomic script; Redis trouble past
         ``retry_s`` raises :class:`BrokerUnavailable` (the caller must then refuse its step)."""
         k = self.keys
-        keys = [k.turn_fence(turn_id), k.turn_results(turn_id), k.turn_cancelled(turn_id)]
+        keys = [k.turn_runs(turn_id), k.turn_results(turn_id), k.turn_cancelled(turn_id)]
         if journal_key and not self.cluster:
             keys.append(journal_key)
         args = [call_id, str(token), "1" if refuse_if_cancelled else "0"]
@@ -385,11 +398,11 @@ class Ledger:
         """The pool process ``pid`` that held ``call_id`` died (its worker saw it): a redelivered
         copy of its message may claim the call again before the holder's deadline (else such a
         copy is a duplicate of a live execution: ``running``). True if ``pid`` held the call."""
-        return bool(self._fence_dead(keys=[self.keys.turn_fence(turn_id)], args=[call_id, pid]))
+        return bool(self._fence_dead(keys=[self.keys.turn_runs(turn_id)], args=[call_id, pid]))
 
     def fence_of(self, turn_id: str, call_id: str) -> tuple[int, int, int] | None:
         """(token, deadline_ms on the Redis clock, pid) of the call's latest claim, or None."""
-        raw = self.retrying(lambda: self.redis.hget(self.keys.turn_fence(turn_id), call_id))
+        raw = self.retrying(lambda: self.redis.hget(self.keys.turn_runs(turn_id), run_field(FENCE, call_id)))
         if raw is None:
             return None
         token, deadline, pid = (_s(raw).split(" ") + ["0", "0"])[:3]
@@ -399,10 +412,10 @@ class Ledger:
         """The dispatcher is about to send ``call_id`` again: every message of it sent before now
         can no longer claim it (``superseded``), wherever it is held (a frozen worker's socket, an
         unacknowledged index, a queue)."""
-        key = self.keys.turn_sent_after(turn_id)
+        key = self.keys.turn_runs(turn_id)
         with translated(self.settings.redis_url):
             pipe = self.redis.pipeline(transaction=True)
-            pipe.hset(key, call_id, repr(time.time()))
+            pipe.hset(key, run_field(SENT_AFTER, call_id), repr(time.time()))
             pipe.expire(key, self.settings.result_ttl_s)
             pipe.execute()
 
@@ -428,7 +441,7 @@ class Ledger:
 
     def attempts(self, turn_id: str, call_id: str) -> int:
         """How many times workers began the call (1 on the first run)."""
-        raw = self.retrying(lambda: self.redis.hget(self.keys.turn_attempts(turn_id), call_id))
+        raw = self.retrying(lambda: self.redis.hget(self.keys.turn_runs(turn_id), run_field(ATTEMPTS, call_id)))
         return int(raw or 1)
 
     def with_run_facts(self, turn_id: str, result: ToolResult) -> ToolResult:
@@ -436,15 +449,9 @@ class Ledger:
         a handler began it (the ledger's ``started`` record: worker and start time; the attempts
         count) and ``result`` lacks them: a result decided outside the handler (killed at the hard
         limit, presumed lost) still says who ran it and for how long. Unchanged if never started."""
-        k = self.keys
-
-        def read() -> list[Any]:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.hget(k.turn_started(turn_id), result.call_id)
-            pipe.hget(k.turn_attempts(turn_id), result.call_id)
-            return pipe.execute()
-
-        started_raw, attempts_raw = self.retrying(read)
+        fields = [run_field(STARTED, result.call_id), run_field(ATTEMPTS, result.call_id)]
+        key = self.keys.turn_runs(turn_id)
+        started_raw, attempts_raw = self.retrying(lambda: self.redis.hmget(key, fields))
         if started_raw is None:
             return result
         try:

@@ -8,84 +8,103 @@ from __future__ import annotations
 
 from .breaker import success_lua
 
+# Stores the result unless the call has one (first result wins), with its result event and audit
+# entry. The results hash gets its time to live here; the event and audit streams exist since the
+# turn was opened and submitted, with theirs (renewed per turn: ``renew_lease``, ``end_turn``), so a
+# worker's result that found its claim (``claimed``) leaves them be; any other result (the
+# dispatcher's own, or one whose claim Redis lost with its data) sets all three.
+# KEYS[1..3] of the script: results, events, audit; a fenced result's refusal goes to ``late``.
 _STORE_RESULT = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
+  if ARGV[5] ~= nil and ARGV[5] ~= '' then late() end
+  return 0
+end
 redis.call('XADD', KEYS[2], '*', 'type', 'result', 'call_id', ARGV[1], 'data', ARGV[2])
-redis.call('XADD', KEYS[6], '*', 'type', 'finished', 'call_id', ARGV[1], 'data', ARGV[4])
-for i = 1, 6 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end
+redis.call('XADD', KEYS[3], '*', 'type', 'finished', 'call_id', ARGV[1], 'data', ARGV[4])
+for i = 1, claimed and 1 or 3 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end
 return 1
 """
 
 # A worker's result carries its claim's fencing token: refused (kept as a late note for the operator,
 # never as the call's result) when a newer execution holds the call or the caller already has a result.
+_LATE = """
+local function late()
+  redis.call('HSET', KEYS[5], ARGV[1] .. ' ' .. ARGV[5], ARGV[2])
+  redis.call('EXPIRE', KEYS[5], tonumber(ARGV[3]))
+  redis.call('XADD', KEYS[3], '*', 'type', 'late', 'call_id', ARGV[1], 'data', ARGV[4])
+end
+"""
+
 _FENCED = """
+local claimed = false
 if ARGV[5] ~= '' then
   -- no fence entry at all: Redis lost its data (restarted without persistence); nobody claimed
   -- the call since, so this execution's result is still the one (first result wins)
-  local f = redis.call('HGET', KEYS[7], ARGV[1])
+  local f = redis.call('HGET', KEYS[4], 'f:' .. ARGV[1])
   local current = f and string.match(f, '^(%d+)') or ARGV[5]
-  if current ~= ARGV[5] or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-    redis.call('HSET', KEYS[8], ARGV[1] .. ' ' .. ARGV[5], ARGV[2])
-    redis.call('EXPIRE', KEYS[8], tonumber(ARGV[3]))
-    redis.call('XADD', KEYS[6], '*', 'type', 'late', 'call_id', ARGV[1], 'data', ARGV[4])
-    return 0
-  end
+  if current ~= ARGV[5] then late() return 0 end
+  claimed = f ~= false
 end
 """
 
 RECORD = """
--- KEYS: results, events, calls, started, cancelled, audit, fence, late[, breaker]
+-- KEYS: results, events, audit, runs, late[, breaker]
 -- ARGV: call_id, result_json, ttl, audit_json, fencing_token ('' = unfenced: the dispatcher's own answers)
-if #KEYS >= 9 then""" + success_lua("KEYS[9]") + "end" + _FENCED + _STORE_RESULT
+""" + _LATE + "if #KEYS >= 6 then" + success_lua("KEYS[6]") + "end" + _FENCED + _STORE_RESULT
 
 RECORD_UNSTARTED = """
--- KEYS: results, events, calls, started, cancelled, audit ; ARGV: call_id, result_json, ttl, audit_json
-if redis.call('HEXISTS', KEYS[4], ARGV[1]) == 1 then return 0 end""" + _STORE_RESULT
+-- KEYS: results, events, audit, runs ; ARGV: call_id, result_json, ttl, audit_json
+local function late() end
+local claimed = false
+if redis.call('HEXISTS', KEYS[4], 's:' .. ARGV[1]) == 1 then return 0 end""" + _STORE_RESULT
 
 CLAIM = """
--- KEYS: results, events, started, cancelled, audit, armed, attempts, ended, lease, fence, sent_after[, fence_counter]
+-- KEYS: results, events, runs, cancelled, audit, armed, ended, lease[, fence_counter]
 -- ARGV: call_id, started_json, ttl, audit, hard_limit_ms, submitted_at (unix s, dispatcher clock), pid[, token]
 -- (no fence_counter key: a Redis Cluster, where it lives in another slot; the token was taken before, ARGV[8])
-if redis.call('EXISTS', KEYS[4]) == 1 then return 'cancelled' end
-if redis.call('EXISTS', KEYS[8]) == 1 or redis.call('EXISTS', KEYS[9]) == 0 then return 'ended' end
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 'done' end
-if redis.call('EXISTS', KEYS[6]) == 0 then return 'unarmed' end
-""" + """
+local cid = ARGV[1]
+local flag = redis.call('MGET', KEYS[4], KEYS[7], KEYS[8], KEYS[6])  -- cancelled, ended, lease, armed
+if flag[1] then return 'cancelled' end
+if flag[2] or not flag[3] then return 'ended' end
+if redis.call('HEXISTS', KEYS[1], cid) == 1 then return 'done' end
+if not flag[4] then return 'unarmed' end
+-- field 'turn': set with the hash's time to live when the turn opened (missing: Redis lost it)
+local run = redis.call('HMGET', KEYS[3], 'f:' .. cid, 's:' .. cid, 'n:' .. cid, 'x:' .. cid, 'turn')
+local held, before, attempts, after, opened = run[1], run[2], run[3], run[4], run[5]
 -- fencing: a message sent before the dispatcher sent the call again is superseded; every claim
 -- takes a new token from the namespace's counter and its deadline (Redis clock + hard limit)
-local after = redis.call('HGET', KEYS[11], ARGV[1])
 if after and tonumber(ARGV[6]) < tonumber(after) then return 'superseded' end
 local ft = redis.call('TIME')
 local fnow = tonumber(ft[1]) * 1000 + math.floor(tonumber(ft[2]) / 1000)
 -- a copy of the message whose execution holds the call (a replay, or a duplicate delivery): the
 -- holder is live (deadline not passed, no worker reported its process dead) and this message was
 -- not sent after the holder's: it neither runs nor takes the call (docs/signing.md, "Replays")
-local held = redis.call('HGET', KEYS[10], ARGV[1])
-if held and redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
+if held and before ~= ARGV[2] then
   local f = {}
   for part in string.gmatch(held, '%S+') do f[#f + 1] = part end
   local sent = tonumber(f[4] or '')
   if tonumber(f[2]) > fnow and f[5] ~= 'dead' and sent and tonumber(ARGV[6]) <= sent then return 'running' end
 end
 local token
-if #KEYS >= 12 then token = redis.call('INCR', KEYS[12]) else
+if #KEYS >= 9 then token = redis.call('INCR', KEYS[9]) else
   token = ARGV[8]
   -- taken before this script: a claim that took a later token may already hold the call
   if held and tonumber(string.match(held, '^(%d+)')) > tonumber(token) then return 'superseded' end
 end
-redis.call('HSET', KEYS[10], ARGV[1], token .. ' ' .. (fnow + tonumber(ARGV[5])) .. ' ' .. ARGV[7] .. ' ' .. ARGV[6])
-redis.call('EXPIRE', KEYS[10], tonumber(ARGV[3]))
-""" + """
-local before = redis.call('HGET', KEYS[3], ARGV[1])
+local fence = token .. ' ' .. (fnow + tonumber(ARGV[5])) .. ' ' .. ARGV[7] .. ' ' .. ARGV[6]
+if not opened then
+  redis.call('HSET', KEYS[3], 'turn', 'open')
+  redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
+end
 -- this same claim, retried after its reply was lost: the same execution, holding the new token
-if before == ARGV[2] then return 'ok ' .. token end
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
-redis.call('HINCRBY', KEYS[7], ARGV[1], 1)
-redis.call('XADD', KEYS[2], '*', 'type', 'started', 'call_id', ARGV[1], 'data', ARGV[2])
-redis.call('XADD', KEYS[5], '*', 'type', 'started', 'call_id', ARGV[1], 'data', ARGV[4])
-redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
-redis.call('EXPIRE', KEYS[5], tonumber(ARGV[3]))
-redis.call('EXPIRE', KEYS[7], tonumber(ARGV[3]))
+if before == ARGV[2] then
+  redis.call('HSET', KEYS[3], 'f:' .. cid, fence)
+  return 'ok ' .. token
+end
+redis.call('HSET', KEYS[3], 'f:' .. cid, fence, 's:' .. cid, ARGV[2], 'n:' .. cid, (tonumber(attempts) or 0) + 1)
+redis.call('XADD', KEYS[2], '*', 'type', 'started', 'call_id', cid, 'data', ARGV[2])
+-- (the audit stream has its time to live since the turn's submit)
+redis.call('XADD', KEYS[5], '*', 'type', 'started', 'call_id', cid, 'data', ARGV[4])
 if before then return 'restarted ' .. token end
 return 'ok ' .. token
 """
@@ -96,8 +115,11 @@ ADD = """
 local ttl = tonumber(ARGV[1])
 local cancelled = redis.call('EXISTS', KEYS[4]) == 1
 local refused = {}
+local names = {}
 for i = 2, #ARGV, 4 do
-  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  names[#names + 1] = ARGV[i]
+  names[#names + 1] = ARGV[i + 1]
+  if #names >= 1000 then redis.call('HSET', KEYS[1], unpack(names)) names = {} end
   if cancelled then
     if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 2]) == 1 then
       redis.call('XADD', KEYS[3], '*', 'type', 'result', 'call_id', ARGV[i], 'data', ARGV[i + 2])
@@ -107,6 +129,7 @@ for i = 2, #ARGV, 4 do
     refused[#refused + 1] = ARGV[i]
   end
 end
+if #names > 0 then redis.call('HSET', KEYS[1], unpack(names)) end
 for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ttl) end
 return refused
 """
@@ -125,14 +148,14 @@ return 0
 """
 
 CANCEL = """
--- KEYS: calls, started, results, cancelled, events, audit ; ARGV: reason, ttl, channel
+-- KEYS: calls, runs, results, cancelled, events, audit ; ARGV: reason, ttl, channel
 local ttl = tonumber(ARGV[2])
 if redis.call('SET', KEYS[4], ARGV[1], 'NX', 'EX', ttl) == false then return -1 end
 local calls = redis.call('HGETALL', KEYS[1])
 local ids = {}
 for i = 1, #calls, 2 do
   local cid, name = calls[i], calls[i + 1]
-  if redis.call('HEXISTS', KEYS[2], cid) == 0 and redis.call('HEXISTS', KEYS[3], cid) == 0 then
+  if redis.call('HEXISTS', KEYS[2], 's:' .. cid) == 0 and redis.call('HEXISTS', KEYS[3], cid) == 0 then
     local msg = 'The turn was cancelled before this call started; it did not run.'
     local hint = 'Nothing happened; ask again if the call is still wanted.'
     local content = 'Error [NOT_EXECUTED]: ' .. msg .. '\\nHint: ' .. hint
@@ -152,22 +175,22 @@ return ids
 """
 
 FENCE_DEAD = """
--- KEYS: fence ; ARGV: call_id, pid
+-- KEYS: runs ; ARGV: call_id, pid
 -- the pool process ``pid`` that held the call died (the worker saw it): its claim no longer
 -- keeps a redelivered copy of the message from running ("token deadline pid sent_at dead")
-local held = redis.call('HGET', KEYS[1], ARGV[1])
+local held = redis.call('HGET', KEYS[1], 'f:' .. ARGV[1])
 if not held then return 0 end
 local f = {}
 for part in string.gmatch(held, '%S+') do f[#f + 1] = part end
 if f[3] ~= ARGV[2] or #f < 4 then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], f[1] .. ' ' .. f[2] .. ' ' .. f[3] .. ' ' .. f[4] .. ' dead')
+redis.call('HSET', KEYS[1], 'f:' .. ARGV[1], f[1] .. ' ' .. f[2] .. ' ' .. f[3] .. ' ' .. f[4] .. ' dead')
 return 1
 """
 
 CHECK_FENCE = """
--- KEYS: fence, results, cancelled[, journal entry] ; ARGV: call_id, token, refuse_if_cancelled (1/0)
+-- KEYS: runs, results, cancelled[, journal entry] ; ARGV: call_id, token, refuse_if_cancelled (1/0)
 -- '' while the token still holds the call, else why not (the caller refuses its step)
-local f = redis.call('HGET', KEYS[1], ARGV[1])
+local f = redis.call('HGET', KEYS[1], 'f:' .. ARGV[1])
 if not f then return 'the ledger has no claim of this call' end
 local token, deadline = string.match(f, '^(%d+) (%d+)')
 if token ~= ARGV[2] then return 'a newer execution (fencing token ' .. token .. ') holds the call' end

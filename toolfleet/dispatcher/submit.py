@@ -101,8 +101,8 @@ class Submitter:
         round trip (instead of one per :meth:`send`)."""
         if self.audit is None or not calls:
             return
-        self.audit.append_many(turn_id, [("submitted", call_id, self._submitted(turn_id, call_id, spec))
-                                         for call_id, spec in calls], redact=False)
+        self.audit.append_submitted(turn_id, [(call_id, self._submitted(turn_id, call_id, spec))
+                                              for call_id, spec in calls])
         with self._lock:
             self._announced.update((turn_id, call_id) for call_id, _ in calls)
 
@@ -158,8 +158,7 @@ class Submitter:
             announced = (turn_id, call_id) in self._announced
             self._announced.discard((turn_id, call_id))
         if self.audit is not None and not announced:  # before the send: it precedes the worker's `started`
-            self.audit.append_many(turn_id, [("submitted", call_id, self._submitted(turn_id, call_id, spec))],
-                                   redact=False)
+            self.audit.append_submitted(turn_id, [(call_id, self._submitted(turn_id, call_id, spec))])
         try:
             self.app.send_task(
                 TASK_NAME,

@@ -45,7 +45,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from ..keys import Keys
+from ..keys import FENCE, Keys, run_field
 from ..models import ToolResult
 from ..settings import Settings
 
@@ -92,14 +92,14 @@ return 1
 """
 
 _FINISH = """
--- KEYS: entry[, ledger fence, ledger results] ; ARGV: result_json, ttl_s, token ('' = unfenced)[, call_id]
+-- KEYS: entry[, ledger runs (field f:<call_id>: the fence), ledger results] ; ARGV: result_json, ttl_s, token ('' = unfenced)[, call_id]
 if redis.call('HGET', KEYS[1], 'state') == 'done' then return {0, redis.call('HGET', KEYS[1], 'result')} end
 local holder = redis.call('HGET', KEYS[1], 'token')  -- false: the entry was lost with Redis's data
 if ARGV[3] ~= '' and holder and holder ~= ARGV[3] then return {-1, ''} end
 if #KEYS >= 3 then
   -- the caller's answer is final: an execution whose call was answered by someone else (or
   -- claimed again) does not record its outcome as the key's
-  local f = redis.call('HGET', KEYS[2], ARGV[4])
+  local f = redis.call('HGET', KEYS[2], 'f:' .. ARGV[4])
   if f and string.match(f, '^(%d+)') ~= ARGV[3] then return {-1, ''} end
   if redis.call('HEXISTS', KEYS[3], ARGV[4]) == 1 then return {-1, ''} end
 end
@@ -182,7 +182,7 @@ class Journal:
             if (fence is not None and _s(fence).split(" ")[0] != token) or answered:
                 return None
         elif call is not None and token:
-            keys += [self.keys.turn_fence(call[0]), self.keys.turn_results(call[0])]
+            keys += [self.keys.turn_runs(call[0]), self.keys.turn_results(call[0])]
             args.append(call[1])
         kept, payload = self._retrying(lambda: self._finish(keys=keys, args=args))
         if int(kept) < 0:
@@ -191,7 +191,7 @@ class Journal:
 
     def _ledger_side(self, turn_id: str, call_id: str) -> list[Any]:
         pipe = self.redis.pipeline(transaction=True)  # both keys carry the turn's hash tag
-        pipe.hget(self.keys.turn_fence(turn_id), call_id)
+        pipe.hget(self.keys.turn_runs(turn_id), run_field(FENCE, call_id))
         pipe.hexists(self.keys.turn_results(turn_id), call_id)
         return pipe.execute()
 
