@@ -30,6 +30,7 @@ from ..tools.redact import redact_arguments
 from ..tools.spec import ToolSpec
 from ..worker.app import TASK_NAME
 from .affinity import live_queue
+from .sent_events import SentEvents
 
 KWARGSREPR_MAX_CHARS = 1000
 # Celery's soft limit comes this long after the call's own deadline, so a handler that watches its
@@ -85,16 +86,20 @@ class Submitter:
         together when it ends: one round trip, and on a Redis broker one MULTI/EXEC transaction,
         so they all reach their queues or none does (kombu's ``Producer.batch``; other brokers
         publish each at once). Raises :class:`BrokerUnavailable` at the end if that send fails;
-        an exception inside the block discards the calls not yet sent."""
+        an exception inside the block discards the calls not yet sent. Their ``task-sent`` events
+        (``Settings.task_sent_events``) go with them as one message (:mod:`.sent_events`)."""
         with self.app.producer_or_acquire() as producer:
             self._batch.producer = producer
+            self._batch.sent = SentEvents(self.app) if self.settings.task_sent_events else None
             try:
-                with producer.batch(max_size=4 * size + 16):  # never flushes part-way
+                with producer.batch(max_size=4 * size + 17):  # never flushes part-way
                     yield
+                    if self._batch.sent is not None:
+                        self._batch.sent.flush(producer)
             except (OperationalError, OSError, BatchPublishError) as exc:
                 raise BrokerUnavailable(self.settings.broker, str(exc)) from exc
             finally:
-                self._batch.producer = None
+                self._batch.producer = self._batch.sent = None
 
     def announce(self, turn_id: str, calls: Sequence[tuple[str, ToolSpec]]) -> None:
         """Write the ``submitted`` audit events of ``(call_id, spec)`` about to be sent, in one
@@ -173,6 +178,7 @@ class Submitter:
                 kwargsrepr=shown,
                 retry=False,
                 producer=getattr(self._batch, "producer", None),
+                event_dispatcher=getattr(self._batch, "sent", None),  # None: Celery publishes it at once
                 # the result is the ledger's, not Celery's (the task has ignore_result): without
                 # this, Celery's Redis backend subscribes to each task's result channel at send
                 ignore_result=True,
