@@ -20,11 +20,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import Any
 
 from .secret_shapes import MASK, is_secret_name, mask_secrets
 
 GIVEN_MAX_CHARS = 80
+# short texts without ``known`` values are masked once per process and remembered (tool names,
+# audit keys, verdicts, call ids repeat for every call): mask_secrets is pure, so the answer is the same
+CACHED_MAX_CHARS = 256
+CACHED_TEXTS = 8192
 MAX_DEPTH = 64  # levels of a nested value that are shown (issue 12: inputs nested 900 deep)
 TOO_DEEP = f"<nested deeper than {MAX_DEPTH} levels: not shown>"
 
@@ -40,9 +45,19 @@ def redact_text(text: str, known: Iterable[str] = ()) -> str:
     if not isinstance(text, str) or not text:
         return text
     try:
+        known = known if isinstance(known, (tuple, list, set, frozenset)) else tuple(known)
+        if not known and len(text) <= CACHED_MAX_CHARS:
+            return _mask_short(text)
         return mask_secrets(text, known)
     except Exception:  # noqa: BLE001 - fail closed: hide it all rather than crash or leak
         return f"<hidden: {len(text)} chars>"
+
+
+@lru_cache(maxsize=CACHED_TEXTS)
+def _mask_short(text: str) -> str:
+    """:func:`mask_secrets` of a short ``text`` with no known values, remembered (an exception is
+    not: the caller hides the text)."""
+    return mask_secrets(text)
 
 
 mask_text = redact_text  # the name error messages use for quoting raw argument text
