@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from functools import lru_cache
 
 MASK = "***"
 
@@ -70,8 +71,20 @@ def is_secret_name(name: object) -> bool:
     """True when a parameter, option, header or variable called ``name`` holds a credential, by
     whole name parts: ``password``, ``pass``, ``api_key``, ``apiKey``, ``X-Auth-Token``,
     ``PGPASSWORD``, ``aws_secret_access_key``, upper-case ``*_KEY`` are; ``max_tokens``, ``keyboard``,
-    ``author``, ``bypass``, ``password_file``, ``PWD`` are not."""
-    if not isinstance(name, str) or name in _NOT_SECRET_NAMES:
+    ``author``, ``bypass``, ``password_file``, ``PWD`` are not. Names of up to 256 characters are
+    decided once per process (the same keys come with every call)."""
+    if not isinstance(name, str):
+        return False
+    return _is_secret_short(name) if len(name) <= 256 else _is_secret_str(name)
+
+
+@lru_cache(maxsize=8192)
+def _is_secret_short(name: str) -> bool:
+    return _is_secret_str(name)
+
+
+def _is_secret_str(name: str) -> bool:
+    if name in _NOT_SECRET_NAMES:
         return False
     parts = [p.lower() for p in _SPLIT.split(name) if p]
     if not parts:
