@@ -91,6 +91,7 @@ class Submitter:
         with self.app.producer_or_acquire() as producer:
             self._batch.producer = producer
             self._batch.sent = SentEvents(self.app) if self.settings.task_sent_events else None
+            self._batch.declare = {}  # queue name -> [its Queue bound to the producer's channel]
             try:
                 with producer.batch(max_size=4 * size + 17):  # never flushes part-way
                     yield
@@ -99,7 +100,18 @@ class Submitter:
             except (OperationalError, OSError, BatchPublishError) as exc:
                 raise BrokerUnavailable(self.settings.broker, str(exc)) from exc
             finally:
-                self._batch.producer = self._batch.sent = None
+                self._batch.producer = self._batch.sent = self._batch.declare = None
+
+    def _declare(self, producer: Any, queue: str) -> list[Any] | None:
+        """What a send in this thread's batch declares: the queue Celery would declare, bound to the
+        batch's channel once per batch (kombu's ``maybe_declare`` copies an unbound queue to bind it
+        on every send before it finds the declaration cached); ``None`` outside a batch (Celery's own)."""
+        bound = getattr(self._batch, "declare", None)
+        if producer is None or bound is None:
+            return None
+        if queue not in bound:
+            bound[queue] = [self.app.amqp.queues[queue].bind(producer.channel)]
+        return bound[queue]
 
     def announce(self, turn_id: str, calls: Sequence[tuple[str, ToolSpec]]) -> None:
         """Write the ``submitted`` audit events of ``(call_id, spec)`` about to be sent, in one
@@ -164,6 +176,7 @@ class Submitter:
             self._announced.discard((turn_id, call_id))
         if self.audit is not None and not announced:  # before the send: it precedes the worker's `started`
             self.audit.append_submitted(turn_id, [(call_id, self._submitted(turn_id, call_id, spec))])
+        producer = getattr(self._batch, "producer", None)
         try:
             self.app.send_task(
                 TASK_NAME,
@@ -177,7 +190,8 @@ class Submitter:
                 argsrepr="()",
                 kwargsrepr=shown,
                 retry=False,
-                producer=getattr(self._batch, "producer", None),
+                producer=producer,
+                declare=self._declare(producer, queue),
                 event_dispatcher=getattr(self._batch, "sent", None),  # None: Celery publishes it at once
                 # the result is the ledger's, not Celery's (the task has ignore_result): without
                 # this, Celery's Redis backend subscribes to each task's result channel at send
