@@ -26,13 +26,25 @@ NO_KEY = "no_key"  # a worker without a key that was not told to run unsigned: d
 SHOWN_CHARS = 80
 
 
+_keys_of: tuple[object, Any] | None = None  # (settings, its fleet keys): derived once per settings object
+
+
+def _fleet_keys(settings: Any) -> Any:
+    """``settings.fleet_keys``, derived (SHA-256 key ids) once per settings object instead of per message."""
+    global _keys_of
+    cached = _keys_of
+    if cached is None or cached[0] is not settings:
+        cached = _keys_of = (settings, settings.fleet_keys)
+    return cached[1]
+
+
 def message_problem(runtime: Runtime, *, task: str, task_id: Any, queue: Any, timelimit: Any,
                     kwargs: Any) -> str | None:
     """``None`` if the call message may run here; else why not (a :data:`toolfleet.signing.REASONS`
     value or :data:`NO_KEY`). ``timelimit`` is Celery's header ``(hard, soft)``; ``queue`` the
     routing key it was delivered from. With ``insecure_no_signing`` every message may run."""
     settings = runtime.settings
-    keys = settings.fleet_keys
+    keys = _fleet_keys(settings)
     if keys is None:
         return None if settings.insecure_no_signing else NO_KEY
     hard, soft = (list(timelimit) + [None, None])[:2] if isinstance(timelimit, (list, tuple)) else (None, None)
