@@ -23,6 +23,9 @@ from ..models import ErrorCode, ToolResult
 
 log = logging.getLogger(__name__)
 BLOCK_MS = 100
+# the watchdog's bounds are seconds long: while events stream in, it looks at most this often (an
+# idle driver looks every BLOCK_MS anyway), not once per event read (O(pending calls) each time)
+WATCH_EVERY_S = BLOCK_MS / 2000
 REDIS_GIVE_UP_S = 60.0  # Redis failing this long without a good tick ends the turn (BrokerUnavailable)
 BUG_GIVE_UP_TICKS = 5  # a non-Redis exception this many ticks in a row ends the turn the same way
 TROUBLE_LOG_EVERY_S = 5.0  # while failing, one warning this often (not one per retry)
@@ -67,6 +70,7 @@ class TurnDriver:
         logged_at = 0.0
         lease_renewed_at = time.monotonic()  # open_turn set it
         quiet_until = 0.0  # the watchdog waits until then after Redis trouble
+        watched_at = 0.0
         try:
             while not self._done.is_set():
                 try:
@@ -79,8 +83,10 @@ class TurnDriver:
                         self._ledger.renew_lease(self.turn_id)
                         lease_renewed_at = time.monotonic()
                     self._sender.pump()
-                    if time.monotonic() >= quiet_until:
+                    now = time.monotonic()
+                    if now >= quiet_until and now - watched_at >= WATCH_EVERY_S:
                         self._watch.tick()
+                        watched_at = now
                     if trouble_since is not None:
                         log.warning("turn %s: Redis answers again after %.1f s", self.turn_id,
                                     time.monotonic() - trouble_since)
