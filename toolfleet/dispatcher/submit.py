@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 from celery import Celery
@@ -79,6 +80,7 @@ class Submitter:
         self._lock = threading.Lock()
         self._batch = threading.local()  # .producer: the producer of this thread's open batch
         self._reporter: ThreadPoolExecutor | None = None  # report_failed's thread, started on first use
+        self._result_cls: Any = None  # send_task's AsyncResult, with one result backend for every thread
 
     @contextmanager
     def batch(self, size: int) -> Iterator[None]:
@@ -112,6 +114,17 @@ class Submitter:
         if queue not in bound:
             bound[queue] = [self.app.amqp.queues[queue].bind(producer.channel)]
         return bound[queue]
+
+    def _sent_result(self) -> Any:
+        """The class ``send_task`` makes its (unused: the ledger has the results) AsyncResult with,
+        bound to the result backend of the thread that sent first. Celery's default takes
+        ``app.backend``, which is per thread: each turn's driver thread would build a Redis result
+        backend (a client, redis-py's driver info from package metadata) for its first send."""
+        if self._result_cls is None:
+            with self._lock:
+                if self._result_cls is None:
+                    self._result_cls = partial(self.app.AsyncResult, backend=self.app.backend)
+        return self._result_cls
 
     def announce(self, turn_id: str, calls: Sequence[tuple[str, ToolSpec]]) -> None:
         """Write the ``submitted`` audit events of ``(call_id, spec)`` about to be sent, in one
@@ -201,6 +214,7 @@ class Submitter:
                 # worst late start (taken at the deadline, lost, redelivered) is covered by the hard limit
                 expires=expires_s,
                 headers=headers,
+                result_cls=self._sent_result(),
             )
         except (OperationalError, OSError) as exc:
             raise BrokerUnavailable(self.settings.broker, str(exc)) from exc
