@@ -36,7 +36,9 @@ step between a holder's last ``check_fence`` and its effect takes less than the 
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -213,33 +215,75 @@ class Journal:
         """A context manager that renews ``token``'s lease every heartbeat while the block runs."""
         return Lease(self, key, token)
 
+    def _renewer(self) -> _Renewer:
+        """This process's lease renewer (one thread for every held lease, started on first use)."""
+        renewer = getattr(self, "_lease_renewer", None)
+        if renewer is None or renewer.pid != os.getpid():
+            renewer = self._lease_renewer = _Renewer(self)
+        return renewer
+
 
 class Lease:
-    """Renews a journal lease from a daemon thread while the handler runs."""
+    """Holds a journal lease while the handler runs: the journal's renewer renews it every
+    heartbeat (one thread per process for all held leases, not a thread per call)."""
 
     def __init__(self, journal: Journal, key: str, token: str) -> None:
-        self._journal = journal
-        self._key = key
-        self._token = token
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="toolfleet-journal-lease", daemon=True)
+        self._renewer = journal._renewer()
+        self.key = key
+        self.token = token
+        self.released = False
 
     def __enter__(self) -> Lease:
-        self._thread.start()
+        self._renewer.add(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=1.0)
+        self._renewer.remove(self)
+
+
+class _Renewer:
+    """Renews the held leases of one journal every heartbeat, from one daemon thread (started when
+    the first lease is held, in the process that holds it). A lease its renewal refuses (another
+    execution holds the key) is no longer renewed; a Redis error is retried next beat."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.pid = os.getpid()
+        self._journal = journal
+        self._held: dict[int, Lease] = {}
+        self._lock = threading.Lock()  # guards _held and starting the thread
+        self._renewing = threading.Lock()  # held while one lease is renewed
+        self._thread: threading.Thread | None = None
+
+    def add(self, lease: Lease) -> None:
+        with self._lock:
+            self._held[id(lease)] = lease
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="toolfleet-journal-lease", daemon=True)
+                self._thread.start()
+
+    def remove(self, lease: Lease) -> None:
+        """No renewal of ``lease`` starts after this; one under way is waited for (at most 1 s)."""
+        lease.released = True
+        with self._lock:
+            self._held.pop(id(lease), None)
+        if self._renewing.acquire(timeout=1.0):
+            self._renewing.release()
 
     def _run(self) -> None:
         every_s = self._journal.settings.heartbeat_s
-        while not self._stop.wait(every_s):
-            try:
-                if not self._journal.renew(self._key, self._token):
-                    return
-            except redis.RedisError:
-                continue  # Redis away for a moment: try again next beat
+        while True:
+            time.sleep(every_s)
+            with self._lock:
+                held = list(self._held.values())
+            for lease in held:
+                with self._renewing:
+                    if lease.released:
+                        continue
+                    try:
+                        if not self._journal.renew(lease.key, lease.token):
+                            lease.released = True
+                    except redis.RedisError:
+                        continue  # Redis away for a moment: try again next beat
 
 
 def new_token() -> str:
