@@ -122,11 +122,13 @@ class Guard:
         *,
         workspace: str | None,
         session_id: str | None,
-    ) -> None:
+    ) -> dict[str, Any]:
         """Write the ``planned`` audit event of ``calls`` (``deps``: what each planned call waits
         for), hold the pending ones, and audit the ones the policy refused. Call after planning and
-        before any of them is submitted or gets a result."""
+        before any of them is submitted or gets a result. Returns the redacted arguments of each
+        valid call (call id -> :func:`redact_arguments`), which the submitter shows Flower."""
         entries = []
+        shown: dict[str, Any] = {}
         for call, outcome in zip(calls, checked, strict=True):
             verdict = screened.verdicts.get(call.id)
             refused = screened.refused.get(call.id)
@@ -136,8 +138,11 @@ class Guard:
                 decided = verdict.action
             else:  # invalid: never reached the policy
                 decided = outcome.code.value if isinstance(outcome, ToolResult) and outcome.code else "error"
+            arguments = self._shown_arguments(call, outcome)
+            if not isinstance(outcome, ToolResult):
+                shown[call.id] = arguments
             entries.append({"index": call.index, "id": call.id, "tool": call.name,
-                            "arguments": self._shown_arguments(call, outcome), "verdict": decided,
+                            "arguments": arguments, "verdict": decided,
                             "rule": verdict.rule if verdict else None})
         # the session id is the caller's label for a conversation, not a credential: it is masked
         # only when it is shaped like one (redact_text), not for its key's name as redact_value would
@@ -150,6 +155,7 @@ class Guard:
             if result.code == ErrorCode.PERMISSION_DENIED:
                 verdict = screened.verdicts[call_id]
                 self.audit.append(turn_id, "denied", call_id, by="policy", reason=verdict.reason, rule=verdict.rule)
+        return shown
 
     def _sessions(self) -> SessionStore:
         if getattr(self, "_session_store", None) is None:

@@ -147,7 +147,7 @@ class Sender:
                     run = turn._runnable[call_id]
                     sent.append((call_id, turn._submitter.send(
                         turn_id=turn.turn_id, call_id=call_id, spec=run.spec, arguments=run.arguments,
-                        workspace=turn._workspace, session_id=turn._session_id, rank=ranks[call_id],
+                        workspace=turn._workspace, session_id=turn._session_id, rank=ranks[call_id], shown=run.shown,
                         headers=None if turn._obs is None else turn._obs.sent(call_id, run.spec.name),
                     )))
         except (BrokerUnavailable, redis.RedisError) as exc:  # a Redis error: the audit's `submitted`

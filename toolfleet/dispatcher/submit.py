@@ -150,11 +150,13 @@ class Submitter:
         session_id: str | None,
         rank: int = 1,
         headers: dict[str, str] | None = None,
+        shown: dict[str, Any] | None = None,
     ) -> str:
         """Publish the call; returns its task id. ``rank`` is the plan's rank of the call (the
         longer the chain it heads, the sooner a worker takes it). Raises BrokerUnavailable if the
         broker refuses. Inside :meth:`batch`, the call is only buffered until the batch ends.
-        ``headers``: extra message headers (the W3C trace context of the call's span, observe/tracing.py)."""
+        ``headers``: extra message headers (the W3C trace context of the call's span, observe/tracing.py).
+        ``shown``: ``redact_arguments(arguments, spec.sensitive)`` when the caller has it already."""
         limit_s = spec.time_limit_s(arguments)
         submitted_at = time.time()
         expires_s = message_expiry_s(self.settings, limit_s)
@@ -172,7 +174,8 @@ class Submitter:
             key_id=None if self.fleet_keys is None else self.fleet_keys.current_id,
         )
         shown = json.dumps(
-            {"turn_id": turn_id, "call_id": call_id, "arguments": redact_arguments(arguments, spec.sensitive)},
+            {"turn_id": turn_id, "call_id": call_id,
+             "arguments": redact_arguments(arguments, spec.sensitive) if shown is None else shown},
             default=str,
         )
         if len(shown) > KWARGSREPR_MAX_CHARS:

@@ -33,7 +33,7 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 class Runnable:
     spec: ToolSpec
     arguments: dict[str, Any]
+    shown: Any = None  # the arguments redacted (Guard.record), for the message's kwargsrepr
 
 
 class Turn(TurnApprovals, TurnDriver):
@@ -240,8 +241,11 @@ class Turn(TurnApprovals, TurnDriver):
                         self._scheduled.add(call.id)
                         to_send.append(call.id)
             if screened is not None:  # the audit's `planned` comes before any result or submission
-                self._guard.record(self.turn_id, calls, checked, screened, planned,
-                                   workspace=self._workspace, session_id=self._session_id)
+                shown = self._guard.record(self.turn_id, calls, checked, screened, planned,
+                                           workspace=self._workspace, session_id=self._session_id)
+                with self._lock:  # redacted once: the kwargsrepr of each message reuses it
+                    self._runnable.update({c: replace(self._runnable[c], shown=a) for c, a in shown.items()
+                                           if c in self._runnable})
             for failure in failures:
                 self._ledger.record_result(self.turn_id, failure)
             self._sender.take_locks()
