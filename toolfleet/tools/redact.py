@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from functools import lru_cache
 from typing import Any
 
 from .secret_shapes import MASK, is_secret_name, mask_secrets
 
 GIVEN_MAX_CHARS = 80
-# short texts without ``known`` values are masked once per process and remembered (tool names,
+# short texts without ``known`` values that hold no secret are remembered as clean (tool names,
 # audit keys, verdicts, call ids repeat for every call): mask_secrets is pure, so the answer is the same
 CACHED_MAX_CHARS = 256
 CACHED_TEXTS = 8192
@@ -53,11 +52,22 @@ def redact_text(text: str, known: Iterable[str] = ()) -> str:
         return f"<hidden: {len(text)} chars>"
 
 
-@lru_cache(maxsize=CACHED_TEXTS)
+_CLEAN: dict[str, None] = {}  # short texts masking left as they were; emptied when full
+
+
 def _mask_short(text: str) -> str:
-    """:func:`mask_secrets` of a short ``text`` with no known values, remembered (an exception is
-    not: the caller hides the text)."""
-    return mask_secrets(text)
+    """:func:`mask_secrets` of a short ``text`` with no known values. A text masking left unchanged
+    is remembered (up to ``CACHED_TEXTS``, then forgotten all at once), one it changed is not: a
+    text holding a secret is never kept past the call. An exception propagates (the caller hides
+    the text)."""
+    if text in _CLEAN:
+        return text
+    masked = mask_secrets(text)
+    if masked == text:
+        if len(_CLEAN) >= CACHED_TEXTS:
+            _CLEAN.clear()
+        _CLEAN[text] = None
+    return masked
 
 
 mask_text = redact_text  # the name error messages use for quoting raw argument text

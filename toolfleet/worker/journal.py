@@ -94,7 +94,8 @@ return 1
 """
 
 _FINISH = """
--- KEYS: entry[, ledger runs (field f:<call_id>: the fence), ledger results] ; ARGV: result_json, ttl_s, token ('' = unfenced)[, call_id]
+-- KEYS: entry[, ledger runs (field f:<call_id>: the fence), ledger results]
+-- ARGV: result_json, ttl_s, token ('' = unfenced)[, call_id]
 if redis.call('HGET', KEYS[1], 'state') == 'done' then return {0, redis.call('HGET', KEYS[1], 'result')} end
 local holder = redis.call('HGET', KEYS[1], 'token')  -- false: the entry was lost with Redis's data
 if ARGV[3] ~= '' and holder and holder ~= ARGV[3] then return {-1, ''} end
