@@ -92,19 +92,24 @@ if #KEYS >= 9 then token = redis.call('INCR', KEYS[9]) else
   if held and tonumber(string.match(held, '^(%d+)')) > tonumber(token) then return 'superseded' end
 end
 local fence = token .. ' ' .. (fnow + tonumber(ARGV[5])) .. ' ' .. ARGV[7] .. ' ' .. ARGV[6]
+local function expire_turn() end
 if not opened then
+  -- the turn's keys lost their time to live with Redis's data (or predate it): the keys this
+  -- claim writes get theirs here, as the streams this claim creates would otherwise keep none
   redis.call('HSET', KEYS[3], 'turn', 'open')
-  redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
+  expire_turn = function() for _, i in ipairs({2, 3, 5}) do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end end
 end
 -- this same claim, retried after its reply was lost: the same execution, holding the new token
 if before == ARGV[2] then
   redis.call('HSET', KEYS[3], 'f:' .. cid, fence)
+  expire_turn()
   return 'ok ' .. token
 end
 redis.call('HSET', KEYS[3], 'f:' .. cid, fence, 's:' .. cid, ARGV[2], 'n:' .. cid, (tonumber(attempts) or 0) + 1)
 redis.call('XADD', KEYS[2], '*', 'type', 'started', 'call_id', cid, 'data', ARGV[2])
 -- (the audit stream has its time to live since the turn's submit)
 redis.call('XADD', KEYS[5], '*', 'type', 'started', 'call_id', cid, 'data', ARGV[4])
+expire_turn()
 if before then return 'restarted ' .. token end
 return 'ok ' .. token
 """

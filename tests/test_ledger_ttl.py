@@ -1,0 +1,53 @@
+"""Every key a ledger step writes ends up with a time to live (docs/scaling.md, "What one call costs
+in Redis"): per-call steps renew none on a healthy turn, so these check the turn's own renewals and
+the path after Redis lost its data. A key without one would live in Redis forever. Talks to the
+ledger directly (no worker needed): the scripts are the unit here."""
+
+from __future__ import annotations
+
+import pytest
+
+from toolfleet.keys import Keys
+from toolfleet.ledger import Ledger
+from toolfleet.models import ToolResult
+
+TURN_KEYS = ("turn_calls", "turn_runs", "turn_results", "turn_events", "turn_audit")
+
+
+def ttls(ledger: Ledger, turn_id: str) -> dict[str, int]:
+    keys = Keys(ledger.settings.namespace)
+    return {name: ledger.redis.ttl(getattr(keys, name)(turn_id)) for name in TURN_KEYS}
+
+
+@pytest.fixture
+def ledger(settings):
+    return Ledger(settings, retry_s=5)
+
+
+def run_one(ledger: Ledger, turn_id: str) -> None:
+    claim = ledger.claim_start(turn_id, "c1", "w@test", arm_wait_s=1)
+    assert claim == "ok", claim
+    kept = ledger.record_result(turn_id, ToolResult(call_id="c1", name="noop", status="ok", content="ok"), fencing_token=claim.token)
+    assert kept
+
+
+def test_a_turn_run_to_its_end_leaves_every_key_expiring(ledger):
+    ledger.open_turn("T1", {"c1": "noop"})
+    ledger.audit.append("T1", "planned")
+    run_one(ledger, "T1")
+    ledger.end_turn("T1", "every call has its result")
+    assert all(0 < ttl <= ledger.settings.result_ttl_s for ttl in ttls(ledger, "T1").values()), ttls(ledger, "T1")
+
+
+def test_after_redis_lost_the_turn_the_claim_and_record_give_what_they_create_a_ttl(ledger):
+    """Redis restarted without its data, the dispatcher put back the lease and the turn (reopen),
+    then a worker claims and records: the streams and the runs hash it creates must expire too,
+    even if the dispatcher never renews or ends the turn (it may have died meanwhile)."""
+    ledger.open_turn("T2", {"c1": "noop"})
+    keys = Keys(ledger.settings.namespace)
+    ledger.redis.delete(*(getattr(keys, name)("T2") for name in TURN_KEYS))  # the loss
+    ledger.renew_lease("T2")
+    ledger.reopen("T2", {"c1": "noop"}, [], armed=True)
+    ledger.redis.delete(keys.turn_audit("T2"))  # no audit written since
+    run_one(ledger, "T2")
+    assert all(ttl > 0 for ttl in ttls(ledger, "T2").values()), ttls(ledger, "T2")
