@@ -27,7 +27,8 @@ def ledger(settings):
 def run_one(ledger: Ledger, turn_id: str) -> None:
     claim = ledger.claim_start(turn_id, "c1", "w@test", arm_wait_s=1)
     assert claim == "ok", claim
-    kept = ledger.record_result(turn_id, ToolResult(call_id="c1", name="noop", status="ok", content="ok"), fencing_token=claim.token)
+    result = ToolResult(call_id="c1", name="noop", status="ok", content="ok")
+    kept = ledger.record_result(turn_id, result, fencing_token=claim.token)
     assert kept
 
 
