@@ -111,17 +111,10 @@ class AuditLog:
 
     def append_submitted(self, turn_id: str, calls: list[tuple[str, dict[str, Any]]]) -> None:
         """Append one ``submitted`` entry for the ``(call_id, data)`` of a group sent together
-        (``data`` made by toolfleet: not redacted), in one round trip; best effort, as :meth:`append_many`."""
-        if not calls:
-            return
-        data = self.plain(calls=[{"call_id": call_id, **fields} for call_id, fields in calls])
-        try:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.xadd(self.keys.turn_audit(turn_id), {"type": "submitted", "call_id": "", "data": data})
-            pipe.expire(self.keys.turn_audit(turn_id), self.ttl_s)
-            pipe.execute()
-        except redis.RedisError as exc:
-            log.warning("audit: could not append `submitted` of %d call(s) of turn %s (%s)", len(calls), turn_id, exc)
+        (``data`` made by toolfleet: not redacted), through :meth:`append_many`."""
+        if calls:
+            group = [{"call_id": call_id, **fields} for call_id, fields in calls]
+            self.append_many(turn_id, [("submitted", "", {"calls": group})], redact=False)
 
     @classmethod
     def finished_data(cls, result: ToolResult) -> str:
