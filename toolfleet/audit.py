@@ -5,6 +5,16 @@ Key ``<ns>:turn:<turn_id>:audit`` (a Redis stream, expiring with the turn's ledg
 writer). The stream id's millisecond part is Redis's clock, one clock for every machine, which
 ``toolfleet trace`` uses for its time axis.
 
+A call's ``started`` and ``finished`` entries are not stored twice: they are the ledger's own
+``started`` and ``result`` events in the turn's event stream ``<ns>:turn:<turn_id>:events``
+(:mod:`toolfleet.ledger`), which :meth:`AuditLog.read` turns into audit entries (redacted as below, a
+result's content reduced to its size) and merges with the audit stream by stream id. So a worker's
+claim and result each cost one stream append, not two (docs/scaling.md). Within one millisecond,
+the merge puts the audit stream's entries that come before a run (``planned``, ``pending``,
+``approved``, ``denied``, ``submitted``) first and those that come after one (``late``,
+``cancelled``) last. Read the trail with :meth:`AuditLog.read` (or ``toolfleet trace``); the audit
+stream alone lacks the runs.
+
 Types and who writes them:
 
 ==============  ============  ================================================================
@@ -16,8 +26,10 @@ type            writer        data
 ``submitted``   dispatcher    ``tool``, ``queue``, ``task_id``: sent to the workers (stored as
                               one entry per group sent, ``calls`` [{``call_id``, ...}], so a
                               group costs one append; :meth:`AuditLog.read` gives one event per call)
-``started``     worker        ``worker`` (a second ``started`` means a redelivery)
-``finished``    any side      ``tool``, ``status``, ``code``, ``message``, ``worker``, ``queued_ms``,
+``started``     worker        ``worker`` (a second ``started`` means a redelivery; from the event
+                              stream)
+``finished``    any side      (from the event stream's ``result``) ``tool``, ``status``, ``code``,
+                              ``message``, ``worker``, ``queued_ms``,
                               ``run_ms``, ``attempts``, ``content_chars``
 ``approved``    approver      ``by``, ``remembered`` (a rule, if one was kept)
 ``denied``      approver or   ``by`` (``policy`` when the policy refused it), ``reason``, ``rule``
@@ -28,10 +40,12 @@ type            writer        data
                               for the operator, never the call's result
 ==============  ============  ================================================================
 
-Everything is passed through :func:`toolfleet.tools.redact.redact_value` before it is written,
+Everything is passed through :func:`toolfleet.tools.redact.redact_value` before it is written
+(``started`` and ``finished`` when they are read),
 and callers mask a tool's declared sensitive parameters first
 (:func:`~toolfleet.tools.redact.redact_arguments`).
-A result's content is never written here, only its size: the model's text may hold anything.
+A result's content is never written to the audit stream nor given by :meth:`AuditLog.read`, only its
+size: the model's text may hold anything.
 
 Writing is best effort: a failed append is logged and never fails the call it describes.
 """
@@ -118,37 +132,88 @@ class AuditLog:
 
     @classmethod
     def finished_data(cls, result: ToolResult) -> str:
-        """The ``data`` of the ``finished`` event of ``result``."""
-        error = result.error
-        return cls.plain(
-            tool=redact_text(result.name),  # a model may name a tool that does not exist
-            status=result.status,
-            code=error.code.value if error else None,
-            message=redact_text(error.message) if error else None,  # written by a tool
-            worker=result.worker,
-            queued_ms=result.queued_ms,
-            run_ms=result.run_ms,
-            attempts=result.attempts,
-            content_chars=len(result.content),
-        )
+        """The ``data`` of a ``finished`` (or ``late``) event of ``result``, as JSON."""
+        return cls.plain(**finished_fields(result))
 
     def read(self, turn_id: str) -> list[AuditEvent]:
-        """Every event of the turn, oldest first (empty for an unknown or expired turn)."""
-        events: list[AuditEvent] = []
-        for stream_id, fields in self.redis.xrange(self.keys.turn_audit(turn_id)):
+        """Every event of the turn, oldest first (empty for an unknown or expired turn): the audit
+        stream's entries and the ``started`` / ``finished`` entries read from the event stream, in
+        one round trip, merged by stream id (module docstring)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xrange(self.keys.turn_audit(turn_id))
+        pipe.xrange(self.keys.turn_events(turn_id))
+        audit_entries, ledger_entries = pipe.execute()
+        ranked: list[tuple[tuple[int, int, int], AuditEvent]] = []
+        for stream_id, fields in audit_entries:
             event = AuditEvent(stream_id=_s(stream_id), type=_s(fields.get(b"type", b"")),
                                call_id=_s(fields.get(b"call_id", b"")),
                                data=json.loads(_s(fields.get(b"data", b"{}")) or "{}"))
-            group = event.data.get("calls") if event.type == "submitted" and not event.call_id else None
-            if not isinstance(group, list):
-                events.append(event)
-                continue
-            for entry in group:  # a group's entry (append_submitted): one event per call
-                if isinstance(entry, dict):
-                    data = {k: v for k, v in entry.items() if k != "call_id"}
-                    events.append(AuditEvent(event.stream_id, "submitted", str(entry.get("call_id", "")),
-                                             {**data, "at": event.data.get("at")}))
-        return events
+            rank = _AFTER_RUNS if event.type in ("late", "cancelled") else _BEFORE_RUNS
+            for each in _expanded(event):
+                ranked.append((_order(each.stream_id, rank), each))
+        for stream_id, fields in ledger_entries:
+            event = _from_ledger(_s(stream_id), fields)
+            if event is not None:
+                ranked.append((_order(event.stream_id, _RUNS), event))
+        ranked.sort(key=lambda pair: pair[0])  # stable: a group's per-call entries keep their order
+        return [event for _key, event in ranked]
+
+
+_BEFORE_RUNS, _RUNS, _AFTER_RUNS = 0, 1, 2
+
+
+def _order(stream_id: str, rank: int) -> tuple[int, int, int]:
+    """Sort key of an entry: Redis's millisecond, then its rank within that millisecond, then its
+    sequence number (each stream's own order)."""
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), rank, int(seq or 0)
+
+
+def _expanded(event: AuditEvent) -> list[AuditEvent]:
+    """A group's ``submitted`` entry (:meth:`AuditLog.append_submitted`) as one event per call; any
+    other entry as itself."""
+    group = event.data.get("calls") if event.type == "submitted" and not event.call_id else None
+    if not isinstance(group, list):
+        return [event]
+    return [AuditEvent(event.stream_id, "submitted", str(entry.get("call_id", "")),
+                       {**{k: v for k, v in entry.items() if k != "call_id"}, "at": event.data.get("at")})
+            for entry in group if isinstance(entry, dict)]
+
+
+def _from_ledger(stream_id: str, fields: dict[bytes, bytes]) -> AuditEvent | None:
+    """The audit entry of a ledger event: ``started`` (the worker, and when it began by its clock)
+    and ``result`` (as ``finished``: :func:`finished_fields`); None for the ledger's other events.
+    A malformed event (not toolfleet's) is skipped."""
+    kind, call_id = fields.get(b"type", b""), _s(fields.get(b"call_id", b""))
+    try:
+        if kind == b"started":
+            started = json.loads(fields.get(b"data", b"{}"))
+            data = {"worker": started.get("worker"), "at": started.get("started_at")}  # made by toolfleet
+            return AuditEvent(stream_id, "started", call_id, data)
+        if kind == b"result":
+            result = ToolResult.model_validate_json(fields.get(b"data", b"{}"))
+            at = int(stream_id.split("-")[0]) / 1000  # Redis's clock when it was recorded
+            return AuditEvent(stream_id, "finished", call_id, {**finished_fields(result), "at": at})
+    except (ValueError, AttributeError) as exc:
+        log.warning("audit: skipped a malformed %s event %s (%s)", _s(kind), stream_id, exc)
+    return None
+
+
+def finished_fields(result: ToolResult) -> dict[str, Any]:
+    """What the audit trail says of ``result``: its tool, status, error code and message (redacted),
+    who ran it, its times and attempts, and its content's size (never the content)."""
+    error = result.error
+    return {
+        "tool": redact_text(result.name),  # a model may name a tool that does not exist
+        "status": result.status,
+        "code": error.code.value if error else None,
+        "message": redact_text(error.message) if error else None,  # written by a tool
+        "worker": result.worker,
+        "queued_ms": result.queued_ms,
+        "run_ms": result.run_ms,
+        "attempts": result.attempts,
+        "content_chars": len(result.content),
+    }
 
 
 def _s(value: Any) -> str:

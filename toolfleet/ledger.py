@@ -18,9 +18,9 @@ is atomic against the others:
 - ``cancel`` (any process): flags the turn, records ``NOT_EXECUTED`` for every call not started,
   appends a ``cancel`` event and publishes on the turn's cancel channel for the workers.
 
-Each of them also appends to the turn's redacted audit trail (:mod:`toolfleet.audit`):
-``started`` and ``finished`` inside the scripts (so the trail's order is the ledger's order),
-``cancelled`` right after it.
+The turn's redacted audit trail (:mod:`toolfleet.audit`) reads its ``started`` and ``finished``
+entries from the ``started`` and ``result`` events these scripts append (one write per state change,
+in the ledger's order); ``cancel`` appends ``cancelled`` to the audit stream right after its step.
 
 Keys are listed in :mod:`toolfleet.keys`; all expire ``result_ttl_s`` after the last write (the
 keys a step creates get their time to live in that step; every key of the turn gets it again on
@@ -56,12 +56,12 @@ from .errors import BrokerRefused, BrokerUnavailable, TurnNotFound
 from .keys import ATTEMPTS, FENCE, SENT_AFTER, STARTED, Keys, run_field
 from .models import ErrorCode, ToolResult
 from .settings import CLUSTER_SCHEMES, Settings
-from .tools.redact import redact_text
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError)
 ARM_WAIT_S = 10.0  # longest a worker waits for an unarmed turn before calling it abandoned
+RESULTS_MARKER = ""  # the field open_turn puts in a turn's results hash: it exists, with its time to live
 
 
 def connect(url: str) -> redis.Redis:
@@ -166,7 +166,11 @@ class Ledger:
         pipe.set(k.turn_lease(turn_id), "1", px=int(self.settings.turn_lease_s * 1000))
         pipe.xadd(k.turn_events(turn_id), {"type": "open", "call_id": "", "data": str(time.time())})
         pipe.hset(k.turn_runs(turn_id), "turn", "open")  # so a claim finds it with its time to live
-        for key in (k.turn_calls(turn_id), k.turn_events(turn_id), k.turn_runs(turn_id)):
+        # the results hash exists from the start, with its time to live (a worker's result adds to
+        # it without setting one); its marker field '' is never a call id (a call without an id is
+        # refused before it reaches the ledger) and :meth:`results` skips it
+        pipe.hset(k.turn_results(turn_id), RESULTS_MARKER, "")
+        for key in (k.turn_calls(turn_id), k.turn_events(turn_id), k.turn_runs(turn_id), k.turn_results(turn_id)):
             pipe.expire(key, ttl)
         with translated(self.settings.redis_url):
             pipe.execute()
@@ -234,11 +238,8 @@ class Ledger:
         k = self.keys
         args: list[Any] = [self.settings.result_ttl_s]
         for call_id, name in calls.items():
-            placeholder = not_executed(call_id, name)
-            audit = self.audit.plain(tool=redact_text(name), status="error", code="NOT_EXECUTED", attempts=0)
-            args += [call_id, name, placeholder.model_dump_json(exclude_none=True), audit]
-        keys = [k.turn_calls(turn_id), k.turn_results(turn_id), k.turn_events(turn_id), k.turn_cancelled(turn_id),
-                k.turn_audit(turn_id)]
+            args += [call_id, name, not_executed(call_id, name).model_dump_json(exclude_none=True)]
+        keys = [k.turn_calls(turn_id), k.turn_results(turn_id), k.turn_events(turn_id), k.turn_cancelled(turn_id)]
         return {_s(cid) for cid in self._add(keys=keys, args=args)}
 
     def cancel(self, turn_id: str, reason: str = "cancelled by caller") -> int:
@@ -286,7 +287,7 @@ class Ledger:
     def results(self, turn_id: str) -> dict[str, ToolResult]:
         """Every result recorded so far, by call id."""
         raw = self.redis.hgetall(self.keys.turn_results(turn_id))
-        return {_s(k): ToolResult.model_validate_json(v) for k, v in raw.items()}
+        return {_s(k): ToolResult.model_validate_json(v) for k, v in raw.items() if k != b""}
 
     def calls(self, turn_id: str) -> dict[str, str]:
         """call_id -> tool name of a turn."""
@@ -356,8 +357,8 @@ class Ledger:
             k.turn_ended(turn_id),
             k.turn_lease(turn_id),
         ]
-        args = [call_id, started, self.settings.result_ttl_s, self.audit.plain(worker=worker),
-                int(hard_limit_s * 1000), repr(min(submitted_at, 1e15)), os.getpid()]
+        args = [call_id, started, self.settings.result_ttl_s, int(hard_limit_s * 1000), repr(min(submitted_at, 1e15)),
+                os.getpid()]
         if self.cluster:  # the namespace's counter is in its own slot: take the token first
             args.append(self.retrying(lambda: self.redis.incr(k.fence_counter)))
         else:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from .breaker import success_lua
 
-# Stores the result unless the call has one (first result wins), with its result event and audit
-# entry. The results hash gets its time to live here; the event and audit streams exist since the
-# turn was opened and submitted, with theirs (renewed per turn: ``renew_lease``, ``end_turn``), so a
-# worker's result that found its claim (``claimed``) leaves them be; any other result (the
-# dispatcher's own, or one whose claim Redis lost with its data) sets all three.
+# Stores the result unless the call has one (first result wins), with its result event (the audit
+# trail's ``finished`` entry is read from it: :meth:`toolfleet.audit.AuditLog.read`). The results
+# hash (with its marker field ''), the event stream and the audit stream exist since the turn was
+# opened and submitted, with their time to live (renewed per turn: ``renew_lease``, ``end_turn``;
+# set again by a claim that found the turn's keys lost), so a worker's result that found its claim
+# (``claimed``) leaves them be; any other result (the dispatcher's own, or one whose claim Redis
+# lost with its data) sets all three.
 # KEYS[1..3] of the script: results, events, audit; a fenced result's refusal goes to ``late``.
 _STORE_RESULT = """
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
@@ -20,8 +22,7 @@ if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
   return 0
 end
 redis.call('XADD', KEYS[2], '*', 'type', 'result', 'call_id', ARGV[1], 'data', ARGV[2])
-redis.call('XADD', KEYS[3], '*', 'type', 'finished', 'call_id', ARGV[1], 'data', ARGV[4])
-for i = 1, claimed and 1 or 3 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end
+if not claimed then for i = 1, 3 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end end
 return 1
 """
 
@@ -60,8 +61,9 @@ if redis.call('HEXISTS', KEYS[4], 's:' .. ARGV[1]) == 1 then return 0 end""" + _
 
 CLAIM = """
 -- KEYS: results, events, runs, cancelled, audit, armed, ended, lease[, fence_counter]
--- ARGV: call_id, started_json, ttl, audit, hard_limit_ms, submitted_at (unix s, dispatcher clock), pid[, token]
--- (no fence_counter key: a Redis Cluster, where it lives in another slot; the token was taken before, ARGV[8])
+-- ARGV: call_id, started_json, ttl, hard_limit_ms, submitted_at (unix s, dispatcher clock), pid[, token]
+-- (no fence_counter key: a Redis Cluster, where it lives in another slot; the token was taken before, ARGV[6])
+-- (the audit trail's 'started' entry is read from the 'started' event: toolfleet.audit.AuditLog.read)
 local cid = ARGV[1]
 local flag = redis.call('MGET', KEYS[4], KEYS[7], KEYS[8], KEYS[6])  -- cancelled, ended, lease, armed
 if flag[1] then return 'cancelled' end
@@ -73,9 +75,14 @@ local run = redis.call('HMGET', KEYS[3], 'f:' .. cid, 's:' .. cid, 'n:' .. cid, 
 local held, before, attempts, after, opened = run[1], run[2], run[3], run[4], run[5]
 -- fencing: a message sent before the dispatcher sent the call again is superseded; every claim
 -- takes a new token from the namespace's counter and its deadline (Redis clock + hard limit)
-if after and tonumber(ARGV[6]) < tonumber(after) then return 'superseded' end
-local ft = redis.call('TIME')
-local fnow = tonumber(ft[1]) * 1000 + math.floor(tonumber(ft[2]) / 1000)
+if after and tonumber(ARGV[5]) < tonumber(after) then return 'superseded' end
+-- Redis's clock in ms: TIME where it is needed before anything is written; on the usual path the
+-- 'started' entry's stream id gives it (its ms part is Redis's clock, or the stream's last id if
+-- that is later), one command fewer per call
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 -- a copy of the message whose execution holds the call (a replay, or a duplicate delivery): the
 -- holder is live (deadline not passed, no worker reported its process dead) and this message was
 -- not sent after the holder's: it neither runs nor takes the call (docs/signing.md, "Replays")
@@ -83,53 +90,53 @@ if held and before ~= ARGV[2] then
   local f = {}
   for part in string.gmatch(held, '%S+') do f[#f + 1] = part end
   local sent = tonumber(f[4] or '')
-  if tonumber(f[2]) > fnow and f[5] ~= 'dead' and sent and tonumber(ARGV[6]) <= sent then return 'running' end
+  if f[5] ~= 'dead' and sent and tonumber(ARGV[5]) <= sent and tonumber(f[2]) > clock() then return 'running' end
 end
 local token
 if #KEYS >= 9 then token = redis.call('INCR', KEYS[9]) else
-  token = ARGV[8]
+  token = ARGV[7]
   -- taken before this script: a claim that took a later token may already hold the call
   if held and tonumber(string.match(held, '^(%d+)')) > tonumber(token) then return 'superseded' end
 end
-local fence = token .. ' ' .. (fnow + tonumber(ARGV[5])) .. ' ' .. ARGV[7] .. ' ' .. ARGV[6]
+local function fence(now) return token .. ' ' .. (now + tonumber(ARGV[4])) .. ' ' .. ARGV[6] .. ' ' .. ARGV[5] end
 local function expire_turn() end
 if not opened then
   -- the turn's keys lost their time to live with Redis's data (or predate it): the keys this
-  -- claim writes get theirs here, as the streams this claim creates would otherwise keep none
+  -- claim writes get theirs here, as the streams this claim creates would otherwise keep none;
+  -- so does the results hash, with its marker field '' (a call id is never empty), which this
+  -- call's result then finds with its time to live (RECORD sets none for a claimed call)
   redis.call('HSET', KEYS[3], 'turn', 'open')
-  expire_turn = function() for _, i in ipairs({2, 3, 5}) do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end end
+  redis.call('HSETNX', KEYS[1], '', '')
+  expire_turn = function() for _, i in ipairs({1, 2, 3, 5}) do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end end
 end
 -- this same claim, retried after its reply was lost: the same execution, holding the new token
 if before == ARGV[2] then
-  redis.call('HSET', KEYS[3], 'f:' .. cid, fence)
+  redis.call('HSET', KEYS[3], 'f:' .. cid, fence(clock()))
   expire_turn()
   return 'ok ' .. token
 end
-redis.call('HSET', KEYS[3], 'f:' .. cid, fence, 's:' .. cid, ARGV[2], 'n:' .. cid, (tonumber(attempts) or 0) + 1)
-redis.call('XADD', KEYS[2], '*', 'type', 'started', 'call_id', cid, 'data', ARGV[2])
--- (the audit stream has its time to live since the turn's submit)
-redis.call('XADD', KEYS[5], '*', 'type', 'started', 'call_id', cid, 'data', ARGV[4])
+local id = redis.call('XADD', KEYS[2], '*', 'type', 'started', 'call_id', cid, 'data', ARGV[2])
+redis.call('HSET', KEYS[3], 'f:' .. cid, fence(tonumber(string.match(id, '^(%d+)'))), 's:' .. cid, ARGV[2],
+  'n:' .. cid, (tonumber(attempts) or 0) + 1)
 expire_turn()
 if before then return 'restarted ' .. token end
 return 'ok ' .. token
 """
 
 ADD = """
--- KEYS: calls, results, events, cancelled, audit
--- ARGV: ttl, then (call_id, name, not_executed_json, not_executed_audit_json) quadruples
+-- KEYS: calls, results, events, cancelled
+-- ARGV: ttl, then (call_id, name, not_executed_json) triples
 local ttl = tonumber(ARGV[1])
 local cancelled = redis.call('EXISTS', KEYS[4]) == 1
 local refused = {}
 local names = {}
-for i = 2, #ARGV, 4 do
+for i = 2, #ARGV, 3 do
   names[#names + 1] = ARGV[i]
   names[#names + 1] = ARGV[i + 1]
   if #names >= 1000 then redis.call('HSET', KEYS[1], unpack(names)) names = {} end
   if cancelled then
     if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 2]) == 1 then
       redis.call('XADD', KEYS[3], '*', 'type', 'result', 'call_id', ARGV[i], 'data', ARGV[i + 2])
-      redis.call('XADD', KEYS[5], '*', 'type', 'finished', 'call_id', ARGV[i], 'data', ARGV[i + 3])
-      redis.call('EXPIRE', KEYS[5], ttl)
     end
     refused[#refused + 1] = ARGV[i]
   end
@@ -146,6 +153,7 @@ local ttl = tonumber(ARGV[1])
 local n = tonumber(ARGV[3])
 for i = 4, 3 + 2 * n, 2 do redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) end
 for i = 4 + 2 * n, #ARGV, 2 do redis.call('HSETNX', KEYS[3], ARGV[i], ARGV[i + 1]) end
+redis.call('HSETNX', KEYS[3], '', '')  -- the results hash's marker (Ledger.open_turn)
 if ARGV[2] == '1' then redis.call('SET', KEYS[2], '1', 'EX', ttl) end
 for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ttl) end
 if missing then return 1 end
@@ -168,8 +176,6 @@ for i = 1, #calls, 2 do
       error = {code = 'NOT_EXECUTED', message = msg, hint = hint}, attempts = 0})
     redis.call('HSET', KEYS[3], cid, res)
     redis.call('XADD', KEYS[5], '*', 'type', 'result', 'call_id', cid, 'data', res)
-    redis.call('XADD', KEYS[6], '*', 'type', 'finished', 'call_id', cid, 'data', cjson.encode({tool = name,
-      status = 'error', code = 'NOT_EXECUTED', message = msg, attempts = 0, content_chars = #content}))
     ids[#ids + 1] = cid
   end
 end

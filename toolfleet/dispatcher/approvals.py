@@ -28,7 +28,8 @@ from ..policy.rules import Rule, RuleStore, workspace_key
 
 _DECIDE = """
 -- KEYS: pending, decisions, results, cancelled, events, calls, audit
--- ARGV: call_id, decision_json, result_json ('' to approve), ttl, decision, decision_audit, finished_audit
+-- ARGV: call_id, decision_json, result_json ('' to approve), ttl, decision, decision_audit
+-- (a denial's audit 'finished' entry is read from its result event: AuditLog.read)
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   if redis.call('EXISTS', KEYS[6]) == 0 then return 'no_turn' end
   return 'unknown'
@@ -41,7 +42,6 @@ redis.call('XADD', KEYS[7], '*', 'type', ARGV[5], 'call_id', ARGV[1], 'data', AR
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
   redis.call('XADD', KEYS[5], '*', 'type', 'result', 'call_id', ARGV[1], 'data', ARGV[3])
-  redis.call('XADD', KEYS[7], '*', 'type', 'finished', 'call_id', ARGV[1], 'data', ARGV[7])
 end
 for i = 1, 7 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[4])) end
 return 'ok'
@@ -168,7 +168,7 @@ class Approvals:
         rule = self._rule(held, "allow" if decision == "approved" else "deny", remember, by)
         record = {"decision": decision, "by": by, "reason": reason, "at": time.time()}
         audit = AuditLog.data(by=by, reason=reason or None, remembered=rule.describe() if rule else None)
-        result_json = finished_audit = ""
+        result_json = ""
         if decision == "denied":
             result = ToolResult.failure(
                 call_id,
@@ -178,10 +178,9 @@ class Approvals:
                 "do not repeat it; ask the user what they want instead",
             )
             result_json = result.model_dump_json(exclude_none=True)
-            finished_audit = AuditLog.finished_data(result)
         keys = [k.turn_pending(turn_id), k.turn_decisions(turn_id), k.turn_results(turn_id),
                 k.turn_cancelled(turn_id), k.turn_events(turn_id), k.turn_calls(turn_id), k.turn_audit(turn_id)]
-        args = [call_id, json.dumps(record), result_json, self.ttl_s, decision, audit, finished_audit]
+        args = [call_id, json.dumps(record), result_json, self.ttl_s, decision, audit]
         try:
             status = self._decide(keys=keys, args=args)
         except redis.RedisError as exc:
