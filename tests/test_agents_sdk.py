@@ -139,7 +139,11 @@ def test_calls_held_for_approval_wait_for_the_answer_by_call_id(settings, worker
             turn = fleet.turns[0]
             pending = await asyncio.to_thread(turn.wait_settled, 60)  # all that could run ran
             assert sorted(p.call_id for p in pending) == ["w", "w2"]
-            assert "r" in fleet.completed and "rk" not in fleet.completed  # rk waits for the held write
+            # r's result is in the turn; the adapter's reader thread hands it on just after
+            while "r" not in fleet.completed:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            assert "rk" not in fleet.completed  # rk waits for the held write
             await asyncio.to_thread(turn.approve, "w")
             await asyncio.to_thread(turn.deny, "w2", "not today")
             return await asyncio.wait_for(run, 60)
