@@ -253,7 +253,7 @@ def run_trial(case: str, fleet: Fleet, rep: int, freeze_s: float, rng: random.Ra
     frozen execution's lapsed time limit as a failure (with their own ``breaker_failures``, 5), and
     an open circuit would refuse the next trial's call, testing the breaker instead of fencing."""
     client = fleet.dispatcher.ledger.redis
-    keys = list(client.scan_iter(match=Keys(fleet.settings.namespace).breaker("*"), count=100))
+    keys = list(client.scan_iter(match=Keys(fleet.settings.namespace).breaker("*") + "*", count=100))
     if keys:
         client.delete(*keys)
     CASES[case](fleet, rep, freeze_s, rng)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from toolfleet.keys import Keys
-from toolfleet.ledger import Ledger
+from toolfleet.ledger import TTL_SLACK, Ledger
 from toolfleet.models import ToolResult
 
 TURN_KEYS = ("turn_calls", "turn_runs", "turn_results", "turn_events", "turn_audit")
@@ -55,3 +55,15 @@ def test_after_redis_lost_the_turn_the_claim_and_record_give_what_they_create_a_
     # the audit stream stays absent (a run's entries are its events'); every key there is expires
     assert left.pop("turn_audit") == -2, left
     assert all(ttl > 0 for ttl in left.values()), left
+
+
+def test_an_end_soon_after_the_time_to_live_was_set_leaves_it(ledger):
+    """end_turn skips renewing what open_turn or a lease renewal set at most TTL_SLACK of
+    result_ttl_s ago: every key still expires, no sooner than (1 - TTL_SLACK) * result_ttl_s."""
+    ledger.open_turn("T3", {"c1": "noop"})
+    ledger.audit.append("T3", "planned")
+    run_one(ledger, "T3")
+    ledger.end_turn("T3", "every call has its result", ttl_set_s_ago=0.5)
+    ttl_s = ledger.settings.result_ttl_s
+    left = ttls(ledger, "T3")
+    assert all((1 - TTL_SLACK) * ttl_s <= ttl <= ttl_s for ttl in left.values()), left

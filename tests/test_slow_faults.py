@@ -68,7 +68,7 @@ def reset_breakers(dispatcher) -> None:
     from toolfleet.keys import Keys
 
     client = dispatcher.ledger.redis
-    keys = list(client.scan_iter(match=Keys(dispatcher.settings.namespace).breaker("*"), count=100))
+    keys = list(client.scan_iter(match=Keys(dispatcher.settings.namespace).breaker("*") + "*", count=100))
     if keys:
         client.delete(*keys)
 

@@ -93,7 +93,7 @@ class AuditLog:
     @staticmethod
     def data(**data: Any) -> str:
         """The ``data`` field of an event: ``data`` redacted, stamped with ``at`` (unix seconds), as
-        JSON. (The ledger's scripts append ``started`` and ``finished`` with it atomically.)"""
+        JSON."""
         return AuditLog.plain(**redact_value(data))
 
     @staticmethod

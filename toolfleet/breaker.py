@@ -1,6 +1,7 @@
 """A circuit breaker per tool, shared by the whole fleet through Redis.
 
-States (hash ``<ns>:breaker:<tool>``, every transition one Lua script)::
+States (hash ``<ns>:breaker:{<tool>}``, its run of consecutive failures counted in
+``<ns>:breaker:{<tool>}:failures``, every transition one Lua script)::
 
     closed ──N consecutive failures──▶ open ──cooldown over, a dispatcher asks──▶ probing
       ▲                                  ▲                                          │
@@ -33,40 +34,39 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
 
-
-def success_lua(key: str) -> str:
-    """Lua that counts one call that worked against the breaker hash ``key`` (a Lua expression):
-    a closed breaker's run of failures ends. Also run by the ledger's record script, so a worker
-    reports a call that worked in the same round trip as its result. One read when there is
-    nothing to reset (no breaker hash, or no failures counted): the usual case."""
+def success_lua(key: str, failures: str) -> str:
+    """Lua that counts one call that worked against the breaker hash ``key`` and its failure
+    counter ``failures`` (Lua expressions for the keys, :meth:`Keys.breaker` and
+    :meth:`Keys.breaker_failures`): a closed breaker's run of failures ends. Also run by the
+    ledger's record script, so a worker reports a call that worked in the same round trip as its
+    result. One read when there is nothing to reset (no failures counted): the usual case."""
     return f"""
-local breaker = redis.call('HMGET', {key}, 'state', 'failures')
-if (breaker[1] or 'closed') == 'closed' and breaker[2] and breaker[2] ~= '0' then
-  redis.call('HSET', {key}, 'failures', 0)
+if redis.call('EXISTS', {failures}) == 1 and (redis.call('HGET', {key}, 'state') or 'closed') == 'closed' then
+  redis.call('DEL', {failures})
 end
 """
 
 
-_OBSERVE = _NOW + """
--- KEYS: breaker ; ARGV: ok (1/0), threshold
+_OBSERVE = """
+-- KEYS: breaker, failures ; ARGV: ok (1/0), threshold
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 if state ~= 'closed' then return state end
 if ARGV[1] == '1' then
-""" + success_lua("KEYS[1]") + """
+""" + success_lua("KEYS[1]", "KEYS[2]") + """
   return 'closed'
 end
-local n = redis.call('HINCRBY', KEYS[1], 'failures', 1)
-if n >= tonumber(ARGV[2]) then
+local n = redis.call('INCR', KEYS[2])
+if n >= tonumber(ARGV[2]) then""" + _NOW + """
   redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', now)
   return 'open'
 end
 return 'closed'
 """
 
-_CHECK = _NOW + """
+_CHECK = """
 -- KEYS: breaker ; ARGV: cooldown_ms
 local state = redis.call('HGET', KEYS[1], 'state')
-if not state or state == 'closed' then return 'closed' end
+if not state or state == 'closed' then return 'closed' end""" + _NOW + """
 local since = tonumber(redis.call('HGET', KEYS[1], 'opened_at') or '0')
 if now < since + tonumber(ARGV[1]) then return 'open' end
 redis.call('HSET', KEYS[1], 'state', 'probing', 'opened_at', now)
@@ -74,9 +74,10 @@ return 'probe'
 """
 
 _HEALTH = _NOW + """
--- KEYS: breaker ; ARGV: ok (1/0)
+-- KEYS: breaker, failures ; ARGV: ok (1/0)
 if ARGV[1] == '1' then
-  redis.call('HSET', KEYS[1], 'state', 'closed', 'failures', 0)
+  redis.call('HSET', KEYS[1], 'state', 'closed')
+  redis.call('DEL', KEYS[2])
   return 'closed'
 end
 redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', now)
@@ -96,7 +97,8 @@ class Breakers:
 
     def observe(self, tool: str, ok: bool) -> str:
         """Count one finished call of ``tool``; returns the state after it."""
-        return _s(self._observe(keys=[self.keys.breaker(tool)], args=[int(ok), self.settings.breaker_failures]))
+        return _s(self._observe(keys=[self.keys.breaker(tool), self.keys.breaker_failures(tool)],
+                                args=[int(ok), self.settings.breaker_failures]))
 
     def check(self, tool: str) -> str:
         """``closed`` (send the call), ``open`` (refuse it) or ``probe`` (refuse it, and send one
@@ -106,7 +108,7 @@ class Breakers:
 
     def health(self, tool: str, ok: bool) -> str:
         """Record a health check's outcome: closes the breaker, or opens it for another cooldown."""
-        return _s(self._health(keys=[self.keys.breaker(tool)], args=[int(ok)]))
+        return _s(self._health(keys=[self.keys.breaker(tool), self.keys.breaker_failures(tool)], args=[int(ok)]))
 
 
 def _s(value: object) -> str:

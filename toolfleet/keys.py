@@ -8,13 +8,13 @@ keys ``{<session_id>}``, the locks and their holds ``{locks}``.
 
 from __future__ import annotations
 
-# the fields of Keys.turn_runs, by fact: fencing record, start record, attempts, re-sent at
-FENCE, STARTED, ATTEMPTS, SENT_AFTER = "f:", "s:", "n:", "x:"
+# the fields of Keys.turn_runs, by fact: fencing record, start record, attempts, re-sent at, decided
+FENCE, STARTED, ATTEMPTS, SENT_AFTER, DECIDED = "f:", "s:", "n:", "x:", "d:"
 
 
 def run_field(fact: str, call_id: str) -> str:
     """The field of ``call_id``'s ``fact`` (:data:`FENCE`, :data:`STARTED`, :data:`ATTEMPTS`,
-    :data:`SENT_AFTER`) in :meth:`Keys.turn_runs`."""
+    :data:`SENT_AFTER`, :data:`DECIDED`) in :meth:`Keys.turn_runs`."""
     return fact + call_id
 
 
@@ -79,6 +79,9 @@ class Keys:
         - ``s:<call_id>`` -> JSON {worker, pid, started_at}: set once a handler began the call;
         - ``n:<call_id>`` -> how many times a worker began the call (redeliveries count);
         - ``x:<call_id>`` -> unix s: the call was sent again then; older messages of it are superseded;
+        - ``d:<call_id>`` -> ``1``: the call got a result no claim of it made (the dispatcher's own, a
+          denial): a claim that finds it refuses the call (``done``) without reading the results
+          hash, which it reads only for a call begun before or a turn whose ``runs`` Redis lost;
         - ``turn`` -> ``open``: written with the hash's time to live when the turn opens.
         """
         return f"{self.ns}:turn:{{{turn_id}}}:runs"
@@ -121,8 +124,15 @@ class Keys:
         return f"{self.ns}:journal:{tool}:{key}"
 
     def breaker(self, tool: str) -> str:
-        """Hash: the circuit breaker of one tool (state, consecutive failures, times)."""
-        return f"{self.ns}:breaker:{tool}"
+        """Hash: the circuit breaker of one tool (state, times); tagged by the tool, so it shares
+        its slot with :meth:`breaker_failures`."""
+        return f"{self.ns}:breaker:{{{tool}}}"
+
+    def breaker_failures(self, tool: str) -> str:
+        """String: the breaker's run of consecutive failures (absent: none). A string, not a field
+        of :meth:`breaker`, so a worker's claim reads it in the same ``MGET`` as the turn's flags
+        and its result resets it only when it is there (:mod:`toolfleet.breaker`)."""
+        return f"{self.breaker(tool)}:failures"
 
     @property
     def locks(self) -> str:

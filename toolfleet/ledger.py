@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError)
 ARM_WAIT_S = 10.0  # longest a worker waits for an unarmed turn before calling it abandoned
-RESULTS_MARKER = ""  # the field open_turn puts in a turn's results hash: it exists, with its time to live
+TTL_SLACK = 0.01  # end_turn leaves a time to live set this share of result_ttl_s ago as it is
 
 
 def connect(url: str) -> redis.Redis:
@@ -127,13 +127,14 @@ class Ledger:
         self._record = self.redis.register_script(lua.RECORD)
         self._record_unstarted = self.redis.register_script(lua.RECORD_UNSTARTED)
         self._claim = self.redis.register_script(lua.CLAIM)
+        self._open = self.redis.register_script(lua.OPEN)
         self._cancel = self.redis.register_script(lua.CANCEL)
         self._add = self.redis.register_script(lua.ADD)
         self.audit = AuditLog(self.redis, self.keys, settings.result_ttl_s)
         self._reopen = self.redis.register_script(lua.REOPEN)
         self._check_fence = self.redis.register_script(lua.CHECK_FENCE)
         self._fence_dead = self.redis.register_script(lua.FENCE_DEAD)
-        self._breaker_ok = self.redis.register_script(success_lua("KEYS[1]"))
+        self._breaker_ok = self.redis.register_script(success_lua("KEYS[1]", "KEYS[2]"))
 
     def retrying(self, op: Callable[[], T]) -> T:
         """Run ``op``; while Redis is down, retry it for ``retry_s`` (then BrokerUnavailable)."""
@@ -157,23 +158,15 @@ class Ledger:
     def open_turn(self, turn_id: str, calls: dict[str, str], *, armed: bool = True) -> None:
         """Register the calls (call_id -> tool name) of a new turn. ``armed=False`` for a turn
         whose first calls must all be sent before any runs: :meth:`arm` it once they are."""
-        k, ttl = self.keys, self.settings.result_ttl_s
-        pipe = self.redis.pipeline(transaction=True)
-        if calls:
-            pipe.hset(k.turn_calls(turn_id), mapping=calls)
-        if armed:
-            pipe.set(k.turn_armed(turn_id), "1", ex=ttl)
-        pipe.set(k.turn_lease(turn_id), "1", px=int(self.settings.turn_lease_s * 1000))
-        pipe.xadd(k.turn_events(turn_id), {"type": "open", "call_id": "", "data": str(time.time())})
-        pipe.hset(k.turn_runs(turn_id), "turn", "open")  # so a claim finds it with its time to live
-        # the results hash exists from the start, with its time to live (a worker's result adds to
-        # it without setting one); its marker field '' is never a call id (a call without an id is
-        # refused before it reaches the ledger) and :meth:`results` skips it
-        pipe.hset(k.turn_results(turn_id), RESULTS_MARKER, "")
-        for key in (k.turn_calls(turn_id), k.turn_events(turn_id), k.turn_runs(turn_id), k.turn_results(turn_id)):
-            pipe.expire(key, ttl)
+        k = self.keys
+        keys = [k.turn_calls(turn_id), k.turn_armed(turn_id), k.turn_lease(turn_id), k.turn_events(turn_id),
+                k.turn_runs(turn_id), k.turn_results(turn_id)]
+        args: list[Any] = [self.settings.result_ttl_s, int(self.settings.turn_lease_s * 1000), int(armed),
+                           str(time.time())]
+        for call_id, name in calls.items():
+            args += [call_id, name]
         with translated(self.settings.redis_url):
-            pipe.execute()
+            self._open(keys=keys, args=args)
 
     def renew_lease(self, turn_id: str) -> None:
         """The turn's dispatcher is alive: its lease runs ``turn_lease_s`` from now (Redis's clock).
@@ -186,16 +179,24 @@ class Ledger:
         with translated(self.settings.redis_url):
             pipe.execute()
 
-    def end_turn(self, turn_id: str, reason: str) -> None:
+    def end_turn(self, turn_id: str, reason: str, *, ttl_set_s_ago: float = float("inf")) -> None:
         """The turn is over (all results in, cancelled, given up or abandoned): from now on a
         worker's claim refuses its calls, so nothing of it can run later. Idempotent. Raises
-        :class:`BrokerUnavailable` if Redis does not answer (the lease then lapses by itself)."""
+        :class:`BrokerUnavailable` if Redis does not answer (the lease then lapses by itself).
+
+        The turn's record then lives ``result_ttl_s`` past its end: its keys' time to live is set
+        again, unless the caller set it ``ttl_set_s_ago`` seconds ago (:meth:`open_turn`,
+        :meth:`renew_lease`) and that is at most :data:`TTL_SLACK` of ``result_ttl_s``: the record
+        then lives at least ``(1 - TTL_SLACK) * result_ttl_s`` past the end, six commands fewer
+        (docs/guarantees.md, E7)."""
         k = self.keys
-        pipe = self.redis.pipeline(transaction=True)
+        # a plain pipeline: each step holds alone (``ended`` first; the rest delete or renew)
+        pipe = self.redis.pipeline(transaction=False)
         pipe.set(k.turn_ended(turn_id), reason, ex=self.settings.result_ttl_s, nx=True)
         pipe.delete(k.turn_lease(turn_id))
-        for key in (*self._turn_record(turn_id), k.turn_cancelled(turn_id)):
-            pipe.expire(key, self.settings.result_ttl_s)  # the turn's record lives result_ttl_s past its end
+        if not 0 <= ttl_set_s_ago <= TTL_SLACK * self.settings.result_ttl_s:
+            for key in (*self._turn_record(turn_id), k.turn_cancelled(turn_id)):
+                pipe.expire(key, self.settings.result_ttl_s)  # the turn's record lives result_ttl_s past its end
         with translated(self.settings.redis_url):
             pipe.execute()
 
@@ -209,7 +210,9 @@ class Ledger:
         """Confirm that every call of the turn's first group was sent: workers may run them now.
         Raises :class:`BrokerUnavailable` if Redis does not answer (the turn then never runs)."""
         k, ttl = self.keys, self.settings.result_ttl_s
-        pipe = self.redis.pipeline(transaction=True)
+        # a plain pipeline: the flag is what a claim reads; the event only wakes waiting workers
+        # sooner (one that missed it claims again, reading the flag, when its wait ends: _wait_armed)
+        pipe = self.redis.pipeline(transaction=False)
         pipe.set(k.turn_armed(turn_id), "1", ex=ttl)
         pipe.xadd(k.turn_events(turn_id), {"type": "armed", "call_id": "", "data": ""})
         with translated(self.settings.redis_url):
@@ -287,7 +290,7 @@ class Ledger:
     def results(self, turn_id: str) -> dict[str, ToolResult]:
         """Every result recorded so far, by call id."""
         raw = self.redis.hgetall(self.keys.turn_results(turn_id))
-        return {_s(k): ToolResult.model_validate_json(v) for k, v in raw.items() if k != b""}
+        return {_s(k): ToolResult.model_validate_json(v) for k, v in raw.items() if k != b""}  # '': OPEN's marker
 
     def calls(self, turn_id: str) -> dict[str, str]:
         """call_id -> tool name of a turn."""
@@ -300,8 +303,10 @@ class Ledger:
         already began it: for placeholders that say "it did not run"). True if this one was kept.
         ``tool_worked``: a tool whose circuit breaker (:mod:`toolfleet.breaker`) counts this call
         as one that worked, in the same script (a worker's report, whether or not the result is
-        kept). ``fencing_token``: a worker's claim token; the result is then refused (False) when a
-        newer execution holds the call or the call already has a result, and kept as a late note
+        kept; a worker whose claim found no failures counted, :attr:`Claim.failures_seen`, passes
+        none: a call that worked ends a run of failures counted before it began).
+        ``fencing_token``: a worker's claim token; the result is then refused (False) when a newer
+        execution holds the call or the call already has a result, and kept as a late note
         (:meth:`late_notes`) instead."""
         k = self.keys
         keys = [k.turn_results(turn_id), k.turn_events(turn_id), k.turn_audit(turn_id), k.turn_runs(turn_id)]
@@ -312,11 +317,11 @@ class Ledger:
             keys.append(k.turn_late(turn_id))
             args.append("" if fencing_token is None else str(fencing_token))
             if tool_worked is not None and not self.cluster:
-                keys.append(k.breaker(tool_worked))
+                keys += [k.breaker(tool_worked), k.breaker_failures(tool_worked)]
         script = self._record_unstarted if unless_started else self._record
         kept = bool(self.retrying(lambda: script(keys=keys, args=args)))
-        if tool_worked is not None and not unless_started and self.cluster:
-            self.retrying(lambda: self._breaker_ok(keys=[k.breaker(tool_worked)]))  # its own slot
+        if tool_worked is not None and not unless_started and self.cluster:  # its own slot
+            self.retrying(lambda: self._breaker_ok(keys=[k.breaker(tool_worked), k.breaker_failures(tool_worked)]))
         return kept
 
     def record_failures(
@@ -327,7 +332,8 @@ class Ledger:
 
     # --- worker side ---
     def claim_start(self, turn_id: str, call_id: str, worker: str, *, arm_wait_s: float = ARM_WAIT_S,
-                    hard_limit_s: float = 3600.0, submitted_at: float = float("inf")) -> Claim:
+                    hard_limit_s: float = 3600.0, submitted_at: float = float("inf"),
+                    tool: str | None = None) -> Claim:
         """Mark a call started. Returns ``ok``, ``restarted`` (started before: a redelivery),
         ``cancelled`` (turn cancelled: do not run), ``done`` (already has a result: do not run) or
         ``ended`` (the turn is over: :meth:`end_turn` was called, or its lease lapsed because its
@@ -361,8 +367,8 @@ class Ledger:
                 os.getpid()]
         if self.cluster:  # the namespace's counter is in its own slot: take the token first
             args.append(self.retrying(lambda: self.redis.incr(k.fence_counter)))
-        else:
-            keys.append(k.fence_counter)
+        else:  # and the tool's breaker failures, read with the turn's flags (Claim.failures_seen)
+            keys += [k.fence_counter] + ([k.breaker_failures(tool)] if tool is not None else [])
         claim = Claim.parse(_s(self.retrying(lambda: self._claim(keys=keys, args=args))))
         if claim != "unarmed":
             return claim
@@ -474,15 +480,22 @@ class Ledger:
 
 class Claim(str):
     """What ``claim_start`` answered (a ``str``: ``ok``, ``restarted``, ``cancelled``, ``done``,
-    ``superseded``, ``running``), with the fencing ``token`` of an ``ok``/``restarted`` claim (else 0)."""
+    ``superseded``, ``running``), with the fencing ``token`` of an ``ok``/``restarted`` claim (else 0)
+    and ``failures_seen``: False when the claim read the tool's breaker and found no failures
+    counted (so the call's success has nothing to reset: ``record_result(failures_seen=...)``);
+    True when it found some or did not look (no tool given; a Redis Cluster, where the breaker is
+    in another slot)."""
 
     token: int = 0
+    failures_seen: bool = True
 
     @classmethod
     def parse(cls, reply: str) -> Claim:
-        verdict, _, token = reply.partition(" ")
+        """From the claim script's reply: ``verdict [token [0|1]]``."""
+        verdict, token, seen = (reply.split(" ") + ["", ""])[:3]
         claim = cls(verdict)
         claim.token = int(token) if token.isdigit() else 0
+        claim.failures_seen = seen != "0"
         return claim
 
 

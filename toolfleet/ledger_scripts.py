@@ -14,15 +14,20 @@ from .breaker import success_lua
 # opened and submitted, with their time to live (renewed per turn: ``renew_lease``, ``end_turn``;
 # set again by a claim that found the turn's keys lost), so a worker's result that found its claim
 # (``claimed``) leaves them be; any other result (the dispatcher's own, or one whose claim Redis
-# lost with its data) sets all three.
-# KEYS[1..3] of the script: results, events, audit; a fenced result's refusal goes to ``late``.
+# lost with its data) sets all three, and marks the call decided (``d:``) in the runs hash.
+# KEYS[1..4] of the script: results, events, audit, runs; a fenced result's refusal goes to ``late``.
 _STORE_RESULT = """
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
   if ARGV[5] ~= nil and ARGV[5] ~= '' then late() end
   return 0
 end
 redis.call('XADD', KEYS[2], '*', 'type', 'result', 'call_id', ARGV[1], 'data', ARGV[2])
-if not claimed then for i = 1, 3 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end end
+if not claimed then
+  -- no claim of this call made this result: mark it decided in runs (KEYS[4]), where a later claim
+  -- looks first (CLAIM reads the results hash only for a call begun before)
+  redis.call('HSET', KEYS[4], 'd:' .. ARGV[1], '1')
+  for i = 1, 4 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end
+end
 return 1
 """
 
@@ -49,9 +54,9 @@ end
 """
 
 RECORD = """
--- KEYS: results, events, audit, runs, late[, breaker]
+-- KEYS: results, events, audit, runs, late[, breaker, breaker failures]
 -- ARGV: call_id, result_json, ttl, audit_json, fencing_token ('' = unfenced: the dispatcher's own answers)
-""" + _LATE + "if #KEYS >= 6 then" + success_lua("KEYS[6]") + "end" + _FENCED + _STORE_RESULT
+""" + _LATE + "if #KEYS >= 7 then" + success_lua("KEYS[6]", "KEYS[7]") + "end" + _FENCED + _STORE_RESULT
 
 RECORD_UNSTARTED = """
 -- KEYS: results, events, audit, runs ; ARGV: call_id, result_json, ttl, audit_json
@@ -60,19 +65,23 @@ local claimed = false
 if redis.call('HEXISTS', KEYS[4], 's:' .. ARGV[1]) == 1 then return 0 end""" + _STORE_RESULT
 
 CLAIM = """
--- KEYS: results, events, runs, cancelled, audit, armed, ended, lease[, fence_counter]
+-- KEYS: results, events, runs, cancelled, audit, armed, ended, lease[, fence_counter[, breaker failures]]
 -- ARGV: call_id, started_json, ttl, hard_limit_ms, submitted_at (unix s, dispatcher clock), pid[, token]
 -- (no fence_counter key: a Redis Cluster, where it lives in another slot; the token was taken before, ARGV[6])
 -- (the audit trail's 'started' entry is read from the 'started' event: toolfleet.audit.AuditLog.read)
 local cid = ARGV[1]
-local flag = redis.call('MGET', KEYS[4], KEYS[7], KEYS[8], KEYS[6])  -- cancelled, ended, lease, armed
+-- cancelled, ended, lease, armed[, the tool's breaker failures: the reply's last word, 1 if counted]
+local flag = redis.call('MGET', KEYS[4], KEYS[7], KEYS[8], KEYS[6], KEYS[10] or KEYS[4])
+local seen = (KEYS[10] and not flag[5]) and ' 0' or ' 1'
 if flag[1] then return 'cancelled' end
 if flag[2] or not flag[3] then return 'ended' end
-if redis.call('HEXISTS', KEYS[1], cid) == 1 then return 'done' end
-if not flag[4] then return 'unarmed' end
 -- field 'turn': set with the hash's time to live when the turn opened (missing: Redis lost it)
-local run = redis.call('HMGET', KEYS[3], 'f:' .. cid, 's:' .. cid, 'n:' .. cid, 'x:' .. cid, 'turn')
+local run = redis.call('HMGET', KEYS[3], 'f:' .. cid, 's:' .. cid, 'n:' .. cid, 'x:' .. cid, 'turn', 'd:' .. cid)
 local held, before, attempts, after, opened = run[1], run[2], run[3], run[4], run[5]
+-- a result exists: one no claim made is marked 'd:' (RECORD, RECORD_UNSTARTED, a denial); a
+-- worker's is only possible for a call begun before ('s:'); where runs lost its data, look
+if run[6] or ((before or not opened) and redis.call('HEXISTS', KEYS[1], cid) == 1) then return 'done' end
+if not flag[4] then return 'unarmed' end
 -- fencing: a message sent before the dispatcher sent the call again is superseded; every claim
 -- takes a new token from the namespace's counter and its deadline (Redis clock + hard limit)
 if after and tonumber(ARGV[5]) < tonumber(after) then return 'superseded' end
@@ -104,8 +113,9 @@ if not opened then
   -- the turn's keys lost their time to live with Redis's data (or predate it): the keys this
   -- claim writes get theirs here, as the streams this claim creates would otherwise keep none;
   -- so does the results hash, with its marker field '' (a call id is never empty), which this
-  -- call's result then finds with its time to live (RECORD sets none for a claimed call)
-  redis.call('HSET', KEYS[3], 'turn', 'open')
+  -- call's result then finds with its time to live (RECORD sets none for a claimed call). The
+  -- field 'turn' stays unset (only open_turn sets it): the runs hash no longer holds every call's
+  -- 'd:' mark, so every later claim of the turn reads the results hash too
   redis.call('HSETNX', KEYS[1], '', '')
   expire_turn = function() for _, i in ipairs({1, 2, 3, 5}) do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[3])) end end
 end
@@ -113,14 +123,36 @@ end
 if before == ARGV[2] then
   redis.call('HSET', KEYS[3], 'f:' .. cid, fence(clock()))
   expire_turn()
-  return 'ok ' .. token
+  return 'ok ' .. token .. seen
 end
 local id = redis.call('XADD', KEYS[2], '*', 'type', 'started', 'call_id', cid, 'data', ARGV[2])
 redis.call('HSET', KEYS[3], 'f:' .. cid, fence(tonumber(string.match(id, '^(%d+)'))), 's:' .. cid, ARGV[2],
   'n:' .. cid, (tonumber(attempts) or 0) + 1)
 expire_turn()
-if before then return 'restarted ' .. token end
-return 'ok ' .. token
+if before then return 'restarted ' .. token .. seen end
+return 'ok ' .. token .. seen
+"""
+
+OPEN = """
+-- KEYS: calls, armed, lease, events, runs, results
+-- ARGV: ttl, lease_ms, armed (1/0), opened_at (unix s), then (call_id, name) pairs
+-- one script, so no key of the turn is ever created without its time to live
+local ttl = tonumber(ARGV[1])
+if #ARGV > 4 then
+  for i = 5, #ARGV, 1000 do redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV))) end
+  redis.call('EXPIRE', KEYS[1], ttl)
+end
+if ARGV[3] == '1' then redis.call('SET', KEYS[2], '1', 'EX', ttl) end
+redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[2]))
+redis.call('XADD', KEYS[4], '*', 'type', 'open', 'call_id', '', 'data', ARGV[4])
+-- 'turn': a claim finds the runs hash with its time to live, and every 'd:' mark of the turn in it
+redis.call('HSET', KEYS[5], 'turn', 'open')
+-- the results hash exists from the start, with its time to live (a worker's result adds to it
+-- without setting one); its marker field '' is never a call id (a call without an id is refused
+-- before it reaches the ledger) and Ledger.results skips it
+redis.call('HSET', KEYS[6], '', '')
+for i = 4, 6 do redis.call('EXPIRE', KEYS[i], ttl) end
+return 1
 """
 
 ADD = """
@@ -142,7 +174,8 @@ for i = 2, #ARGV, 3 do
   end
 end
 if #names > 0 then redis.call('HSET', KEYS[1], unpack(names)) end
-for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ttl) end
+-- results and events exist since open_turn with their time to live: renewed only where written here
+for i = 1, cancelled and 3 or 1 do redis.call('EXPIRE', KEYS[i], ttl) end
 return refused
 """
 

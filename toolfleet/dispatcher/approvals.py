@@ -27,7 +27,7 @@ from ..models import ErrorCode, ToolResult
 from ..policy.rules import Rule, RuleStore, workspace_key
 
 _DECIDE = """
--- KEYS: pending, decisions, results, cancelled, events, calls, audit
+-- KEYS: pending, decisions, results, cancelled, events, calls, audit, runs
 -- ARGV: call_id, decision_json, result_json ('' to approve), ttl, decision, decision_audit
 -- (a denial's audit 'finished' entry is read from its result event: AuditLog.read)
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
@@ -42,6 +42,8 @@ redis.call('XADD', KEYS[7], '*', 'type', ARGV[5], 'call_id', ARGV[1], 'data', AR
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
   redis.call('XADD', KEYS[5], '*', 'type', 'result', 'call_id', ARGV[1], 'data', ARGV[3])
+  redis.call('HSET', KEYS[8], 'd:' .. ARGV[1], '1')  -- decided: a claim refuses it (Keys.turn_runs)
+  redis.call('EXPIRE', KEYS[8], tonumber(ARGV[4]))
 end
 for i = 1, 7 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[4])) end
 return 'ok'
@@ -179,7 +181,8 @@ class Approvals:
             )
             result_json = result.model_dump_json(exclude_none=True)
         keys = [k.turn_pending(turn_id), k.turn_decisions(turn_id), k.turn_results(turn_id),
-                k.turn_cancelled(turn_id), k.turn_events(turn_id), k.turn_calls(turn_id), k.turn_audit(turn_id)]
+                k.turn_cancelled(turn_id), k.turn_events(turn_id), k.turn_calls(turn_id), k.turn_audit(turn_id),
+                k.turn_runs(turn_id)]
         args = [call_id, json.dumps(record), result_json, self.ttl_s, decision, audit]
         try:
             status = self._decide(keys=keys, args=args)

@@ -109,6 +109,8 @@ class Turn(TurnApprovals, TurnDriver):
         self._scheduled: set[str] = set()  # call ids handed (or being handed) to the submitter
         self._submitted: dict[str, str] = {}  # call id -> task id
         self._started: dict[str, float] = {}  # call id -> monotonic time its (latest) start was seen
+        # when the turn's keys last got their time to live (open_turn, just before; each lease renewal)
+        self._ttl_set_at = time.monotonic()
         self._worker_of: dict[str, str] = {}  # call id -> worker that started it
         self._finished: set[str] = set()
         self._completed: queue.Queue[Any] = queue.Queue()

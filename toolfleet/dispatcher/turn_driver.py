@@ -81,7 +81,7 @@ class TurnDriver:
                         self._sender.reconcile()
                     if time.monotonic() - lease_renewed_at >= self._settings.turn_lease_s / 6:
                         self._ledger.renew_lease(self.turn_id)
-                        lease_renewed_at = time.monotonic()
+                        lease_renewed_at = self._ttl_set_at = time.monotonic()
                     self._sender.pump()
                     now = time.monotonic()
                     if now >= quiet_until and now - watched_at >= WATCH_EVERY_S:
@@ -126,7 +126,7 @@ class TurnDriver:
         if self._obs is not None:
             self._obs.end("cancelled" if self.cancelled else "error" if self._error is not None else "ok")
         try:
-            self._ledger.end_turn(self.turn_id, why)
+            self._ledger.end_turn(self.turn_id, why, ttl_set_s_ago=time.monotonic() - self._ttl_set_at)
         except Exception as exc:  # noqa: BLE001 - the lease covers it
             log.warning("turn %s: could not mark the turn ended (%s); its lease lapses within %g s",
                         self.turn_id, exc, self._settings.turn_lease_s)

@@ -79,7 +79,7 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
     hard_s = float(hard_limit_s) if hard_limit_s else hard_limit_for(runtime, env)
     with runtime.watcher.track(ctx):
         claim = ledger.claim_start(env.turn_id, env.call_id, worker, arm_wait_s=arm_wait_s(env),
-                                   hard_limit_s=hard_s, submitted_at=env.submitted_at)
+                                   hard_limit_s=hard_s, submitted_at=env.submitted_at, tool=spec.name)
         if claim == "superseded":  # the dispatcher sent the call again: that message runs it, not this one
             return ToolResult.failure(env.call_id, env.name, ErrorCode.NOT_EXECUTED, SUPERSEDED_MESSAGE, "")
         if claim == "running":  # a copy of the message whose execution holds the call: nothing recorded
@@ -113,8 +113,9 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
         started_at = time.time()
         result, worked = run_guarded(runtime, spec, ctx, env, claim, _run_handler)
     result = result.model_copy(update={"attempts": ctx.attempt})
-    return _record(runtime, env, result, worker, picked_at, started_at, tool_worked=spec.name if worked else None,
-                   fencing_token=ctx.fencing_token)
+    # a call that worked ends the tool's run of failures, if its claim saw one counted (Claim.failures_seen)
+    return _record(runtime, env, result, worker, picked_at, started_at,
+                   tool_worked=spec.name if worked and claim.failures_seen else None, fencing_token=ctx.fencing_token)
 
 
 def _run_handler(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:

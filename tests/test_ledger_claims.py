@@ -1,0 +1,150 @@
+"""A claim refuses every call that already has its result (``done``), whoever recorded it and
+whatever Redis lost since: the claim reads the results hash only for a call begun before or a turn
+whose runs hash is gone, and trusts the ``d:`` mark (toolfleet/keys.py, ``Keys.turn_runs``) for
+the results no claim made (the dispatcher's own, a denial). A result the claim missed would let a
+message still in flight run a call whose caller was already told its outcome.
+
+Talks to the ledger's scripts directly (the unit here), on the real Redis of the suite."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from toolfleet.breaker import Breakers
+from toolfleet.dispatcher.approvals import Approvals, PendingCall
+from toolfleet.keys import Keys
+from toolfleet.ledger import Ledger
+from toolfleet.models import ErrorCode, ToolResult
+from toolfleet.policy.rules import RuleStore
+
+_turns = itertools.count()
+
+
+@pytest.fixture
+def ledger(settings):
+    return Ledger(settings, retry_s=5)
+
+
+def new_turn(ledger: Ledger, calls=("c1", "c2", "c3")) -> str:
+    turn_id = f"T{next(_turns)}"
+    ledger.open_turn(turn_id, {c: "noop" for c in calls})
+    return turn_id
+
+
+def ok(call_id: str) -> ToolResult:
+    return ToolResult(call_id=call_id, name="noop", status="ok", content="ok")
+
+
+def timeout(call_id: str) -> ToolResult:
+    return ToolResult.failure(call_id, "noop", ErrorCode.TIMEOUT, "waited too long in the queue", "retry")
+
+
+def test_a_result_the_dispatcher_recorded_refuses_the_message_still_queued(ledger):
+    turn = new_turn(ledger)
+    assert ledger.record_result(turn, timeout("c1"), unless_started=True)  # queue wait over
+    assert ledger.record_result(turn, timeout("c2"))  # the dispatcher's own, unfenced
+    assert ledger.claim_start(turn, "c1", "w@t", arm_wait_s=1) == "done"
+    assert ledger.claim_start(turn, "c2", "w@t", arm_wait_s=1) == "done"
+    assert ledger.claim_start(turn, "c3", "w@t", arm_wait_s=1) == "ok"
+
+
+def test_a_workers_result_refuses_a_redelivered_copy(ledger):
+    turn = new_turn(ledger)
+    claim = ledger.claim_start(turn, "c1", "w@t", arm_wait_s=1)
+    assert claim == "ok"
+    assert ledger.record_result(turn, ok("c1"), fencing_token=claim.token)
+    assert ledger.claim_start(turn, "c1", "w2@t", arm_wait_s=1) == "done"
+
+
+def test_a_denied_call_is_refused(ledger, settings):
+    turn = new_turn(ledger)
+    approvals = Approvals(ledger, RuleStore(ledger.redis, Keys(settings.namespace), settings.redis_url))
+    approvals.hold(turn, [PendingCall(turn, "c1", "noop", 0, {}, "asks first")])
+    approvals.deny(turn, "c1", "no", by="test")
+    assert ledger.results(turn)["c1"].error.code == ErrorCode.PERMISSION_DENIED
+    assert ledger.claim_start(turn, "c1", "w@t", arm_wait_s=1) == "done"
+
+
+def test_a_result_whose_runs_hash_redis_evicted_is_still_found(ledger, settings):
+    """Eviction (maxmemory) can drop one key of a turn and keep another: the claim then looks."""
+    turn = new_turn(ledger)
+    claim = ledger.claim_start(turn, "c1", "w@t", arm_wait_s=1)
+    assert ledger.record_result(turn, ok("c1"), fencing_token=claim.token)
+    assert ledger.record_result(turn, timeout("c2"), unless_started=True)
+    ledger.redis.delete(Keys(settings.namespace).turn_runs(turn))
+    assert ledger.claim_start(turn, "c1", "w@t", arm_wait_s=1) == "done"
+    assert ledger.claim_start(turn, "c2", "w@t", arm_wait_s=1) == "done"
+
+
+def test_results_restored_after_redis_lost_the_turn_are_refused(ledger, settings):
+    turn = new_turn(ledger)
+    keys = Keys(settings.namespace)
+    ledger.redis.delete(*(getattr(keys, name)(turn) for name in ("turn_calls", "turn_runs", "turn_results",
+                                                                 "turn_events", "turn_armed")))
+    ledger.renew_lease(turn)
+    ledger.reopen(turn, {"c1": "noop", "c2": "noop"}, [ok("c1")], armed=True)
+    assert ledger.claim_start(turn, "c1", "w@t", arm_wait_s=1) == "done"
+    assert ledger.claim_start(turn, "c2", "w@t", arm_wait_s=1) == "ok"
+
+
+# the steps that write a result or lose data, in any order, against the safety rule: a call with a
+# result in the results hash is never claimed to run
+STEPS = st.lists(st.tuples(st.sampled_from(["claim", "record_claimed", "record_stale", "record_unfenced",
+                                            "record_unless_started", "lose_runs"]),
+                           st.sampled_from(["c1", "c2"])), max_size=12)
+
+
+@hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=STEPS)
+def test_no_claim_runs_a_call_that_has_its_result(ledger, settings, steps):
+    turn = new_turn(ledger, ("c1", "c2"))
+    runs_key = Keys(settings.namespace).turn_runs(turn)
+    tokens: dict[str, int] = {}
+    for step, call_id in steps:
+        if step == "claim":
+            had = ledger.redis.hexists(Keys(settings.namespace).turn_results(turn), call_id)
+            claim = ledger.claim_start(turn, call_id, "w@t", arm_wait_s=1)
+            if had:
+                assert claim == "done", (steps, claim)
+            elif claim in ("ok", "restarted"):
+                tokens[call_id] = claim.token
+        elif step == "record_claimed" and call_id in tokens:
+            ledger.record_result(turn, ok(call_id), fencing_token=tokens[call_id])
+        elif step == "record_stale" and call_id in tokens:
+            ledger.record_result(turn, ok(call_id), fencing_token=tokens[call_id] - 1)
+        elif step == "record_unfenced":
+            ledger.record_result(turn, timeout(call_id))
+        elif step == "record_unless_started":
+            ledger.record_result(turn, timeout(call_id), unless_started=True)
+        elif step == "lose_runs":
+            ledger.redis.delete(runs_key)
+    for call_id in ("c1", "c2"):  # and at the end, whatever happened
+        if ledger.redis.hexists(Keys(settings.namespace).turn_results(turn), call_id):
+            assert ledger.claim_start(turn, call_id, "w@t", arm_wait_s=1) == "done", steps
+
+
+# the claim reads the tool's breaker failures with the turn's flags: a call that worked resets
+# only a run of failures counted before it began, and pays no breaker command when there is none
+
+
+def test_a_call_that_worked_ends_the_run_of_failures_its_claim_saw(ledger, settings):
+    breakers = Breakers(settings, ledger.redis)
+    turn = new_turn(ledger)
+    plain = ledger.claim_start(turn, "c1", "w@t", arm_wait_s=1, tool="noop")
+    assert plain == "ok" and not plain.failures_seen  # nothing counted: the success resets nothing
+    for _ in range(settings.breaker_failures - 1):
+        assert breakers.observe("noop", ok=False) == "closed"
+    claim = ledger.claim_start(turn, "c2", "w@t", arm_wait_s=1, tool="noop")
+    assert claim == "ok" and claim.failures_seen
+    assert ledger.record_result(turn, ok("c2"), tool_worked="noop", fencing_token=claim.token)
+    assert not ledger.redis.exists(Keys(settings.namespace).breaker_failures("noop"))
+    assert breakers.observe("noop", ok=False) == "closed", "the run of failures started again at one"
+    for _ in range(settings.breaker_failures - 2):
+        breakers.observe("noop", ok=False)
+    assert breakers.observe("noop", ok=False) == "open"
+    assert ledger.claim_start(turn, "c3", "w@t", arm_wait_s=1).failures_seen, "no tool named: unknown"
