@@ -92,11 +92,36 @@ def test_results_restored_after_redis_lost_the_turn_are_refused(ledger, settings
     assert ledger.claim_start(turn, "c2", "w@t", arm_wait_s=1) == "ok"
 
 
+def test_placeholders_of_a_cancel_are_refused_without_the_cancelled_flag(ledger, settings):
+    """A cancel decides the calls not started (NOT_EXECUTED), also those added after it; the claim
+    must refuse them even when Redis lost the small ``cancelled`` key (evicted) and the turn lives."""
+    turn = new_turn(ledger, ("c1", "c2"))
+    running = ledger.claim_start(turn, "c2", "w@t", arm_wait_s=1)
+    assert running == "ok"
+    assert ledger.cancel(turn) == 1
+    assert ledger.add_calls(turn, {"c3": "noop"}) == {"c3"}
+    ledger.redis.delete(Keys(settings.namespace).turn_cancelled(turn))
+    assert ledger.claim_start(turn, "c1", "w@t", arm_wait_s=1) == "done"
+    assert ledger.claim_start(turn, "c3", "w@t", arm_wait_s=1) == "done"
+
+
+def test_a_turn_id_opened_again_after_its_runs_were_lost_keeps_its_results(ledger, settings):
+    """A resumed graph submits again under the same turn id; the results that survived count."""
+    turn = new_turn(ledger, ("c1",))
+    claim = ledger.claim_start(turn, "c1", "w@t", arm_wait_s=1)
+    assert ledger.record_result(turn, ok("c1"), fencing_token=claim.token)
+    keys = Keys(settings.namespace)
+    ledger.redis.delete(keys.turn_runs(turn), keys.turn_calls(turn))
+    assert ledger.open_turn(turn, {"c1": "noop"}) == "0-0"  # its driver reads the whole stream
+    assert ledger.claim_start(turn, "c1", "w@t", arm_wait_s=1) == "done"
+
+
 # the steps that write a result or lose data, in any order, against the safety rule: a call with a
 # result in the results hash is never claimed to run
 STEPS = st.lists(st.tuples(st.sampled_from(["claim", "record_claimed", "record_stale", "record_unfenced",
-                                            "record_unless_started", "lose_runs"]),
-                           st.sampled_from(["c1", "c2"])), max_size=12)
+                                            "record_unless_started", "lose_runs", "lose_cancelled",
+                                            "cancel", "add", "open_again"]),
+                           st.sampled_from(["c1", "c2", "c3"])), max_size=14)
 
 
 @hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -109,8 +134,8 @@ def test_no_claim_runs_a_call_that_has_its_result(ledger, settings, steps):
         if step == "claim":
             had = ledger.redis.hexists(Keys(settings.namespace).turn_results(turn), call_id)
             claim = ledger.claim_start(turn, call_id, "w@t", arm_wait_s=1)
-            if had:
-                assert claim == "done", (steps, claim)
+            if had:  # refused: done (or cancelled, which runs nothing either)
+                assert claim in ("done", "cancelled"), (steps, claim)
             elif claim in ("ok", "restarted"):
                 tokens[call_id] = claim.token
         elif step == "record_claimed" and call_id in tokens:
@@ -123,9 +148,17 @@ def test_no_claim_runs_a_call_that_has_its_result(ledger, settings, steps):
             ledger.record_result(turn, timeout(call_id), unless_started=True)
         elif step == "lose_runs":
             ledger.redis.delete(runs_key)
-    for call_id in ("c1", "c2"):  # and at the end, whatever happened
+        elif step == "lose_cancelled":
+            ledger.redis.delete(Keys(settings.namespace).turn_cancelled(turn))
+        elif step == "cancel":
+            ledger.cancel(turn)
+        elif step == "add":
+            ledger.add_calls(turn, {call_id: "noop"})
+        elif step == "open_again":
+            ledger.open_turn(turn, {})
+    for call_id in ("c1", "c2", "c3"):  # and at the end, whatever happened
         if ledger.redis.hexists(Keys(settings.namespace).turn_results(turn), call_id):
-            assert ledger.claim_start(turn, call_id, "w@t", arm_wait_s=1) == "done", steps
+            assert ledger.claim_start(turn, call_id, "w@t", arm_wait_s=1) in ("done", "cancelled"), steps
 
 
 # the claim reads the tool's breaker failures with the turn's flags: a call that worked resets

@@ -67,3 +67,17 @@ def test_an_end_soon_after_the_time_to_live_was_set_leaves_it(ledger):
     ttl_s = ledger.settings.result_ttl_s
     left = ttls(ledger, "T3")
     assert all((1 - TTL_SLACK) * ttl_s <= ttl <= ttl_s for ttl in left.values()), left
+
+
+def test_keys_redis_evicted_and_a_worker_re_created_get_a_ttl_at_the_end(ledger):
+    """Eviction dropped the event stream and the results hash of a live turn (its runs hash stayed,
+    so the claim does not see a loss): the claim's event and the worker's result re-create them
+    without a time to live, and end_turn gives them one even when it skips the rest."""
+    ledger.open_turn("T4", {"c1": "noop"})
+    keys = Keys(ledger.settings.namespace)
+    ledger.redis.delete(keys.turn_events("T4"), keys.turn_results("T4"))
+    run_one(ledger, "T4")
+    ledger.end_turn("T4", "every call has its result", ttl_set_s_ago=5)
+    left = ttls(ledger, "T4")
+    assert left.pop("turn_audit") == -2, left  # never written
+    assert all(ttl > 0 for ttl in left.values()), left

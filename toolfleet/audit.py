@@ -143,30 +143,45 @@ class AuditLog:
         pipe.xrange(self.keys.turn_audit(turn_id))
         pipe.xrange(self.keys.turn_events(turn_id))
         audit_entries, ledger_entries = pipe.execute()
-        ranked: list[tuple[tuple[int, int, int], AuditEvent]] = []
+        audit: list[tuple[tuple[int, int], AuditEvent]] = []
         for stream_id, fields in audit_entries:
-            event = AuditEvent(stream_id=_s(stream_id), type=_s(fields.get(b"type", b"")),
-                               call_id=_s(fields.get(b"call_id", b"")),
-                               data=json.loads(_s(fields.get(b"data", b"{}")) or "{}"))
+            try:
+                event = AuditEvent(stream_id=_s(stream_id), type=_s(fields.get(b"type", b"")),
+                                   call_id=_s(fields.get(b"call_id", b"")),
+                                   data=json.loads(_s(fields.get(b"data", b"{}")) or "{}"))
+            except ValueError as exc:  # not toolfleet's writing
+                log.warning("audit: skipped a malformed entry %s of turn %s (%s)", _s(stream_id), turn_id, exc)
+                continue
             rank = _AFTER_RUNS if event.type in ("late", "cancelled") else _BEFORE_RUNS
-            for each in _expanded(event):
-                ranked.append((_order(each.stream_id, rank), each))
-        for stream_id, fields in ledger_entries:
-            event = _from_ledger(_s(stream_id), fields)
-            if event is not None:
-                ranked.append((_order(event.stream_id, _RUNS), event))
-        ranked.sort(key=lambda pair: pair[0])  # stable: a group's per-call entries keep their order
-        return [event for _key, event in ranked]
+            audit += [(_order(each.stream_id, rank), each) for each in _expanded(event)]
+        runs = [(_order(event.stream_id, _RUNS), event) for event in
+                (_from_ledger(_s(stream_id), fields) for stream_id, fields in ledger_entries) if event is not None]
+        return _merged(audit, runs)
 
 
 _BEFORE_RUNS, _RUNS, _AFTER_RUNS = 0, 1, 2
 
 
-def _order(stream_id: str, rank: int) -> tuple[int, int, int]:
-    """Sort key of an entry: Redis's millisecond, then its rank within that millisecond, then its
-    sequence number (each stream's own order)."""
-    ms, _, seq = stream_id.partition("-")
-    return int(ms), rank, int(seq or 0)
+def _order(stream_id: str, rank: int) -> tuple[int, int]:
+    """Merge key of an entry: Redis's millisecond, then its rank within that millisecond."""
+    ms, _, _seq = stream_id.partition("-")
+    return int(ms), rank
+
+
+def _merged(audit: list[tuple[tuple[int, int], AuditEvent]],
+            runs: list[tuple[tuple[int, int], AuditEvent]]) -> list[AuditEvent]:
+    """The two streams' entries as one list: each stream keeps its own order, and at each step the
+    entry with the lower (millisecond, rank) goes first (the audit stream's on a tie)."""
+    out: list[AuditEvent] = []
+    i = j = 0
+    while i < len(audit) or j < len(runs):
+        if j >= len(runs) or (i < len(audit) and audit[i][0] <= runs[j][0]):
+            out.append(audit[i][1])
+            i += 1
+        else:
+            out.append(runs[j][1])
+            j += 1
+    return out
 
 
 def _expanded(event: AuditEvent) -> list[AuditEvent]:
@@ -217,4 +232,4 @@ def finished_fields(result: ToolResult) -> dict[str, Any]:
 
 
 def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

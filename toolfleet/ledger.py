@@ -155,9 +155,11 @@ class Ledger:
                 pause_s = min(pause_s * 2, 1.0)
 
     # --- dispatcher side ---
-    def open_turn(self, turn_id: str, calls: dict[str, str], *, armed: bool = True) -> None:
+    def open_turn(self, turn_id: str, calls: dict[str, str], *, armed: bool = True) -> str:
         """Register the calls (call_id -> tool name) of a new turn. ``armed=False`` for a turn
-        whose first calls must all be sent before any runs: :meth:`arm` it once they are."""
+        whose first calls must all be sent before any runs: :meth:`arm` it once they are. Returns
+        the stream id of the turn's ``open`` event, after which its driver reads (``0-0`` for a
+        turn id that was opened before and still has results: read it all)."""
         k = self.keys
         keys = [k.turn_calls(turn_id), k.turn_armed(turn_id), k.turn_lease(turn_id), k.turn_events(turn_id),
                 k.turn_runs(turn_id), k.turn_results(turn_id)]
@@ -166,7 +168,7 @@ class Ledger:
         for call_id, name in calls.items():
             args += [call_id, name]
         with translated(self.settings.redis_url):
-            self._open(keys=keys, args=args)
+            return _s(self._open(keys=keys, args=args))
 
     def renew_lease(self, turn_id: str) -> None:
         """The turn's dispatcher is alive: its lease runs ``turn_lease_s`` from now (Redis's clock).
@@ -187,16 +189,20 @@ class Ledger:
         The turn's record then lives ``result_ttl_s`` past its end: its keys' time to live is set
         again, unless the caller set it ``ttl_set_s_ago`` seconds ago (:meth:`open_turn`,
         :meth:`renew_lease`) and that is at most :data:`TTL_SLACK` of ``result_ttl_s``: the record
-        then lives at least ``(1 - TTL_SLACK) * result_ttl_s`` past the end, six commands fewer
-        (docs/guarantees.md, E7)."""
+        then lives at least ``(1 - TTL_SLACK) * result_ttl_s`` past the end, four commands fewer
+        (docs/guarantees.md, E7). The event stream and the results hash get it in any case: a
+        claim's event and a worker's result re-create them without one where Redis lost them
+        while the runs hash stayed (evicted)."""
         k = self.keys
         # a plain pipeline: each step holds alone (``ended`` first; the rest delete or renew)
         pipe = self.redis.pipeline(transaction=False)
         pipe.set(k.turn_ended(turn_id), reason, ex=self.settings.result_ttl_s, nx=True)
         pipe.delete(k.turn_lease(turn_id))
-        if not 0 <= ttl_set_s_ago <= TTL_SLACK * self.settings.result_ttl_s:
-            for key in (*self._turn_record(turn_id), k.turn_cancelled(turn_id)):
-                pipe.expire(key, self.settings.result_ttl_s)  # the turn's record lives result_ttl_s past its end
+        renewed = (*self._turn_record(turn_id), k.turn_cancelled(turn_id))
+        if 0 <= ttl_set_s_ago <= TTL_SLACK * self.settings.result_ttl_s:
+            renewed = (k.turn_events(turn_id), k.turn_results(turn_id))  # what per-call steps may re-create
+        for key in renewed:
+            pipe.expire(key, self.settings.result_ttl_s)  # the turn's record lives result_ttl_s past its end
         with translated(self.settings.redis_url):
             pipe.execute()
 
@@ -242,7 +248,8 @@ class Ledger:
         args: list[Any] = [self.settings.result_ttl_s]
         for call_id, name in calls.items():
             args += [call_id, name, not_executed(call_id, name).model_dump_json(exclude_none=True)]
-        keys = [k.turn_calls(turn_id), k.turn_results(turn_id), k.turn_events(turn_id), k.turn_cancelled(turn_id)]
+        keys = [k.turn_calls(turn_id), k.turn_results(turn_id), k.turn_events(turn_id), k.turn_cancelled(turn_id),
+                k.turn_runs(turn_id)]
         return {_s(cid) for cid in self._add(keys=keys, args=args)}
 
     def cancel(self, turn_id: str, reason: str = "cancelled by caller") -> int:

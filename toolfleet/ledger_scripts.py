@@ -38,6 +38,7 @@ local function late()
   redis.call('HSET', KEYS[5], ARGV[1] .. ' ' .. ARGV[5], ARGV[2])
   redis.call('EXPIRE', KEYS[5], tonumber(ARGV[3]))
   redis.call('XADD', KEYS[3], '*', 'type', 'late', 'call_id', ARGV[1], 'data', ARGV[4])
+  redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
 end
 """
 
@@ -144,19 +145,27 @@ if #ARGV > 4 then
 end
 if ARGV[3] == '1' then redis.call('SET', KEYS[2], '1', 'EX', ttl) end
 redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[2]))
-redis.call('XADD', KEYS[4], '*', 'type', 'open', 'call_id', '', 'data', ARGV[4])
--- 'turn': a claim finds the runs hash with its time to live, and every 'd:' mark of the turn in it
-redis.call('HSET', KEYS[5], 'turn', 'open')
+local id = redis.call('XADD', KEYS[4], '*', 'type', 'open', 'call_id', '', 'data', ARGV[4])
 -- the results hash exists from the start, with its time to live (a worker's result adds to it
 -- without setting one); its marker field '' is never a call id (a call without an id is refused
 -- before it reaches the ledger) and Ledger.results skips it
-redis.call('HSET', KEYS[6], '', '')
-for i = 4, 6 do redis.call('EXPIRE', KEYS[i], ttl) end
-return 1
+-- returns the open event's id for a new turn (its driver reads what follows), '0-0' for a turn id
+-- opened again (its driver reads its whole stream: results recorded before count)
+local fresh = redis.call('HSETNX', KEYS[6], '', '') == 1
+if fresh then
+  -- a new results hash: no result of the turn can exist without its 'd:' mark in runs, so 'turn'
+  -- tells a claim it may trust the marks. Not for a turn id opened again whose results survived a
+  -- loss of runs (a resumed graph re-submits under the same id): its claims read the results
+  redis.call('HSET', KEYS[5], 'turn', 'open')
+  redis.call('EXPIRE', KEYS[5], ttl)
+end
+for i = 4, 6, 2 do redis.call('EXPIRE', KEYS[i], ttl) end
+if fresh then return id end
+return '0-0'
 """
 
 ADD = """
--- KEYS: calls, results, events, cancelled
+-- KEYS: calls, results, events, cancelled, runs
 -- ARGV: ttl, then (call_id, name, not_executed_json) triples
 local ttl = tonumber(ARGV[1])
 local cancelled = redis.call('EXISTS', KEYS[4]) == 1
@@ -169,13 +178,15 @@ for i = 2, #ARGV, 3 do
   if cancelled then
     if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 2]) == 1 then
       redis.call('XADD', KEYS[3], '*', 'type', 'result', 'call_id', ARGV[i], 'data', ARGV[i + 2])
+      redis.call('HSET', KEYS[5], 'd:' .. ARGV[i], '1')  -- decided (Keys.turn_runs)
     end
     refused[#refused + 1] = ARGV[i]
   end
 end
 if #names > 0 then redis.call('HSET', KEYS[1], unpack(names)) end
 -- results and events exist since open_turn with their time to live: renewed only where written here
-for i = 1, cancelled and 3 or 1 do redis.call('EXPIRE', KEYS[i], ttl) end
+if cancelled then for _, i in ipairs({1, 2, 3, 5}) do redis.call('EXPIRE', KEYS[i], ttl) end
+else redis.call('EXPIRE', KEYS[1], ttl) end
 return refused
 """
 
@@ -209,6 +220,7 @@ for i = 1, #calls, 2 do
       error = {code = 'NOT_EXECUTED', message = msg, hint = hint}, attempts = 0})
     redis.call('HSET', KEYS[3], cid, res)
     redis.call('XADD', KEYS[5], '*', 'type', 'result', 'call_id', cid, 'data', res)
+    redis.call('HSET', KEYS[2], 'd:' .. cid, '1')  -- decided: a claim refuses it without the cancelled flag
     ids[#ids + 1] = cid
   end
 end
