@@ -128,3 +128,20 @@ def test_a_tool_served_only_in_another_namespace_is_named_in_the_log_not_in_the_
         wait_until(lambda: bool(said()), 30, "the log line naming the other namespace")
     named = said()[0].split("namespace(s) ", 1)[1].split(" do:", 1)[0].split(", ")
     assert settings.namespace in named, said()  # (other tests' fleets on this Redis may be named too)
+
+
+def test_a_call_that_worked_resets_failures_counted_while_it_ran(dispatcher, worker, workspace):
+    """The claim reads the tool's failure count at the start; failures counted while the call runs
+    reach its pool process on the breaker's channel (worker/breaker_notices.py), so its success still
+    ends the run of failures: one more failure then leaves the circuit closed."""
+    from toolfleet.breaker import Breakers
+
+    keys = Keys(dispatcher.settings.namespace)
+    breakers = Breakers(dispatcher.settings, dispatcher.ledger.redis)
+    turn = dispatcher.submit([call("long", "wait_read", label="a", seconds=1.5)], workspace=str(workspace))
+    wait_until(lambda: dispatcher.ledger.fence_of(turn.turn_id, "long") is not None, 30, "the call's start")
+    for _ in range(dispatcher.settings.breaker_failures - 1):
+        assert breakers.observe("wait_read", ok=False) == "closed"
+    assert turn.results(timeout_s=30)[0].ok
+    assert not dispatcher.ledger.redis.exists(keys.breaker_failures("wait_read")), "the success reset the count"
+    assert breakers.observe("wait_read", ok=False) == "closed"

@@ -10,8 +10,10 @@ States (hash ``<ns>:breaker:{<tool>}``, its run of consecutive failures counted 
 - Failures are what says the *tool* is broken, not the request: an unexpected exception in the
   handler, a time limit hit without the handler noticing, a lost worker. A ``ToolFailure`` the
   handler raises on purpose (file not found, command exited 1) is the tool working; it resets the
-  count like a success. Workers report after every call; the dispatcher reports the workers it
-  declares lost.
+  count like a success. Workers report every failure, and a call that worked when a run of
+  failures was counted before it began (its claim read the counter) or while it ran (the failure
+  was published to the pool processes: toolfleet/worker/breaker_notices.py); the dispatcher reports
+  the workers it declares lost.
 - While open or probing, the dispatcher gives new calls ``TOOL_UNAVAILABLE`` without sending them.
 - After ``breaker_cooldown_s``, the first dispatcher that asks moves the breaker to ``probing`` and
   sends one health check (side-effect free: the tool's ``health_check``, or only "a worker serving
@@ -48,7 +50,7 @@ end
 
 
 _OBSERVE = """
--- KEYS: breaker, failures ; ARGV: ok (1/0), threshold
+-- KEYS: breaker, failures ; ARGV: ok (1/0), threshold, channel, tool
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 if state ~= 'closed' then return state end
 if ARGV[1] == '1' then
@@ -56,6 +58,8 @@ if ARGV[1] == '1' then
   return 'closed'
 end
 local n = redis.call('INCR', KEYS[2])
+-- the calls of the tool running now reset the count when they work (worker/breaker_notices.py)
+redis.call('PUBLISH', ARGV[3], ARGV[4])
 if n >= tonumber(ARGV[2]) then""" + _NOW + """
   redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', now)
   return 'open'
@@ -91,6 +95,7 @@ class Breakers:
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
         self.settings = settings
         self.keys = Keys(settings.namespace)
+        self._client = client
         self._observe = client.register_script(_OBSERVE)
         self._check = client.register_script(_CHECK)
         self._health = client.register_script(_HEALTH)
@@ -98,11 +103,16 @@ class Breakers:
     def observe(self, tool: str, ok: bool) -> str:
         """Count one finished call of ``tool``; returns the state after it."""
         return _s(self._observe(keys=[self.keys.breaker(tool), self.keys.breaker_failures(tool)],
-                                args=[int(ok), self.settings.breaker_failures]))
+                                args=[int(ok), self.settings.breaker_failures, self.keys.breaker_failed_channel,
+                                      tool]))
 
     def check(self, tool: str) -> str:
         """``closed`` (send the call), ``open`` (refuse it) or ``probe`` (refuse it, and send one
-        health check now: this caller won the right to)."""
+        health check now: this caller won the right to). A closed breaker is one read (``HGET``);
+        only another state runs the script that may move it to probing."""
+        state = self._client.hget(self.keys.breaker(tool), "state")
+        if state is None or _s(state) == CLOSED:
+            return CLOSED
         cooldown_ms = int(self.settings.breaker_cooldown_s * 1000)
         return _s(self._check(keys=[self.keys.breaker(tool)], args=[cooldown_ms]))
 

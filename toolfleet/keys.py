@@ -104,6 +104,12 @@ class Keys:
     def cancel_pattern(self) -> str:
         return f"{self.ns}:cancel:*"
 
+    @property
+    def breaker_failed_channel(self) -> str:
+        """Pub/sub channel: a tool's name each time its breaker counts a failure (pool processes
+        listen, so a call that worked resets the count: toolfleet/worker/breaker_notices.py)."""
+        return f"{self.ns}:breaker-failed"
+
     # --- policy ---
     @property
     def policy_rules(self) -> str:

@@ -1,6 +1,7 @@
 """Stopping running calls when their turn is cancelled, inside a worker's pool process.
 
-One thread per pool process listens on the namespace's cancel channels (Redis pub/sub). When a
+One thread per pool process listens on the namespace's cancel channels (Redis pub/sub), and on its
+breaker-failed channel for :class:`~toolfleet.worker.breaker_notices.FailureNotices`. When a
 turn is cancelled, each of its running calls gets its context's cancel signal at once (cooperative:
 ``run_command`` kills its process group within ~50 ms). A Python handler that is still running
 ``cancel_grace_s`` later is interrupted by a signal that raises
@@ -23,6 +24,7 @@ import redis
 from ..errors import CallCancelled
 from ..keys import Keys
 from ..tools.context import ToolContext
+from .breaker_notices import FailureNotices
 
 log = logging.getLogger(__name__)
 INTERRUPT_SIGNAL = signal.SIGUSR2
@@ -41,6 +43,7 @@ class CancelWatcher:
         self._interruptible: int | None = None  # id(ctx) whose handler runs in the main thread
         self._pid: int | None = None
         self._ready = threading.Event()
+        self.failures = FailureNotices()  # what this process heard of its tools' breakers
 
     def ensure_started(self) -> None:
         """Start the listener of this process (once per process, after fork)."""
@@ -50,6 +53,7 @@ class CancelWatcher:
         self._running.clear()
         self._contexts.clear()
         self._ready = threading.Event()
+        self.failures = FailureNotices()  # a forked child heard nothing yet
         if threading.current_thread() is threading.main_thread():
             signal.signal(INTERRUPT_SIGNAL, self._on_interrupt)
         threading.Thread(target=self._listen, name="toolfleet-cancel", daemon=True).start()
@@ -105,19 +109,32 @@ class CancelWatcher:
         backoff_s = 0.1
         while True:
             try:
-                pubsub = self._connect().pubsub(ignore_subscribe_messages=True)
+                pubsub = self._connect().pubsub(ignore_subscribe_messages=False)
                 pubsub.psubscribe(self._keys.cancel_pattern)
-                pubsub.get_message(timeout=1.0)  # the subscribe confirmation
+                pubsub.subscribe(self._keys.breaker_failed_channel)
+                confirmed: set[str] = set()
+                deadline = time.monotonic() + 2.0
+                while confirmed != {"psubscribe", "subscribe"} and time.monotonic() < deadline:
+                    message = pubsub.get_message(timeout=max(deadline - time.monotonic(), 0.01))
+                    if message is not None:
+                        confirmed.add(_s(message.get("type", "")))
+                if confirmed >= {"subscribe"}:
+                    self.failures.listening()
                 self._ready.set()
                 backoff_s = 0.1
                 self._recheck_running()
                 for message in pubsub.listen():
-                    if message.get("type") != "pmessage":
-                        continue
-                    channel = _s(message["channel"])
-                    turn_id = channel[len(self._keys.cancel_pattern) - 1 :]
-                    self._cancel_turn(turn_id, _s(message.get("data", "")) or "cancelled")
+                    kind = message.get("type")
+                    if kind == "message":
+                        self.failures.heard(_s(message.get("data", "")))
+                    elif kind == "subscribe":
+                        self.failures.listening()  # confirmed late (a slow Redis): listening from now
+                    elif kind == "pmessage":
+                        channel = _s(message["channel"])
+                        turn_id = channel[len(self._keys.cancel_pattern) - 1 :]
+                        self._cancel_turn(turn_id, _s(message.get("data", "")) or "cancelled")
             except Exception as exc:  # reconnect: Redis restarted or the connection dropped
+                self.failures.deaf()
                 log.warning("cancel listener lost its Redis connection (%s); reconnecting", exc)
                 self._ready.set()
                 time.sleep(backoff_s)

@@ -78,6 +78,7 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
     ledger = runtime.ledger
     hard_s = float(hard_limit_s) if hard_limit_s else hard_limit_for(runtime, env)
     with runtime.watcher.track(ctx):
+        claimed_at = time.monotonic()  # before the claim reads the breaker's failures
         claim = ledger.claim_start(env.turn_id, env.call_id, worker, arm_wait_s=arm_wait_s(env),
                                    hard_limit_s=hard_s, submitted_at=env.submitted_at, tool=spec.name)
         if claim == "superseded":  # the dispatcher sent the call again: that message runs it, not this one
@@ -113,9 +114,11 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
         started_at = time.time()
         result, worked = run_guarded(runtime, spec, ctx, env, claim, _run_handler)
     result = result.model_copy(update={"attempts": ctx.attempt})
-    # a call that worked ends the tool's run of failures, if its claim saw one counted (Claim.failures_seen)
-    return _record(runtime, env, result, worker, picked_at, started_at,
-                   tool_worked=spec.name if worked and claim.failures_seen else None, fencing_token=ctx.fencing_token)
+    # a call that worked ends the tool's run of failures: one counted before its claim (which saw
+    # it: Claim.failures_seen) or while it ran (heard: worker/breaker_notices.py); else nothing to reset
+    reset = worked and (claim.failures_seen or runtime.watcher.failures.failed_since(spec.name, claimed_at))
+    return _record(runtime, env, result, worker, picked_at, started_at, tool_worked=spec.name if reset else None,
+                   fencing_token=ctx.fencing_token)
 
 
 def _run_handler(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
