@@ -9,7 +9,8 @@
   client's). It reads ``MONITOR`` while a piece of load runs: ``MONITOR`` slows Redis, so the caller
   runs it on an untimed sample, apart from the measured segments.
 - :data:`CELERY_QUEUE_COMMANDS`: how the commands kombu's Redis transport sends for a message (publish,
-  fetch, the unacked-hash ack emulation) are counted; toolfleet pays them as Celery does.
+  fetch, the unacked-hash ack emulation) are counted (:func:`broker_commands`); toolfleet pays them
+  as Celery does, without the ack emulation's MULTI/EXEC (toolfleet/worker/transport.py).
 """
 
 from __future__ import annotations
@@ -62,6 +63,16 @@ def add(total: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
             "cpu_s": total.get("cpu_s", 0.0) + more["cpu_s"], "cmdstats": stats}
 
 
+def broker_commands(stats: dict[str, float]) -> float:
+    """kombu's per-message commands in ``stats`` (by name): publish and fetch, and each unacked-index
+    update (``ZADD``/``ZREM``) with its ``HSET``/``HDEL``, plus the ``MULTI``/``EXEC`` around it where
+    the transport sends one (kombu's own; toolfleet's sends a plain pipeline: at most the
+    transactions the run made are counted)."""
+    acks = sum(v for n, v in stats.items() if n in CELERY_ACK_COMMANDS)
+    transactions = min(stats.get("multi", 0.0), acks)
+    return sum(v for n, v in stats.items() if n in CELERY_QUEUE_COMMANDS) + 2 * acks + 2 * transactions
+
+
 def per_call(d: dict[str, Any], calls: int) -> dict[str, Any]:
     """A :func:`delta` divided by ``calls``: ``cpu_ms_per_call``, ``commands_per_call``,
     ``script_calls_per_call`` (EVALSHA and kin), ``celery_broker_commands_per_call`` (kombu's
@@ -72,8 +83,7 @@ def per_call(d: dict[str, Any], calls: int) -> dict[str, Any]:
         "cpu_ms_per_call": d["cpu_s"] / calls * 1000,
         "commands_per_call": d["commands"] / calls,
         "script_calls_per_call": sum(v for n, v in stats.items() if n in SCRIPT_COMMANDS) / calls,
-        "celery_broker_commands_per_call": (sum(v for n, v in stats.items() if n in CELERY_QUEUE_COMMANDS)
-                                            + 4 * sum(v for n, v in stats.items() if n in CELERY_ACK_COMMANDS)) / calls,
+        "celery_broker_commands_per_call": broker_commands(stats) / calls,
         "cmdstats_per_call": {n: v / calls for n, v in sorted(stats.items(), key=lambda kv: -kv[1])},
     }
 

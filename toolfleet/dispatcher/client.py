@@ -32,7 +32,7 @@ from .locks import ResourceLocks
 from .streaming import TurnStream
 from .submit import Submitter
 from .turn import Turn, check_ids
-from .wire import encodable
+from .wire import clean_call, encodable
 
 
 class Dispatcher:
@@ -91,6 +91,7 @@ class Dispatcher:
         adapter: Adapter | None = None,
         response: Any = None,
         armed: bool = True,
+        _calls: Sequence[ToolCall] = (),
     ) -> Turn:
         """A turn that takes calls as they come (:meth:`Turn.add_calls`) until :meth:`Turn.close`.
 
@@ -106,7 +107,10 @@ class Dispatcher:
         for what, text in (("turn_id", turn_id), ("workspace", workspace), ("session_id", session_id)):
             if text is not None and not encodable(text):  # Redis and JSON could not carry it
                 raise ToolfleetError(f"{what} {ascii(text)} holds a lone surrogate (not valid Unicode)")
-        self.ledger.open_turn(turn_id, {}, armed=armed)
+        # the calls :meth:`submit` is about to add are registered with the turn's open (one script
+        # fewer per batch: the turn's first add_calls finds them there)
+        registered = {call.id: clean_call(call).name for call in _calls}
+        opened = self.ledger.open_turn(turn_id, registered, armed=armed)
         turn = Turn(
             turn_id=turn_id,
             registry=self.registry,
@@ -121,6 +125,8 @@ class Dispatcher:
             availability=self.availability,
             locks=self.locks,
             armed=armed,
+            events_after=opened,
+            registered=registered,
         )
         return turn.start()
 
@@ -133,7 +139,7 @@ class Dispatcher:
         broker does not answer: then nothing of the batch runs, even the calls already sent.
         """
         check_ids(calls)
-        turn = self.open_turn(armed=False, **options)
+        turn = self.open_turn(armed=False, _calls=calls, **options)
         try:
             turn.add_calls(calls, raise_errors=True)
             turn.arm()

@@ -91,8 +91,14 @@ class Turn(TurnApprovals, TurnDriver):
         availability: Any = None,
         locks: Any = None,
         armed: bool = True,
+        events_after: str = "0-0",
+        registered: Mapping[str, str] | None = None,
     ) -> None:
         self.turn_id = turn_id
+        self._events_after = events_after  # the driver reads the turn's events after this stream id
+        # calls (id -> name) the turn's open registered in the ledger: the first add_calls of exactly
+        # those skips Ledger.add_calls (a cancel since then marked them, as it marks any registered call)
+        self._registered = dict(registered or {})
         self.adapter = adapter
         self.response = response  # the provider payload the calls came from (rebuilt for a stream)
         self._registry = registry
@@ -215,7 +221,12 @@ class Turn(TurnApprovals, TurnDriver):
     def _take(self, calls: list[ToolCall], checked: list[Any], raise_errors: bool) -> None:
         """Register, screen, plan and submit ``calls`` (see :meth:`add_calls`)."""
         try:
-            refused = self._ledger.add_calls(self.turn_id, {c.id: c.name for c in calls})
+            names = {c.id: c.name for c in calls}
+            if names and names == self._registered:
+                refused: set[str] = set()
+            else:
+                refused = self._ledger.add_calls(self.turn_id, names)
+            self._registered = {}
             screened = None
             if self._guard is not None:
                 screened = self._guard.screen(self.turn_id, calls, checked, workspace=self._workspace,

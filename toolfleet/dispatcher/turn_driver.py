@@ -64,7 +64,7 @@ class TurnDriver:
         :class:`BrokerUnavailable` for the caller) or ``BUG_GIVE_UP_TICKS`` times in a row (any
         other exception: a fault of ours, reported the same way rather than retried forever).
         Only a tick that did all its work resets the count."""
-        last = "0-0"
+        last = self._events_after  # the turn's own open event: nothing to read in it (one wake fewer)
         failures = 0
         trouble_since: float | None = None
         logged_at = 0.0
