@@ -96,9 +96,36 @@ def _frozen_call(fleet: Fleet, c, freeze_s: float, rng: random.Random, cancel_af
     result = turn.results(timeout_s=60)[0]
     answered_s = time.monotonic() - frozen_at
     assert set(d.ledger.results(turn.turn_id)) == {c.id}, "exactly one result"
-    wait_until(lambda: _late_or_answered(fleet, turn.turn_id, c.id, victim.name), JOIN_S,
-               "the frozen execution's report")
+    try:
+        wait_until(lambda: _late_or_answered(fleet, turn.turn_id, c.id, victim.name), JOIN_S,
+                   "the frozen execution's report")
+    except TimeoutError as exc:  # say what the ledger and the victim's processes show
+        raise AssertionError(f"{exc}\n{_diagnosis(fleet, turn.turn_id, victim)}") from None
     return result, answered_s, victim.name, turn
+
+
+def _diagnosis(fleet: Fleet, turn_id: str, victim) -> str:
+    """The turn's events, runs hash and late notes, and the state of the victim's processes: what
+    a missing report of a frozen execution is to be explained from."""
+    led = fleet.dispatcher.ledger
+    keys = Keys(fleet.settings.namespace)
+    lines = [f"victim {victim.name}"]
+    for stream_id, fields in led.redis.xrange(keys.turn_events(turn_id)):
+        shown = {k.decode(): v.decode()[:300] for k, v in fields.items()}
+        lines.append(f"  event {stream_id.decode()} {shown}")
+    for field, value in sorted(led.redis.hgetall(keys.turn_runs(turn_id)).items()):
+        lines.append(f"  runs {field.decode()} = {value.decode()[:300]}")
+    lines.append(f"  late notes {led.late_notes(turn_id)}")
+    for pid in [victim.proc.pid, *victim.children()]:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+        except OSError as exc:
+            lines.append(f"  process {pid}: {exc}")
+            continue
+        state = next((line for line in status if line.startswith("State:")), "")
+        lines.append(f"  process {pid}: {state} wchan={wchan}")
+    return "\n".join(lines)
 
 
 def _journal_entry(fleet: Fleet, tool: str, key: str) -> dict[str, str]:
