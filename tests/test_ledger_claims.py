@@ -181,3 +181,32 @@ def test_a_call_that_worked_ends_the_run_of_failures_its_claim_saw(ledger, setti
         breakers.observe("noop", ok=False)
     assert breakers.observe("noop", ok=False) == "open"
     assert ledger.claim_start(turn, "c3", "w@t", arm_wait_s=1).failures_seen, "no tool named: unknown"
+
+
+def test_results_restored_after_redis_lost_their_marks_refuse_the_message_still_queued(ledger, settings):
+    """Redis came back from an older snapshot (or failed over to a lagging replica): the runs hash
+    kept its ``turn`` field but lost the ``d:`` mark and the result. The dispatcher restores the
+    results its caller holds (``reopen``); a message still queued must find the call decided."""
+    turn = new_turn(ledger)
+    told = timeout("c1")
+    assert ledger.record_result(turn, told, unless_started=True)  # the caller is told TIMEOUT
+    keys = Keys(settings.namespace)
+    ledger.redis.hdel(keys.turn_runs(turn), "d:c1")
+    ledger.redis.hdel(keys.turn_results(turn), "c1")
+    ledger.reopen(turn, {"c1": "noop", "c2": "noop", "c3": "noop"}, [told], armed=True)
+    assert ledger.claim_start(turn, "c1", "w@t", arm_wait_s=1) == "done"
+    assert ledger.claim_start(turn, "c2", "w@t", arm_wait_s=1) == "ok"
+
+
+def test_a_stream_id_ahead_of_the_clock_does_not_stretch_a_claims_deadline(ledger, settings):
+    """The claim takes Redis's clock from its started event's stream id; an id ahead of the clock
+    (the clock stepped back, a failover to a host whose clock is behind) must not move the fence's
+    deadline by that much: the execution's fence lapses at its hard limit on the clock."""
+    turn = new_turn(ledger)
+    ahead_ms = int(ledger.redis.time()[0]) * 1000 + 3_600_000
+    ledger.redis.xadd(Keys(settings.namespace).turn_events(turn), {"type": "x"}, id=f"{ahead_ms}-0")
+    claim = ledger.claim_start(turn, "c1", "w@t", arm_wait_s=1, hard_limit_s=60)
+    assert claim == "ok"
+    _token, deadline_ms, _pid = ledger.fence_of(turn, "c1")
+    seconds, micros = ledger.redis.time()
+    assert deadline_ms <= seconds * 1000 + micros // 1000 + 60_000 + 1_000, "the deadline followed the stream id"

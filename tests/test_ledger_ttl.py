@@ -9,7 +9,7 @@ import pytest
 
 from toolfleet.keys import Keys
 from toolfleet.ledger import TTL_SLACK, Ledger
-from toolfleet.models import ToolResult
+from toolfleet.models import ErrorCode, ToolResult
 
 TURN_KEYS = ("turn_calls", "turn_runs", "turn_results", "turn_events", "turn_audit")
 
@@ -81,3 +81,28 @@ def test_keys_redis_evicted_and_a_worker_re_created_get_a_ttl_at_the_end(ledger)
     left = ttls(ledger, "T4")
     assert left.pop("turn_audit") == -2, left  # never written
     assert all(ttl > 0 for ttl in left.values()), left
+
+
+def test_a_turn_id_opened_again_gives_its_runs_hash_a_ttl(ledger):
+    """A resumed graph re-submits under its turn id: open_turn then finds results and keeps the
+    runs hash's marks untrusted, but still gives it its time to live (end_turn may skip it)."""
+    ledger.open_turn("T9", {"c1": "noop"})
+    run_one(ledger, "T9")
+    keys = Keys(ledger.settings.namespace)
+    ledger.redis.persist(keys.turn_runs("T9"))
+    ledger.open_turn("T9", {"c1": "noop"})
+    assert 0 < ledger.redis.ttl(keys.turn_runs("T9")) <= ledger.settings.result_ttl_s
+
+
+def test_a_late_note_keeps_the_event_stream_the_audit_trail_reads(ledger):
+    """The audit trail's started/finished entries are read from the event stream: a late note that
+    renews the audit stream renews the event stream too."""
+    ledger.open_turn("T10", {"c1": "noop"})
+    claim = ledger.claim_start("T10", "c1", "w@test", arm_wait_s=1)
+    ledger.record_result("T10", ToolResult.failure("c1", "noop", ErrorCode.WORKER_LOST, "gone", "check"))
+    keys = Keys(ledger.settings.namespace)
+    ledger.redis.expire(keys.turn_events("T10"), 5)
+    late = ToolResult(call_id="c1", name="noop", status="ok", content="ok")
+    assert not ledger.record_result("T10", late, fencing_token=claim.token)
+    assert ledger.late_notes("T10")["c1"]
+    assert ledger.redis.ttl(keys.turn_events("T10")) > 5

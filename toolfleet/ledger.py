@@ -234,7 +234,8 @@ class Ledger:
             args += [call_id, name]
         for result in results:
             args += [result.call_id, result.model_dump_json(exclude_none=True)]
-        keys = [k.turn_calls(turn_id), k.turn_armed(turn_id), k.turn_results(turn_id), k.turn_events(turn_id)]
+        keys = [k.turn_calls(turn_id), k.turn_armed(turn_id), k.turn_results(turn_id), k.turn_events(turn_id),
+                k.turn_runs(turn_id)]
         with translated(self.settings.redis_url):
             return bool(self._reopen(keys=keys, args=args))
 

@@ -38,7 +38,9 @@ local function late()
   redis.call('HSET', KEYS[5], ARGV[1] .. ' ' .. ARGV[5], ARGV[2])
   redis.call('EXPIRE', KEYS[5], tonumber(ARGV[3]))
   redis.call('XADD', KEYS[3], '*', 'type', 'late', 'call_id', ARGV[1], 'data', ARGV[4])
+  -- the audit trail reads its started/finished entries from the event stream: both live as long
   redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
+  redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
 end
 """
 
@@ -87,8 +89,7 @@ if not flag[4] then return 'unarmed' end
 -- takes a new token from the namespace's counter and its deadline (Redis clock + hard limit)
 if after and tonumber(ARGV[5]) < tonumber(after) then return 'superseded' end
 -- Redis's clock in ms: TIME where it is needed before anything is written; on the usual path the
--- 'started' entry's stream id gives it (its ms part is Redis's clock, or the stream's last id if
--- that is later), one command fewer per call
+-- 'started' entry's stream id gives it (when its sequence is 0), one command fewer per call
 local function clock()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -127,8 +128,12 @@ if before == ARGV[2] then
   return 'ok ' .. token .. seen
 end
 local id = redis.call('XADD', KEYS[2], '*', 'type', 'started', 'call_id', cid, 'data', ARGV[2])
-redis.call('HSET', KEYS[3], 'f:' .. cid, fence(tonumber(string.match(id, '^(%d+)'))), 's:' .. cid, ARGV[2],
-  'n:' .. cid, (tonumber(attempts) or 0) + 1)
+-- the id's ms part is Redis's clock only when its sequence is 0: a sequence above 0 means the
+-- stream's last id had that ms already (an entry of the same ms, or one ahead of the clock after
+-- it stepped back or a failover), which would stretch the deadline: the clock is read then
+local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+local now = seq == '0' and tonumber(ms) or clock()
+redis.call('HSET', KEYS[3], 'f:' .. cid, fence(now), 's:' .. cid, ARGV[2], 'n:' .. cid, (tonumber(attempts) or 0) + 1)
 expire_turn()
 if before then return 'restarted ' .. token .. seen end
 return 'ok ' .. token .. seen
@@ -157,9 +162,9 @@ if fresh then
   -- tells a claim it may trust the marks. Not for a turn id opened again whose results survived a
   -- loss of runs (a resumed graph re-submits under the same id): its claims read the results
   redis.call('HSET', KEYS[5], 'turn', 'open')
-  redis.call('EXPIRE', KEYS[5], ttl)
 end
-for i = 4, 6, 2 do redis.call('EXPIRE', KEYS[i], ttl) end
+-- runs too on a turn id opened again: end_turn trusts the time to live set here (Ledger.end_turn)
+for i = 4, 6 do redis.call('EXPIRE', KEYS[i], ttl) end
 if fresh then return id end
 return '0-0'
 """
@@ -191,15 +196,22 @@ return refused
 """
 
 REOPEN = """
--- KEYS: calls, armed, results, events ; ARGV: ttl, armed (1/0), n_calls, (call_id, name)*, (call_id, result)*
+-- KEYS: calls, armed, results, events, runs
+-- ARGV: ttl, armed (1/0), n_calls, (call_id, name)*, (call_id, result)*
 local missing = redis.call('EXISTS', KEYS[1]) == 0
 local ttl = tonumber(ARGV[1])
 local n = tonumber(ARGV[3])
 for i = 4, 3 + 2 * n, 2 do redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) end
-for i = 4 + 2 * n, #ARGV, 2 do redis.call('HSETNX', KEYS[3], ARGV[i], ARGV[i + 1]) end
+-- each result the caller holds is decided: its 'd:' mark in runs is what a claim reads first, and
+-- Redis may have lost the mark with the result (restarted from an older snapshot, a lagging replica)
+-- while the runs hash kept its 'turn' field
+for i = 4 + 2 * n, #ARGV, 2 do
+  redis.call('HSETNX', KEYS[3], ARGV[i], ARGV[i + 1])
+  redis.call('HSET', KEYS[5], 'd:' .. ARGV[i], '1')
+end
 redis.call('HSETNX', KEYS[3], '', '')  -- the results hash's marker (Ledger.open_turn)
 if ARGV[2] == '1' then redis.call('SET', KEYS[2], '1', 'EX', ttl) end
-for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ttl) end
+for i = 1, 5 do redis.call('EXPIRE', KEYS[i], ttl) end
 if missing then return 1 end
 return 0
 """
