@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import redis
 
@@ -107,38 +108,66 @@ class CancelWatcher:
 
     def _listen(self) -> None:
         backoff_s = 0.1
+        notices = True  # the breaker channel too, until Redis refuses it (an ACL that predates it)
         while True:
             try:
                 pubsub = self._connect().pubsub(ignore_subscribe_messages=False)
                 pubsub.psubscribe(self._keys.cancel_pattern)
-                pubsub.subscribe(self._keys.breaker_failed_channel)
-                confirmed: set[str] = set()
-                deadline = time.monotonic() + 2.0
-                while confirmed != {"psubscribe", "subscribe"} and time.monotonic() < deadline:
-                    message = pubsub.get_message(timeout=max(deadline - time.monotonic(), 0.01))
-                    if message is not None:
-                        confirmed.add(_s(message.get("type", "")))
-                if confirmed >= {"subscribe"}:
-                    self.failures.listening()
+                if notices:
+                    pubsub.subscribe(self._keys.breaker_failed_channel)
+                self._handshake(pubsub, notices)
                 self._ready.set()
                 backoff_s = 0.1
                 self._recheck_running()
                 for message in pubsub.listen():
-                    kind = message.get("type")
-                    if kind == "message":
-                        self.failures.heard(_s(message.get("data", "")))
-                    elif kind == "subscribe":
-                        self.failures.listening()  # confirmed late (a slow Redis): listening from now
-                    elif kind == "pmessage":
-                        channel = _s(message["channel"])
-                        turn_id = channel[len(self._keys.cancel_pattern) - 1 :]
-                        self._cancel_turn(turn_id, _s(message.get("data", "")) or "cancelled")
+                    self._on_message(message)
+            except redis.exceptions.NoPermissionError as exc:
+                self.failures.deaf()  # deaf: every call that worked resets its tool's failure count
+                if notices:  # cancels matter; the notices only spare a read per call
+                    notices = False
+                    log.warning("Redis refused this worker's subscription to %s (%s): listening for cancels only; "
+                                "grant the channel (docs/deploying.md, ACL)", self._keys.breaker_failed_channel, exc)
+                    continue
+                self._lost_connection(exc, backoff_s)
+                backoff_s = min(backoff_s * 2, 2.0)
             except Exception as exc:  # reconnect: Redis restarted or the connection dropped
                 self.failures.deaf()
-                log.warning("cancel listener lost its Redis connection (%s); reconnecting", exc)
-                self._ready.set()
-                time.sleep(backoff_s)
+                self._lost_connection(exc, backoff_s)
                 backoff_s = min(backoff_s * 2, 2.0)
+
+    def _lost_connection(self, exc: Exception, backoff_s: float) -> None:
+        log.warning("cancel listener lost its Redis connection (%s); reconnecting", exc)
+        self._ready.set()
+        time.sleep(backoff_s)
+
+    def _handshake(self, pubsub: Any, notices: bool, wait_s: float = 2.0) -> None:
+        """Wait (at most ``wait_s``) for Redis to confirm the subscriptions; a cancel or notice
+        that arrives meanwhile is handled at once, not dropped."""
+        wanted = {"psubscribe", "subscribe"} if notices else {"psubscribe"}
+        confirmed: set[str] = set()
+        deadline = time.monotonic() + wait_s
+        while not wanted <= confirmed and time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=max(deadline - time.monotonic(), 0.01))
+            if message is None:
+                continue
+            kind = _s(message.get("type", ""))
+            if kind in ("psubscribe", "subscribe"):
+                confirmed.add(kind)
+            else:
+                self._on_message(message)
+        if "subscribe" in confirmed:
+            self.failures.listening()
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        kind = _s(message.get("type", ""))
+        if kind == "message":
+            self.failures.heard(_s(message.get("data", "")))
+        elif kind == "subscribe":
+            self.failures.listening()  # confirmed late (a slow Redis): listening from now
+        elif kind == "pmessage":
+            channel = _s(message["channel"])
+            turn_id = channel[len(self._keys.cancel_pattern) - 1 :]
+            self._cancel_turn(turn_id, _s(message.get("data", "")) or "cancelled")
 
     def _recheck_running(self) -> None:
         """After (re)subscribing, catch cancels published while the listener was away."""
