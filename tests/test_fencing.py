@@ -15,7 +15,7 @@ from toolfleet import ErrorCode
 from toolfleet.dispatcher.availability import liveness_bound_s
 
 from . import fencing_trials as trials
-from .faults import call, wait_started
+from .faults import call, freeze, kill_pid, thaw, wait_started, wait_until
 
 
 @pytest.fixture
@@ -91,3 +91,26 @@ def test_only_worker_of_a_tool_killed_mid_batch_ends_within_the_liveness_bound(d
     codes = [r.code for r in results]
     assert all(c in (ErrorCode.WORKER_LOST, ErrorCode.TOOL_UNAVAILABLE) for c in codes), codes
     assert ErrorCode.TOOL_UNAVAILABLE in codes and ErrorCode.WORKER_LOST in codes
+
+
+def test_a_stale_execution_whose_pool_process_dies_leaves_a_late_note(fleet):
+    """A frozen worker's call was answered without it (a write neither idempotent nor journaled:
+    WORKER_LOST once the worker is silent past the liveness bound); the stale execution's pool
+    process then dies (the OOM killer, a crash) before its time limit and before it reports. Its
+    message goes back to the queue and can only be refused, so the death is the operator's late
+    note (guarantee F3), as a stale execution that ended would leave."""
+    d = fleet.dispatcher
+    c = call("n", "add_note", text="dies-stale", seconds=3.0)
+    turn = d.submit([c], workspace=str(fleet.workspace))
+    record = wait_started(d, turn.turn_id, c.id)
+    victim = fleet.by_name(record["worker"])
+    freeze(victim)
+    try:
+        result = turn.results(timeout_s=60)[0]
+    finally:
+        kill_pid(record["pid"])
+        thaw(victim)
+    assert result.code == ErrorCode.WORKER_LOST, result.content
+    wait_until(lambda: d.ledger.late_notes(turn.turn_id).get(c.id), trials.JOIN_S,
+               "the dead stale execution's late note")
+    assert d.ledger.results(turn.turn_id)[c.id].code == ErrorCode.WORKER_LOST

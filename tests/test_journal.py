@@ -133,3 +133,16 @@ def test_writes_are_journaled_by_default_and_reads_are_not():
     assert not registry.get("read_file").journal and not registry.get("add_note").journal
     assert registry.get("refund").idempotency_key_for("t", "c", {"order_id": "9"}) == "arg:order-9"
     assert registry.get("write_file").idempotency_key_for("t", "c", {"path": "a"}) == "t:c"
+
+
+def test_a_dead_executions_release_leaves_a_newer_execution_of_the_same_call_held(settings):
+    """Both executions of one call have the same owner (turn_id:call_id): the main process that saw
+    the stale one's pool process die releases by owner, but never the entry the newer claim holds."""
+    from toolfleet.ledger import connect
+
+    journal = Journal(settings, connect(settings.ledger))
+    key = journal.key("t", "newer-holds")
+    assert journal.begin(key, "7", "turn:1").verdict == "new"  # the newer execution (claim token 7)
+    assert not journal.release_owner(key, "turn:1", keep_token="7")
+    assert journal.begin(key, "8", "turn:1").verdict == "busy"  # still held
+    assert journal.release_owner(key, "turn:1", keep_token="9")  # a stale holder: released

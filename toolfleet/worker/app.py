@@ -182,6 +182,7 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
                 # The message goes back to the queue (reject_on_worker_lost); the next delivery
                 # decides what the call may do (worker/side_effects.py). Free its journal key now.
                 _abandoned(runtime, self.kwargs, broken=True, pid=self.worker_pid)
+                _note_stale_death(runtime, self.kwargs, self.worker_pid)
             hard_limit = isinstance(exc, TimeLimitExceeded)
             if hard_limit:  # Celery logged "hard time limit exceeded": no traceback of it too, and
                 return_ok, send_failed_event = True, False  # a failed event that names the code
@@ -275,16 +276,36 @@ def _abandoned(runtime: Runtime, kwargs: dict[str, Any], *, broken: bool, pid: i
     tool is in trouble, count a failure on its breaker."""
     try:
         env = CallEnvelope.model_validate(kwargs.get("envelope", {}))
+        fence = runtime.ledger.fence_of(env.turn_id, env.call_id)
         if pid:
             runtime.ledger.fence_dead(env.turn_id, env.call_id, pid)
         spec = runtime.registry.get(env.name)
         env = env if spec is None else with_journal_key(spec, env)
+        # a newer claim of the call by another process: that execution's entry (the same owner) stays held
+        keep = str(fence[0]) if fence is not None and fence[2] != (pid or os.getpid()) else None
         runtime.journal.release_owner(runtime.journal.key(env.name, env.idempotency_key),
-                                      f"{env.turn_id}:{env.call_id}")
+                                      f"{env.turn_id}:{env.call_id}", keep_token=keep)
         if broken:
             runtime.breakers.observe(env.name, ok=False)
     except Exception as exc:  # best effort: leases lapse by themselves
         log.warning("could not release the journal key of a lost call (%s)", exc)
+
+
+def _note_stale_death(runtime: Runtime, kwargs: dict[str, Any], pid: int | None) -> None:
+    """The pool process ``pid`` died running a call that another execution took over, or that
+    already has its answer: the redelivered message can only be refused (superseded, done), so
+    the death is kept as a late note for the operator (F3), like any stale execution's end. A
+    call still held by this claim and unanswered is left to the redelivery, which decides."""
+    try:
+        env = CallEnvelope.model_validate(kwargs.get("envelope", {}))
+        fence = runtime.ledger.fence_of(env.turn_id, env.call_id)
+        if fence is None or (fence[2] == pid and env.call_id not in runtime.ledger.results(env.turn_id)):
+            return
+        _finalize(runtime, kwargs, ErrorCode.WORKER_LOST,
+                  "the pool process running this stale execution died before it reported; a newer execution "
+                  "holds the call or the caller has its answer", "the caller's answer stands", pid=pid)
+    except Exception as exc:  # best effort: only the operator's note depends on it
+        log.warning("could not note the death of a stale execution (%s)", exc)
 
 
 def _recorded(runtime: Runtime, envelope: dict[str, Any]) -> ToolResult | None:

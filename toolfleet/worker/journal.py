@@ -112,9 +112,10 @@ return {1, ARGV[1]}
 """
 
 _RELEASE = """
--- KEYS: entry ; ARGV: field (token|owner), value
+-- KEYS: entry ; ARGV: field (token|owner), value[, a token whose entry stays held]
 if redis.call('HGET', KEYS[1], 'state') ~= 'started' then return 0 end
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+if ARGV[3] and redis.call('HGET', KEYS[1], 'token') == ARGV[3] then return 0 end
 redis.call('HSET', KEYS[1], 'lease_until', 0, 'released', '1')
 return 1
 """
@@ -203,10 +204,13 @@ class Journal:
         execution take over at once (and probe) instead of waiting for the lease to lapse."""
         return bool(self._retrying(lambda: self._release(keys=[key], args=["token", token])))
 
-    def release_owner(self, key: str, owner: str) -> bool:
-        """Same, by owner (turn_id:call_id): for the worker's main process, which saw the pool
-        process running ``owner`` die and does not know its token."""
-        return bool(self._release(keys=[key], args=["owner", owner]))
+    def release_owner(self, key: str, owner: str, keep_token: str | None = None) -> bool:
+        """Same, by owner (turn_id:call_id), tried once: for the worker's main process, which saw
+        the pool process running ``owner`` die and does not know its token. ``keep_token``: the
+        token of the call's newest claim when another process made it: an execution of the same
+        call (the same owner) that may hold the entry live, which stays held."""
+        args = ["owner", owner] + ([keep_token] if keep_token else [])
+        return bool(self._release(keys=[key], args=args))
 
     def entry(self, key: str) -> dict[str, str]:
         """The raw entry (for diagnostics and tests)."""
@@ -267,8 +271,12 @@ class _Renewer:
         lease.released = True
         with self._lock:
             self._held.pop(id(lease), None)
-        if self._renewing.acquire(timeout=1.0):
-            self._renewing.release()
+        acquired = False
+        try:  # released even if a soft time limit (SIGUSR1) lands right after the acquire
+            acquired = self._renewing.acquire(timeout=1.0)
+        finally:
+            if acquired:
+                self._renewing.release()
 
     def _run(self) -> None:
         every_s = self._journal.settings.heartbeat_s
