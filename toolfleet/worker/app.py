@@ -276,7 +276,7 @@ def _abandoned(runtime: Runtime, kwargs: dict[str, Any], *, broken: bool, pid: i
     tool is in trouble, count a failure on its breaker."""
     try:
         env = CallEnvelope.model_validate(kwargs.get("envelope", {}))
-        fence = runtime.ledger.fence_of(env.turn_id, env.call_id)
+        fence = runtime.ledger.fence_of(env.turn_id, env.call_id, retry=False)
         if pid:
             runtime.ledger.fence_dead(env.turn_id, env.call_id, pid)
         spec = runtime.registry.get(env.name)
@@ -298,9 +298,12 @@ def _note_stale_death(runtime: Runtime, kwargs: dict[str, Any], pid: int | None)
     call still held by this claim and unanswered is left to the redelivery, which decides."""
     try:
         env = CallEnvelope.model_validate(kwargs.get("envelope", {}))
-        fence = runtime.ledger.fence_of(env.turn_id, env.call_id)
-        if fence is None or (fence[2] == pid and env.call_id not in runtime.ledger.results(env.turn_id)):
+        fence = runtime.ledger.fence_of(env.turn_id, env.call_id, retry=False)
+        if not pid or fence is None or not fence[2]:  # whose claim it is cannot be told: the redelivery decides
             return
+        if fence[2] == pid and env.call_id not in runtime.ledger.results(env.turn_id):
+            return
+        # fenced as stale: this process's own token on an answered call, or token 0 (another holds it)
         _finalize(runtime, kwargs, ErrorCode.WORKER_LOST,
                   "the pool process running this stale execution died before it reported; a newer execution "
                   "holds the call or the caller has its answer", "the caller's answer stands", pid=pid)
