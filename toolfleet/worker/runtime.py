@@ -9,6 +9,7 @@ import threading
 import redis
 
 from ..breaker import Breakers
+from ..interrupt_safe import make_interrupt_safe
 from ..keys import Keys
 from ..ledger import Ledger, client_for
 from ..policy.config import Policy
@@ -45,7 +46,9 @@ class Runtime:
     def ledger(self) -> Ledger:
         with self._lock:
             if self._ledger is None or self._pid != os.getpid():
-                client = self._new_client()
+                # interrupt-safe: soft time limits and cancels raise in this process's main thread
+                # mid-command (toolfleet/interrupt_safe.py); the cancel watcher's pub/sub client is its own
+                client = make_interrupt_safe(self._new_client())
                 self._ledger = Ledger(self.settings, client=client, retry_s=REDIS_RETRY_S)
                 self._journal = Journal(self.settings, client, self._ledger.retrying)
                 self._breakers = Breakers(self.settings, client)
