@@ -121,24 +121,17 @@ class CancelWatcher:
                 self._recheck_running()
                 for message in pubsub.listen():
                     self._on_message(message)
-            except redis.exceptions.NoPermissionError as exc:
+            except Exception as exc:  # reconnect: Redis restarted or the connection dropped
                 self.failures.deaf()  # deaf: every call that worked resets its tool's failure count
-                if notices:  # cancels matter; the notices only spare a read per call
-                    notices = False
+                if notices and isinstance(exc, redis.exceptions.NoPermissionError):
+                    notices = False  # cancels matter; the notices only spare a read per call
                     log.warning("Redis refused this worker's subscription to %s (%s): listening for cancels only; "
                                 "grant the channel (docs/deploying.md, ACL)", self._keys.breaker_failed_channel, exc)
                     continue
-                self._lost_connection(exc, backoff_s)
+                log.warning("cancel listener lost its Redis connection (%s); reconnecting", exc)
+                self._ready.set()
+                time.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 2.0)
-            except Exception as exc:  # reconnect: Redis restarted or the connection dropped
-                self.failures.deaf()
-                self._lost_connection(exc, backoff_s)
-                backoff_s = min(backoff_s * 2, 2.0)
-
-    def _lost_connection(self, exc: Exception, backoff_s: float) -> None:
-        log.warning("cancel listener lost its Redis connection (%s); reconnecting", exc)
-        self._ready.set()
-        time.sleep(backoff_s)
 
     def _handshake(self, pubsub: Any, notices: bool, wait_s: float = 2.0) -> None:
         """Wait (at most ``wait_s``) for Redis to confirm the subscriptions; a cancel or notice
