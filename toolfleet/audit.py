@@ -112,23 +112,34 @@ class AuditLog:
         only for data toolfleet itself made (see :meth:`plain`)."""
         if not events:
             return
-        key = self.keys.turn_audit(turn_id)
-        encode = self.data if redact else self.plain
         try:
             pipe = self.redis.pipeline(transaction=False)
-            for type, call_id, data in events:
-                pipe.xadd(key, {"type": type, "call_id": call_id, "data": encode(**data)})
-            pipe.expire(key, self.ttl_s)
+            self._add(pipe, turn_id, events, redact)
             pipe.execute()
         except redis.RedisError as exc:
             log.warning("audit: could not append %d event(s) of turn %s (%s)", len(events), turn_id, exc)
 
-    def append_submitted(self, turn_id: str, calls: list[tuple[str, dict[str, Any]]]) -> None:
+    def _add(self, pipe: Any, turn_id: str, events: list[tuple[str, str, dict[str, Any]]], redact: bool) -> int:
+        """Queue the commands that append ``events`` on ``pipe``; returns how many (their replies)."""
+        key = self.keys.turn_audit(turn_id)
+        encode = self.data if redact else self.plain
+        for type, call_id, data in events:
+            pipe.xadd(key, {"type": type, "call_id": call_id, "data": encode(**data)})
+        pipe.expire(key, self.ttl_s)
+        return len(events) + 1
+
+    def append_submitted(self, turn_id: str, calls: list[tuple[str, dict[str, Any]]], pipe: Any = None) -> int:
         """Append one ``submitted`` entry for the ``(call_id, data)`` of a group sent together
-        (``data`` made by toolfleet: not redacted), through :meth:`append_many`."""
-        if calls:
-            group = [{"call_id": call_id, **fields} for call_id, fields in calls]
-            self.append_many(turn_id, [("submitted", "", {"calls": group})], redact=False)
+        (``data`` made by toolfleet: not redacted), through :meth:`append_many`; with ``pipe`` (a
+        pipeline on this log's Redis), only queue its commands there, for the caller to execute.
+        Returns how many commands were queued on ``pipe`` (0 without one)."""
+        if not calls:
+            return 0
+        events = [("submitted", "", {"calls": [{"call_id": call_id, **fields} for call_id, fields in calls]})]
+        if pipe is not None:
+            return self._add(pipe, turn_id, events, redact=False)
+        self.append_many(turn_id, events, redact=False)
+        return 0
 
     @classmethod
     def finished_data(cls, result: ToolResult) -> str:

@@ -23,6 +23,8 @@ States (hash ``<ns>:breaker:{<tool>}``, its run of consecutive failures counted 
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis
 
 from .keys import Keys
@@ -106,6 +108,10 @@ class Breakers:
                                 args=[int(ok), self.settings.breaker_failures, self.keys.breaker_failed_channel,
                                       tool]))
 
+    def read_state(self, pipe: Any, tool: str) -> None:
+        """Queue the read :meth:`check` starts with on ``pipe``; :func:`closed_state` tells its reply."""
+        pipe.hget(self.keys.breaker(tool), "state")
+
     def check(self, tool: str) -> str:
         """``closed`` (send the call), ``open`` (refuse it) or ``probe`` (refuse it, and send one
         health check now: this caller won the right to). A closed breaker is one read (``HGET``);
@@ -119,6 +125,12 @@ class Breakers:
     def health(self, tool: str, ok: bool) -> str:
         """Record a health check's outcome: closes the breaker, or opens it for another cooldown."""
         return _s(self._health(keys=[self.keys.breaker(tool), self.keys.breaker_failures(tool)], args=[int(ok)]))
+
+
+def closed_state(reply: object) -> bool:
+    """Whether a :meth:`Breakers.read_state` reply says closed (no state yet counts as closed);
+    ``False`` for an error reply, so :meth:`Breakers.check` reads it again."""
+    return reply is None or (not isinstance(reply, Exception) and _s(reply) == CLOSED)
 
 
 def _s(value: object) -> str:

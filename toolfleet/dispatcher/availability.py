@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import redis
@@ -99,10 +99,12 @@ class Availability:
         self._told_elsewhere: dict[str, float] = {}  # tool -> when other namespaces were looked at
 
     @contextmanager
-    def group(self) -> Iterator[None]:
+    def group(self, closed: Iterable[str] = ()) -> Iterator[None]:
         """Calls sent together (a turn's ready calls): inside the block each tool's breaker is
-        read once, not once per call; an open or probing breaker is read again for every call."""
-        self._group.closed = set()
+        read once, not once per call; an open or probing breaker is read again for every call.
+        ``closed``: tools whose breaker a read made just before found closed (the sender reads
+        them with the group's other first reads, :meth:`Breakers.read_state`): not read again."""
+        self._group.closed = set(closed)
         try:
             yield
         finally:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from ..breaker import closed_state
 from ..errors import BrokerUnavailable
 from ..models import ErrorCode, ToolResult
 from .availability import NO_LIVE_WORKER
@@ -111,17 +112,20 @@ class Sender:
         """Send one call now, or queue it (locks, broker trouble), or record why it cannot run."""
         self.send_group([call_id], raise_errors=raise_errors, resend=resend)
 
-    def send_group(self, call_ids: list[str], *, raise_errors: bool = False, resend: bool = False) -> None:
+    def send_group(self, call_ids: list[str], *, raise_errors: bool = False, resend: bool = False,
+                   announce: bool = False) -> None:
         """Send ``call_ids`` together (one broker round trip; on a Redis broker all of them reach
         their queues or none does), after the checks of :meth:`submit`, the heads of the longest
         chains first (model order among equals): a call's rank in the plan is its message
         priority, and the sending order decides who goes first when idle workers take each message
         the moment it arrives. If the broker refuses, every one of them is queued for a retry (or,
-        with ``raise_errors``, the :class:`BrokerUnavailable` is raised and none was sent)."""
+        with ``raise_errors``, the :class:`BrokerUnavailable` is raised and none was sent).
+        ``announce``: write the group's ``submitted`` audit entry first (with the checks' reads)."""
         turn = self.turn
+        armed, closed = self._first_reads(call_ids, announce, resend)
         try:
-            self._settle_if_redis_lost()
-            with self.group():
+            self._settle_if_redis_lost(armed)
+            with self.group(closed):
                 sendable = [c for c in call_ids if self._may_send(c, resend)]
         except (BrokerUnavailable, redis.RedisError) as exc:
             # Redis failed while checking (availability, locks): nothing was sent; every call
@@ -238,9 +242,48 @@ class Sender:
                 self._lock_gave_up = True
         self.send_group(pending)
 
-    def group(self) -> AbstractContextManager[None]:
-        """Calls sent together: each tool's availability is read once for all of them."""
-        return self.availability.group() if self.availability is not None else nullcontext()
+    def group(self, closed: frozenset[str] | set[str] = frozenset()) -> AbstractContextManager[None]:
+        """Calls sent together: each tool's availability is read once for all of them (``closed``:
+        tools whose breaker :meth:`_first_reads` found closed)."""
+        return self.availability.group(closed) if self.availability is not None else nullcontext()
+
+    def _first_reads(self, call_ids: list[str], announce: bool, resend: bool) -> tuple[bool | None, set[str]]:
+        """One round trip to the ledger's Redis before a group is sent, instead of up to three on
+        the path from a result to the next call's send: the group's ``submitted`` audit entry (with
+        ``announce``; it precedes the workers' ``started``), whether the turn is still armed
+        (:meth:`_settle_if_redis_lost`), and the breaker state of each of its tools. Returns
+        (armed: ``None`` if not read, the tools found closed). On any Redis error the checks read
+        for themselves, as they would without this (a failed audit write is logged)."""
+        turn = self.turn
+        calls = [(c, turn._runnable[c].spec) for c in call_ids] if announce else []
+        check_armed = turn.armed and not turn._abandoned
+        tools = sorted({turn._runnable[c].spec.name for c in call_ids}) \
+            if self.availability is not None and not resend else []
+        if not check_armed and not tools:
+            if calls:
+                turn._submitter.announce(turn.turn_id, calls)
+            return None, set()
+        pipe = turn._ledger.redis.pipeline(transaction=False)
+        audited = turn._submitter.announce(turn.turn_id, calls, pipe=pipe)
+        if check_armed:
+            pipe.exists(turn._ledger.keys.turn_armed(turn.turn_id))
+        for tool in tools:
+            self.availability.breakers.read_state(pipe, tool)
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except redis.RedisError as exc:
+            if calls:
+                log.warning("audit: could not append the `submitted` entry of turn %s (%s)", turn.turn_id, exc)
+            return None, set()
+        if any(isinstance(r, Exception) for r in replies[:audited]):
+            log.warning("audit: could not append the `submitted` entry of turn %s (%s)", turn.turn_id,
+                        next(r for r in replies[:audited] if isinstance(r, Exception)))
+        replies = replies[audited:]
+        armed = None
+        if check_armed:
+            reply = replies.pop(0)
+            armed = None if isinstance(reply, Exception) else bool(reply)
+        return armed, {tool for tool, reply in zip(tools, replies, strict=True) if closed_state(reply)}
 
     def redis_lost_the_turn(self) -> bool:
         """Once a second: is the turn still in Redis? (redis-py reconnects by itself, so a restart
@@ -251,14 +294,17 @@ class Sender:
         self._checked_at = now
         return not self.turn._ledger.redis.exists(self.turn._ledger.keys.turn_armed(self.turn.turn_id))
 
-    def _settle_if_redis_lost(self) -> None:
+    def _settle_if_redis_lost(self, armed: bool | None = None) -> None:
         """Right before sending: if Redis lost the turn (restarted without its data), restore it
         and settle the calls lost with the old queues first, so a call sent now into the new
-        Redis is never taken for one of them. One EXISTS per group sent."""
+        Redis is never taken for one of them. One EXISTS per group sent (``armed``: its reply,
+        read by :meth:`_first_reads` with the group's other reads; ``None``: read it here)."""
         turn = self.turn
         if not turn.armed or turn._abandoned:
             return
-        if not turn._ledger.redis.exists(turn._ledger.keys.turn_armed(turn.turn_id)):
+        if armed is None:
+            armed = bool(turn._ledger.redis.exists(turn._ledger.keys.turn_armed(turn.turn_id)))
+        if not armed:
             self._checked_at = time.monotonic()
             self.reconcile()
 

@@ -126,15 +126,18 @@ class Submitter:
                     self._result_cls = partial(self.app.AsyncResult, backend=self.app.backend)
         return self._result_cls
 
-    def announce(self, turn_id: str, calls: Sequence[tuple[str, ToolSpec]]) -> None:
-        """Write the ``submitted`` audit events of ``(call_id, spec)`` about to be sent, in one
-        round trip (instead of one per :meth:`send`)."""
+    def announce(self, turn_id: str, calls: Sequence[tuple[str, ToolSpec]], pipe: Any = None) -> int:
+        """Write the ``submitted`` audit entry of ``(call_id, spec)`` about to be sent, in one
+        round trip (instead of one per :meth:`send`); with ``pipe`` (a pipeline on the ledger's
+        Redis), only queue its commands there: the caller executes it before sending. Returns how
+        many commands were queued on ``pipe``. A failed write is logged (the audit is best effort)."""
         if self.audit is None or not calls:
-            return
-        self.audit.append_submitted(turn_id, [(call_id, self._submitted(turn_id, call_id, spec))
-                                              for call_id, spec in calls])
+            return 0
+        queued = self.audit.append_submitted(turn_id, [(call_id, self._submitted(turn_id, call_id, spec))
+                                                       for call_id, spec in calls], pipe=pipe)
         with self._lock:
             self._announced.update((turn_id, call_id) for call_id, _ in calls)
+        return queued
 
     def _submitted(self, turn_id: str, call_id: str, spec: ToolSpec) -> dict[str, Any]:
         return {"tool": spec.name, "queue": self.keys.queue(spec.queue), "task_id": task_id(turn_id, call_id)}

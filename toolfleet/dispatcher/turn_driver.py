@@ -47,13 +47,7 @@ class TurnDriver:
         first (:meth:`Sender.send_group`), their ``submitted`` audit events written first."""
         if not call_ids:
             return
-        try:
-            self._submitter.announce(self.turn_id, [(c, self._runnable[c].spec) for c in call_ids])
-        except (BrokerUnavailable, redis.RedisError) as exc:
-            if raise_errors:
-                raise
-            log.warning("turn %s: could not write the `submitted` audit events (%s)", self.turn_id, exc)
-        self._sender.send_group(call_ids, raise_errors=raise_errors)
+        self._sender.send_group(call_ids, raise_errors=raise_errors, announce=True)
 
     def _submit(self, call_id: str, raise_errors: bool = False) -> None:
         self._sender.submit(call_id, raise_errors=raise_errors)
