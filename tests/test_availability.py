@@ -145,3 +145,42 @@ def test_a_call_that_worked_resets_failures_counted_while_it_ran(dispatcher, wor
     assert turn.results(timeout_s=30)[0].ok
     assert not dispatcher.ledger.redis.exists(keys.breaker_failures("wait_read")), "the success reset the count"
     assert breakers.observe("wait_read", ok=False) == "closed"
+
+
+def test_a_failed_read_before_a_send_leaves_each_check_to_read_for_itself(dispatcher, worker, workspace,
+                                                                          monkeypatch, caplog):
+    """The one round trip before a group is sent (its audit entry, the turn-armed check, the breaker
+    reads: ``Sender._first_reads``) failing costs the turn nothing: the checks read on their own and
+    every call of a chain of writes runs. Redis refusing it is simulated on that pipeline alone (the
+    one that asks EXISTS); every other command goes to the real Redis."""
+    import redis
+
+    client = dispatcher.ledger.redis
+    real_pipeline = client.pipeline
+    refused = []
+
+    class RefusedOnce:
+        def __init__(self, pipe):
+            self._pipe, self._exists = pipe, False
+
+        def exists(self, *args):
+            self._exists = True
+            return self._pipe.exists(*args)
+
+        def execute(self, *args, **kwargs):
+            if self._exists:
+                self._pipe.reset()
+                refused.append(1)
+                raise redis.ConnectionError("refused on purpose (test)")
+            return self._pipe.execute(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self._pipe, name)
+
+    monkeypatch.setattr(client, "pipeline", lambda *a, **k: RefusedOnce(real_pipeline(*a, **k)))
+    chain = [call(f"w{i}", "wait_write", label="x", seconds=0.05) for i in range(3)]
+    with caplog.at_level("WARNING", logger="toolfleet.dispatcher.sending"):
+        results = dispatcher.run(chain, workspace=str(workspace), timeout_s=30)
+    assert [r.ok for r in results] == [True, True, True], [r.content for r in results]
+    assert len(refused) == 2  # the sends of w1 and w2 (w0 went before the turn was armed)
+    assert sum("could not append the `submitted` entry" in r.getMessage() for r in caplog.records) == 2
