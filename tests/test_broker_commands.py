@@ -64,6 +64,13 @@ def _brpops(channel, start, fetches: int) -> list[bytes]:
     if channel.client.connection is None:  # kombu's poller gets it when it registers the channel
         channel.client.connection = channel.client.connection_pool.get_connection()
     connection = channel.client.connection
+    pack = connection.pack_command
+
+    def counted(*args):
+        channel.packs = getattr(channel, "packs", 0) + 1
+        return pack(*args)
+
+    connection.pack_command = counted
     connection.send_packed_command = lambda packed, check_health=True: sent.append(b"".join(packed))
     connection.send_command = lambda *args, **kw: sent.append(b"".join(connection.pack_command(*args)))
     for _ in range(fetches):
@@ -76,7 +83,8 @@ def _brpops(channel, start, fetches: int) -> list[bytes]:
 def test_the_kept_brpop_is_the_one_kombu_would_send(redis_url, namespace):
     """The worker's transport packs each BRPOP once per order of its queues: over a full rotation of
     three queues (two turns of it), it sends exactly the bytes kombu's own ``_brpop_start`` sends for
-    the same queues, priority steps and key prefix; a new connection gets a fresh pack."""
+    the same queues, priority steps and key prefix, packing each order once; a new connection gets
+    a fresh pack."""
     from kombu import Connection, Consumer, Queue
     from kombu.transport import redis as kombu_redis
 
@@ -91,6 +99,7 @@ def test_the_kept_brpop_is_the_one_kombu_would_send(redis_url, namespace):
             Consumer(channel, queues, accept=["json"]).consume()
             sent[name] = _brpops(channel, start, 6)
             if name == "ours":
+                assert channel.packs == 3  # once per order of the three queues, not once per fetch
                 first = channel._brpop_packed_on
                 channel.client.connection = channel.client.connection_pool.get_connection()
                 sent["ours"] += _brpops(channel, start, 1)
@@ -99,3 +108,24 @@ def test_the_kept_brpop_is_the_one_kombu_would_send(redis_url, namespace):
     assert sent["ours"][:6] == sent["kombu"], (sent["ours"][:6], sent["kombu"])
     assert sent["ours"][6] == sent["kombu"][0]  # the rotation goes on from where it was: 6 mod 3 = 0
     assert f"{namespace}:{namespace}.q0".encode() in sent["ours"][0]
+
+
+def test_one_event_dispatcher_per_app_and_it_goes_with_the_app(redis_url, namespace):
+    """The ``task-sent`` events of every group an app sends share one disabled Celery event
+    dispatcher (building one opens a broker Connection object), kept on the app: an app no longer
+    used is collected with it (a cache beside the app would keep it alive: the dispatcher holds it)."""
+    import gc
+    import weakref
+
+    from celery import Celery
+
+    from toolfleet.dispatcher.sent_events import SentEvents
+
+    app = Celery(f"{namespace}-events", broker=redis_url)
+    first, second = SentEvents(app), SentEvents(app)
+    assert first.dispatcher is second.dispatcher and first.dispatcher.app is app
+    assert SentEvents(Celery(f"{namespace}-other", broker=redis_url)).dispatcher is not first.dispatcher
+    gone = weakref.ref(app)
+    del app, first, second
+    gc.collect()
+    assert gone() is None

@@ -271,9 +271,12 @@ class Sender:
             self.availability.breakers.read_state(pipe, tool)
         try:
             replies = pipe.execute(raise_on_error=False)
-        except redis.RedisError as exc:
+        except redis.RedisError:
+            # the audit entry may not be written (a cluster gives up on the whole pipeline when one
+            # of its nodes fails, the turn's node too): it goes on its own, as before this round
+            # trip was shared (at worst written twice, never lost to another key's node)
             if calls:
-                log.warning("audit: could not append the `submitted` entry of turn %s (%s)", turn.turn_id, exc)
+                turn._submitter.announce(turn.turn_id, calls)
             return None, set()
         if any(isinstance(r, Exception) for r in replies[:audited]):
             log.warning("audit: could not append the `submitted` entry of turn %s (%s)", turn.turn_id,

@@ -51,7 +51,9 @@ from kombu.transport import redis as kombu_redis
 
 log = logging.getLogger(__name__)
 TRANSPORT_CLASS = "toolfleet.worker.transport:Transport"
-BRPOP_PACKED_MAX = 256  # packed BRPOP commands kept per channel (one per order of its queues)
+# packed BRPOP commands kept per channel (one per order of its queues), counted in keys: a worker of
+# 10 tool queues keeps all 10 orders (400 keys); one of hundreds of queues keeps a few and repacks
+BRPOP_PACKED_MAX_KEYS = 4096
 
 
 class QoS(kombu_redis.QoS):
@@ -118,7 +120,7 @@ class Channel(kombu_redis.Channel):
             command_args: list[Any] = ["BRPOP", *keys, timeout or 0]
             if self.global_keyprefix:
                 command_args = self.client._prefix_args(command_args)
-            if len(self._brpop_packed) >= BRPOP_PACKED_MAX:
+            if (len(self._brpop_packed) + 1) * len(keys) > BRPOP_PACKED_MAX_KEYS:
                 self._brpop_packed.clear()
             packed = self._brpop_packed[cache_key] = connection.pack_command(*command_args)
         self._in_poll = connection
