@@ -187,3 +187,18 @@ def test_a_failed_read_before_a_send_leaves_each_check_to_read_for_itself(dispat
     # the audit entry of each refused round trip was written on its own: every call has its `submitted`
     submitted = [e.call_id for e in dispatcher.ledger.audit.read(turn.turn_id) if e.type == "submitted"]
     assert sorted(submitted) == ["w0", "w1", "w2"], submitted
+
+
+def test_an_error_reply_in_the_read_before_a_send_is_logged_and_the_checks_go_on(dispatcher, worker, workspace,
+                                                                                caplog):
+    """A Redis error reply to the audit write of that round trip (here WRONGTYPE: the audit key is
+    made a string first, as an ACL refusing XADD would answer an error too) is logged; the turn-armed
+    and breaker replies after it are still read in their places, and the chain runs."""
+    turn_id = "audit-key-taken"
+    dispatcher.ledger.redis.set(Keys(dispatcher.settings.namespace).turn_audit(turn_id), "not a stream")
+    chain = [call(f"w{i}", "wait_write", label="y", seconds=0.05) for i in range(3)]
+    with caplog.at_level("WARNING", logger="toolfleet.dispatcher.sending"):
+        results = dispatcher.run(chain, workspace=str(workspace), turn_id=turn_id, timeout_s=30)
+    assert [r.ok for r in results] == [True, True, True], [r.content for r in results]
+    logged = [r.getMessage() for r in caplog.records if "could not append the `submitted` entry" in r.getMessage()]
+    assert len(logged) >= 2 and all("WRONGTYPE" in m for m in logged), logged
