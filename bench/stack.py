@@ -24,7 +24,7 @@ import redis
 
 from toolfleet import Dispatcher, Settings, default_registry
 from toolfleet.keys import Keys
-from toolfleet.ledger import client_for
+from toolfleet.redis_client import client_for
 from toolfleet.signing import generate_key
 
 from . import raw_celery

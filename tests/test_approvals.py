@@ -13,7 +13,7 @@ import pytest
 from toolfleet import Dispatcher, NotPending, Policy, ToolCall
 from toolfleet.audit import AuditLog
 from toolfleet.keys import Keys
-from toolfleet.ledger import client_for
+from toolfleet.redis_client import client_for
 
 from .conftest import ROOT, make_registry
 

@@ -17,7 +17,7 @@ from celery.events.receiver import EventReceiver
 from toolfleet import Dispatcher, Policy, ToolCall
 from toolfleet.audit import AuditLog
 from toolfleet.keys import Keys
-from toolfleet.ledger import client_for
+from toolfleet.redis_client import client_for
 from toolfleet.trace import build_timeline
 
 from .conftest import ROOT, make_registry

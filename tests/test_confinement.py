@@ -327,7 +327,7 @@ def test_links_made_by_an_earlier_command_in_the_batch_still_order_the_spellings
 
 
 def test_lock_names_are_canonical_across_spellings(settings, workspace):
-    from toolfleet.ledger import connect
+    from toolfleet.redis_client import connect
 
     (workspace / "sub").mkdir()
     (workspace / "alias").symlink_to("sub")

@@ -80,7 +80,7 @@ def test_abandoned_refund_without_probe_is_outcome_unknown(dispatcher, worker, w
 def test_probe_that_finds_nothing_lets_the_handler_run(dispatcher, worker, workspace, settings):
     """An execution that started and died before the money moved: the probe finds no refund, so
     the call runs (the effect happens once)."""
-    from toolfleet.ledger import connect
+    from toolfleet.redis_client import connect
 
     journal = Journal(settings, connect(settings.ledger))
     key = journal.key("refund", "arg:order-G7")
@@ -94,8 +94,8 @@ def test_probe_that_finds_nothing_lets_the_handler_run(dispatcher, worker, works
 
 
 def test_journal_verdicts(settings):
-    from toolfleet.ledger import connect
     from toolfleet.models import ToolResult
+    from toolfleet.redis_client import connect
 
     journal = Journal(settings, connect(settings.ledger))
     key = journal.key("t", "k")
@@ -138,7 +138,7 @@ def test_writes_are_journaled_by_default_and_reads_are_not():
 def test_a_dead_executions_release_leaves_a_newer_execution_of_the_same_call_held(settings):
     """Both executions of one call have the same owner (turn_id:call_id): the main process that saw
     the stale one's pool process die releases by owner, but never the entry the newer claim holds."""
-    from toolfleet.ledger import connect
+    from toolfleet.redis_client import connect
 
     journal = Journal(settings, connect(settings.ledger))
     key = journal.key("t", "newer-holds")

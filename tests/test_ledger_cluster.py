@@ -207,7 +207,7 @@ def test_broken_ledger_url_is_refused_naming_it():
 
 def test_unreachable_cluster_is_broker_unavailable_naming_the_url(tmp_path: Path):
     from toolfleet.errors import BrokerUnavailable
-    from toolfleet.ledger import connect
+    from toolfleet.redis_client import connect
 
     with pytest.raises(BrokerUnavailable) as caught:
         connect("redis+cluster://127.0.0.1:1")

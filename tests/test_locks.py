@@ -42,7 +42,7 @@ def test_two_processes_writing_the_same_file_do_not_interleave(settings, start_w
     procs = {tag: spawn_turn(settings, workspace, [call(f"{tag}{i}", "append_line", path="history.txt",
                                                         line=f"{tag} {i}") for i in range(WRITES_PER_TURN)], go)
              for tag in ("A", "B")}
-    from toolfleet.ledger import client_for
+    from toolfleet.redis_client import client_for
 
     client_for(settings.ledger).rpush(go, "go", "go")  # the scripts wait on their ledger client
     runs = {tag: finish(proc) for tag, proc in procs.items()}
@@ -94,7 +94,7 @@ def test_waiting_too_long_for_a_lock_gives_tool_unavailable(settings, start_work
 
 
 def test_lock_conflicts_follow_the_planner_rule(settings):
-    from toolfleet.ledger import connect
+    from toolfleet.redis_client import connect
 
     locks = ResourceLocks(settings, connect(settings.ledger))
     assert locks.acquire("A", lock_names("/ws", ["fs:notes"])) is None

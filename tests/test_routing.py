@@ -11,7 +11,7 @@ import sys
 
 from toolfleet import ToolCall
 from toolfleet.keys import Keys
-from toolfleet.ledger import client_for
+from toolfleet.redis_client import client_for
 
 from .conftest import ROOT
 

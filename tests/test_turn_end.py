@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from toolfleet.keys import Keys
-from toolfleet.ledger import client_for
+from toolfleet.redis_client import client_for
 
 from .conftest import ROOT, TEST_TOOLS
 from .faults import call, wait_started, wait_until

@@ -354,7 +354,7 @@ def tools_cmd(
     live (or Redis does not answer, or with --local or --tools) they are the built-in tools plus
     --tools modules. Where they came from is said on stderr."""
     from .dispatcher.adapters import get_adapter
-    from .ledger import connect
+    from .redis_client import connect
     from .tools.registry import default_registry
     from .view import print_catalog
     from .worker.catalog import live_catalog
@@ -387,7 +387,7 @@ def tools_cmd(
 
 def _live_entries(settings: Settings) -> list[dict[str, Any]]:
     """The live workers' catalog entries, or [] when Redis does not answer."""
-    from .ledger import connect
+    from .redis_client import connect
     from .worker.catalog import live_catalog
 
     try:

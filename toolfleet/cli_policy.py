@@ -141,8 +141,8 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per 
         namespace: NamespaceOpt = None,
     ) -> None:
         """List the remembered approval rules (or forget one)."""
-        from .ledger import connect
         from .policy import RuleStore
+        from .redis_client import connect
 
         settings = _settings(redis_url, namespace)
         try:
@@ -183,7 +183,7 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per 
         (--html FILE: a page drawing its plan as a graph and its timeline per call and worker)."""
         from .audit import AuditLog
         from .keys import Keys
-        from .ledger import connect
+        from .redis_client import connect
         from .trace import build_timeline, print_timeline
 
         settings = _settings(redis_url, namespace)

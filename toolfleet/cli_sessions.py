@@ -33,7 +33,7 @@ def sessions(
     """List the open sessions with stored state (id, age, expiry, each state's version and size);
     or open or close one. Exit 1 with a clear error when Redis does not answer or a value is bad."""
     from .keys import Keys
-    from .ledger import connect
+    from .redis_client import connect
     from .tools.state import SessionStore
 
     try:

@@ -61,7 +61,7 @@ def worker(
     (the reason is printed) unless --sandbox none was chosen explicitly. It refuses to start
     without a fleet key unless --insecure-no-signing is given (docs/signing.md)."""
     from .access import check_worker_access
-    from .ledger import connect
+    from .redis_client import connect
     from .tools.registry import default_registry
     from .tools.sandbox import serve_sandboxed
     from .worker.app import create_app

@@ -40,13 +40,11 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisClusterException
 
 from . import ledger_scripts as lua
 from .access import refused
@@ -55,49 +53,13 @@ from .breaker import success_lua
 from .errors import BrokerRefused, BrokerUnavailable, TurnNotFound
 from .keys import ATTEMPTS, FENCE, SENT_AFTER, STARTED, Keys, run_field
 from .models import ErrorCode, ToolResult
-from .settings import CLUSTER_SCHEMES, Settings
+from .redis_client import REDIS_DOWN, connect, translated
+from .settings import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError)
 ARM_WAIT_S = 10.0  # longest a worker waits for an unarmed turn before calling it abandoned
 TTL_SLACK = 0.01  # end_turn leaves a time to live set this share of result_ttl_s ago as it is
-
-
-def connect(url: str) -> redis.Redis:
-    """A redis-py client for ``url`` that answers, else :class:`BrokerUnavailable` (or
-    :class:`BrokerRefused` when Redis refuses the login). ``redis+cluster://`` /
-    ``rediss+cluster://``: a Redis Cluster client (:func:`client_for`)."""
-    with translated(url):
-        try:
-            client = client_for(url, socket_connect_timeout=3, health_check_interval=30)
-            client.ping()
-        except RedisClusterException as exc:  # no seed node of a cluster answers
-            raise BrokerUnavailable(url, str(exc)) from exc
-    return client
-
-
-def client_for(url: str, **options: Any) -> redis.Redis:
-    """redis-py's client for ``url``: ``redis.cluster.RedisCluster`` (seeded from the node in the
-    URL, the rest found by ``CLUSTER SLOTS``) when the scheme is ``redis+cluster://`` or
-    ``rediss+cluster://``, else ``redis.Redis``. ``options``: redis-py connection keywords."""
-    if url.startswith(CLUSTER_SCHEMES):
-        return RedisCluster.from_url(url.replace("+cluster", "", 1), **options)  # type: ignore[return-value]
-    return redis.Redis.from_url(url, **options)
-
-
-@contextmanager
-def translated(url: str) -> Iterator[None]:
-    """Turn redis-py's connection errors inside the block into :class:`BrokerUnavailable`, and
-    Redis refusing the login or a command (ACL rules) into :class:`BrokerRefused`."""
-    try:
-        yield
-    except (redis.RedisError, OSError) as exc:
-        if refused(exc):
-            raise BrokerRefused(url, str(exc)) from exc
-        if isinstance(exc, REDIS_DOWN):
-            raise BrokerUnavailable(url, str(exc)) from exc
-        raise
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 import redis
 
 from ..keys import Keys
-from ..ledger import client_for
+from ..redis_client import client_for
 from ..settings import Settings
 from ..worker.affinity import LIVE_TOOLS, worker_queue
 

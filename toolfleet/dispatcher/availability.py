@@ -32,8 +32,8 @@ from celery import Celery
 
 from ..breaker import CLOSED, PROBE, Breakers
 from ..keys import Keys
-from ..ledger import translated
 from ..models import ErrorCode, ToolResult
+from ..redis_client import translated
 from ..settings import Settings
 from ..signing import signed_fields
 from ..tools.published import readable_tools, version_conflicts

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 import redis
 
 from ..keys import Keys
-from ..ledger import translated
+from ..redis_client import translated
 from ..settings import Settings
 
 _ACQUIRE = """

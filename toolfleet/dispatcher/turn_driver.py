@@ -18,8 +18,8 @@ from typing import Any
 import redis
 
 from ..errors import BrokerUnavailable, ToolfleetError
-from ..ledger import REDIS_DOWN
 from ..models import ErrorCode, ToolResult
+from ..redis_client import REDIS_DOWN
 
 log = logging.getLogger(__name__)
 BLOCK_MS = 100

@@ -244,7 +244,7 @@ def with_live_tools(registry: Registry, settings: Any) -> Registry:
     """``registry`` plus the tools the live workers of ``settings.namespace`` publish that it lacks (the
     hosted MCP servers' ``NAME__tool``s): what a dispatcher needs to validate and plan their calls.
     Raises :class:`~toolfleet.errors.BrokerUnavailable` if Redis does not answer."""
-    from ..ledger import connect
+    from ..redis_client import connect
     from ..worker.catalog import live_catalog
 
     for entry in live_catalog(settings, connect(settings.ledger)):

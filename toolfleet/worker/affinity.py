@@ -54,8 +54,8 @@ from celery.signals import celeryd_after_setup, worker_shutdown
 
 from ..errors import ToolFailure
 from ..keys import Keys
-from ..ledger import client_for
 from ..models import ErrorCode, ToolResult
+from ..redis_client import client_for
 from .authenticity import message_problem, report_drop
 from .catalog import mget
 from .live_shell import Shell

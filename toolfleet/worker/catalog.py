@@ -20,8 +20,8 @@ from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 
 from ..keys import Keys
-from ..ledger import client_for
 from ..observe.metrics import heartbeat
+from ..redis_client import client_for
 from ..settings import Settings
 
 

@@ -11,9 +11,10 @@ import redis
 from ..breaker import Breakers
 from ..interrupt_safe import make_interrupt_safe
 from ..keys import Keys
-from ..ledger import Ledger, client_for
+from ..ledger import Ledger
 from ..policy.config import Policy
 from ..policy.rules import RuleStore
+from ..redis_client import client_for
 from ..settings import Settings
 from ..tools.registry import Registry
 from ..tools.stored_output import OutputStore
