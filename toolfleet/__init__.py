@@ -28,8 +28,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                              "OpenAIChatStreamAdapter", "OpenAIResponsesAdapter", "OpenAIResponsesStreamAdapter",
                              "get_adapter"),
     ".dispatcher.approvals": ("PendingCall",),
-    ".errors": ("BatchRejected", "BrokerRefused", "BrokerUnavailable", "CallCancelled", "ConfigurationError",
-                "NotPending", "PermissionDenied", "ToolFailure", "ToolfleetError", "ToolTimeout", "TurnNotFound"),
+    ".errors": ("BatchRejected", "BrokerBusy", "BrokerRefused", "BrokerUnavailable", "CallCancelled",
+                "ConfigurationError", "NotPending", "PermissionDenied", "ToolFailure", "ToolfleetError", "ToolTimeout",
+                "TurnNotFound"),
     ".models": ("ErrorCode", "ToolCall", "ToolError", "ToolResult"),
     ".policy": ("CommandRules", "LoopRules", "Policy", "Rule", "Verdict"),
     ".settings": ("Settings",),
@@ -56,6 +57,7 @@ if _typing.TYPE_CHECKING:  # for type checkers and IDEs: the same names, importe
     from .dispatcher.approvals import PendingCall
     from .errors import (
         BatchRejected,
+        BrokerBusy,
         BrokerRefused,
         BrokerUnavailable,
         CallCancelled,
@@ -102,6 +104,7 @@ __all__ = [
     "AsyncTurn",
     "AnthropicStreamAdapter",
     "BatchRejected",
+    "BrokerBusy",
     "BrokerRefused",
     "BrokerUnavailable",
     "CallCancelled",

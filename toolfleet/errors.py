@@ -61,6 +61,24 @@ class BrokerUnavailable(ToolfleetError):
         super().__init__(message)
 
 
+class BrokerBusy(BrokerUnavailable):
+    """Raised when Redis answers but refuses writes for a while, past the caller's retry budget:
+    out of memory at ``maxmemory`` (``OOM``), a read-only replica after a failover
+    (``READONLY``), a cluster without a master for a slot, a script holding the server, a failed
+    snapshot (``MISCONF``). The message names the URL (password masked), Redis's reply and what
+    usually ends it (:func:`toolfleet.redis_client.busy`)."""
+
+    def __init__(self, url: str, detail: str = "") -> None:
+        from kombu.utils.url import maybe_sanitize_url
+
+        ToolfleetError.__init__(
+            self, f"Redis at {maybe_sanitize_url(url)} answers but refuses writes for now ({detail}). Give it "
+            "memory (maxmemory, with the policy noeviction: docs/deploying.md), point the URL at the current "
+            "master, or wait for the cluster to elect one."
+        )
+        self.url = maybe_sanitize_url(url)
+
+
 class BrokerRefused(BrokerUnavailable):
     """Raised when Redis answers but refuses: a wrong user or password (``WRONGPASS``), or an ACL
     user without the right to a command, key or channel (``NOPERM``). The message names the URL

@@ -45,15 +45,15 @@ from typing import Any, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
+from redis.exceptions import ReadOnlyError
 
 from . import ledger_scripts as lua
-from .access import refused
 from .audit import AuditLog
 from .breaker import success_lua
-from .errors import BrokerRefused, BrokerUnavailable, TurnNotFound
+from .errors import TurnNotFound
 from .keys import ATTEMPTS, FENCE, SENT_AFTER, STARTED, Keys, run_field
 from .models import ErrorCode, ToolResult
-from .redis_client import REDIS_DOWN, connect, translated
+from .redis_client import as_broker_error, busy, connect, translated, unavailable
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -99,20 +99,24 @@ class Ledger:
         self._breaker_ok = self.redis.register_script(success_lua("KEYS[1]", "KEYS[2]"))
 
     def retrying(self, op: Callable[[], T]) -> T:
-        """Run ``op``; while Redis is down, retry it for ``retry_s`` (then BrokerUnavailable)."""
+        """Run ``op``; while Redis is down or refusing writes for a while (``OOM``, ``READONLY``...:
+        :func:`~toolfleet.redis_client.busy`), retry it for ``retry_s``, then raise
+        :class:`BrokerUnavailable` (:class:`~toolfleet.errors.BrokerBusy` for the second). An ACL
+        refusal raises :class:`~toolfleet.errors.BrokerRefused` at once; any other Redis error
+        (a script's bug) is raised as it is."""
         deadline = time.monotonic() + self.retry_s
         pause_s = 0.05
         while True:
             try:
                 return op()
             except (redis.RedisError, OSError) as exc:
-                if refused(exc):  # Redis says no (ACL rules): no outage, no retry
-                    raise BrokerRefused(self.settings.redis_url, str(exc)) from exc
-                if not isinstance(exc, REDIS_DOWN):
-                    raise
-                if time.monotonic() + pause_s > deadline:
-                    raise BrokerUnavailable(self.settings.redis_url, str(exc)) from exc
-                log.warning("Redis unreachable (%s); retrying for up to %.0f s", exc, deadline - time.monotonic())
+                # an ACL refusal (no outage) or a bug: at once; unreachable or busy (OOM, READONLY...): wait
+                if not unavailable(exc) or time.monotonic() + pause_s > deadline:
+                    raise as_broker_error(self.settings.redis_url, exc) from exc
+                if isinstance(exc, ReadOnlyError) and not self.cluster:  # a failover: connect again (DNS may move)
+                    self.redis.connection_pool.disconnect(inuse_connections=False)
+                log.warning("Redis %s (%s: %s); retrying for up to %.0f s", "busy" if busy(exc) else "unreachable",
+                            type(exc).__name__, exc, deadline - time.monotonic())
                 time.sleep(pause_s)
                 pause_s = min(pause_s * 2, 1.0)
 

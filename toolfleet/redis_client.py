@@ -12,13 +12,43 @@ from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisClusterException
+from redis.exceptions import (
+    ClusterDownError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisClusterException,
+    TryAgainError,
+)
 
 from .access import refused
-from .errors import BrokerRefused, BrokerUnavailable
+from .errors import BrokerBusy, BrokerRefused, BrokerUnavailable
 from .settings import CLUSTER_SCHEMES
 
 REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError)  # Redis unreachable, not refusing
+# Redis answering but refusing for a while, by its error replies (redis-py's classes for OOM,
+# READONLY, CLUSTERDOWN / MASTERDOWN, TRYAGAIN; LOADING is redis-py's BusyLoadingError, a
+# ConnectionError already): https://redis.io/docs/latest/develop/reference/protocol-spec/#simple-errors
+REDIS_BUSY = (OutOfMemoryError, ReadOnlyError, ClusterDownError, TryAgainError)
+BUSY_REPLIES = ("BUSY ", "MISCONF ", "NOREPLICAS ")  # replies redis-py leaves as a plain ResponseError
+
+
+def busy(exc: BaseException) -> bool:
+    """``exc`` is Redis answering but refusing every write for a while: out of memory at
+    ``maxmemory`` with nothing it may evict (``OOM``), a replica that was the master before a
+    failover (``READONLY``), a cluster without a master for a slot (``CLUSTERDOWN``,
+    ``MASTERDOWN``, ``TRYAGAIN``), a script holding the server (``BUSY``), a failed snapshot that
+    stops writes (``MISCONF``), too few replicas (``NOREPLICAS``). Like an outage, it ends by
+    itself or by an operator; unlike an ACL refusal (:func:`toolfleet.access.refused`), waiting
+    helps."""
+    if isinstance(exc, REDIS_BUSY):
+        return True
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith(BUSY_REPLIES)
+
+
+def unavailable(exc: BaseException) -> bool:
+    """``exc`` is Redis unreachable (:data:`REDIS_DOWN`) or refusing for a while (:func:`busy`):
+    the errors a step may be retried on, within its budget."""
+    return isinstance(exc, REDIS_DOWN) or busy(exc)
 
 
 def connect(url: str) -> redis.Redis:
@@ -45,13 +75,22 @@ def client_for(url: str, **options: Any) -> redis.Redis:
 
 @contextmanager
 def translated(url: str) -> Iterator[None]:
-    """Turn redis-py's connection errors inside the block into :class:`BrokerUnavailable`, and
-    Redis refusing the login or a command (ACL rules) into :class:`BrokerRefused`."""
+    """Turn redis-py's connection errors inside the block into :class:`BrokerUnavailable`, Redis
+    refusing writes for a while (:func:`busy`) into :class:`BrokerBusy`, and Redis refusing the
+    login or a command (ACL rules) into :class:`BrokerRefused`."""
     try:
         yield
     except (redis.RedisError, OSError) as exc:
-        if refused(exc):
-            raise BrokerRefused(url, str(exc)) from exc
-        if isinstance(exc, REDIS_DOWN):
-            raise BrokerUnavailable(url, str(exc)) from exc
-        raise
+        raise as_broker_error(url, exc) from exc
+
+
+def as_broker_error(url: str, exc: BaseException) -> BaseException:
+    """toolfleet's error for redis-py's ``exc`` on ``url`` (:func:`translated`), or ``exc`` itself
+    when it is none of those (a script's bug, a wrong key type: not the environment)."""
+    if refused(exc):
+        return BrokerRefused(url, str(exc))
+    if busy(exc):
+        return BrokerBusy(url, f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, REDIS_DOWN):
+        return BrokerUnavailable(url, str(exc))
+    return exc
