@@ -130,3 +130,21 @@ def test_printed_follow_up_commands_name_the_namespace(settings):
     assert f"--namespace {settings.namespace}" in where(settings)
     secret = settings.model_copy(update={"redis_url": "redis://:hunter2@10.0.0.5:6379/0"})
     assert "hunter2" not in where(secret)
+
+
+def test_calls_submitted_under_a_cancelled_turn_id_say_they_did_not_run(dispatcher, worker, workspace):
+    """A turn id whose turn was cancelled, taking a new batch (a resumed agent reusing its id):
+    the new calls do not run, and their results say so (NOT_EXECUTED), not that they "had started
+    before" (CANCELLED), which only a call redelivered after its start may say."""
+    from . import refund_store
+
+    first = dispatcher.submit([call("w1", "wait_write", label="a", seconds=30)], workspace=str(workspace))
+    wait_started(dispatcher, first.turn_id, "w1")
+    first.cancel()
+    assert first.results(timeout_s=30)[0].code is ErrorCode.CANCELLED
+    again = dispatcher.submit([call("n1", "add_note", text="late"), call("r1", "wait_read", label="b")],
+                              workspace=str(workspace), turn_id=first.turn_id)
+    results = again.results(timeout_s=30)
+    assert [r.code for r in results] == [ErrorCode.NOT_EXECUTED, ErrorCode.NOT_EXECUTED], results
+    assert all("had started before" not in r.content for r in results), results
+    assert refund_store.notes(workspace) == []

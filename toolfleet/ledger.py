@@ -428,6 +428,11 @@ class Ledger:
         raw = self.retrying(lambda: self.redis.hget(self.keys.turn_runs(turn_id), run_field(ATTEMPTS, call_id)))
         return int(raw or 1)
 
+    def began(self, turn_id: str, call_id: str) -> bool:
+        """A worker's claim began the call at least once (its attempts counted)."""
+        return self.retrying(lambda: self.redis.hget(self.keys.turn_runs(turn_id), run_field(ATTEMPTS, call_id))) \
+            is not None
+
     def with_run_facts(self, turn_id: str, result: ToolResult) -> ToolResult:
         """``result`` with ``attempts``, ``worker`` and ``run_ms`` filled from the call's claim when
         a handler began it (the ledger's ``started`` record: worker and start time; the attempts

@@ -17,6 +17,7 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 
 from ..errors import BrokerUnavailable, CallCancelled, ToolFailure
+from ..ledger import not_executed
 from ..models import CallEnvelope, ErrorCode, ToolResult
 from ..observe.results import result_recorded
 from ..tools.context import ToolContext
@@ -99,6 +100,8 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
                     "ask again if the call is still wanted",
                 )
                 return _record(runtime, env, result, worker, picked_at, picked_at)
+            if not ledger.began(env.turn_id, env.call_id):  # a cancelled turn id taking calls again
+                return _record(runtime, env, not_executed(env.call_id, env.name), worker, picked_at, picked_at)
             # Redelivered after it had started once, and the turn is cancelled: do not run again.
             result = ToolResult.failure(
                 env.call_id,
