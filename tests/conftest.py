@@ -123,7 +123,7 @@ class WorkerProcess:
     """A ``toolfleet worker`` process (prefork pool) for one test."""
 
     def __init__(self, settings: Settings, concurrency: int, name: str, args: Sequence[str] = (),
-                 python_path: Sequence[str] = (), tools: str = TEST_TOOLS) -> None:
+                 python_path: Sequence[str] = (), tools: str = TEST_TOOLS, log_path: Path | None = None) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *python_path]),
                    TOOLFLEET_NAMESPACE=settings.namespace,
                    TOOLFLEET_HEARTBEAT_S=str(settings.heartbeat_s),
@@ -151,7 +151,16 @@ class WorkerProcess:
             argv.append("--insecure-no-signing")
         if settings.broker_url:
             argv += ["--broker-url", settings.broker_url]
-        self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, start_new_session=True)
+        self.log_path = log_path  # the worker's log (stderr), when a test reads it
+        log = None if log_path is None else open(log_path, "ab")  # noqa: SIM115 - the child keeps it
+        self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, start_new_session=True, stderr=log)
+        if log is not None:
+            log.close()
+
+    def log_text(self) -> str:
+        """What the worker logged so far (started with ``log_path``)."""
+        assert self.log_path is not None, "start the worker with log_path to read its log"
+        return self.log_path.read_text(errors="replace")
 
     def children(self) -> list[int]:
         """Process ids of the prefork pool's processes."""
@@ -194,11 +203,13 @@ def start_worker(settings: Settings) -> Iterator:
     started: list[WorkerProcess] = []
 
     def start(concurrency: int = 2, name: str = "w", args: Sequence[str] = (),
-              settings: Settings = settings, python_path: Sequence[str] = (), tools: str = TEST_TOOLS) -> WorkerProcess:
+              settings: Settings = settings, python_path: Sequence[str] = (), tools: str = TEST_TOOLS,
+              log_path: Path | None = None) -> WorkerProcess:
         """``args``: extra ``toolfleet worker`` options, e.g. ``["--policy", path]``; ``settings``:
         another namespace or Redis than the test's (a private Redis); ``python_path``: folders the
-        worker (only) imports from; ``tools``: its ``--tools`` module (default: the tests' tools)."""
-        worker = WorkerProcess(settings, concurrency, f"{name}{len(started)}", args, python_path, tools)
+        worker (only) imports from; ``tools``: its ``--tools`` module (default: the tests' tools);
+        ``log_path``: a file its log goes to (``worker.log_text()``), instead of the test's output."""
+        worker = WorkerProcess(settings, concurrency, f"{name}{len(started)}", args, python_path, tools, log_path)
         started.append(worker)
         worker.wait_ready()
         return worker

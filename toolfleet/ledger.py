@@ -40,6 +40,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -50,7 +51,7 @@ from redis.exceptions import ReadOnlyError
 from . import ledger_scripts as lua
 from .audit import AuditLog
 from .breaker import success_lua
-from .errors import TurnNotFound
+from .errors import BrokerUnavailable, TurnNotFound
 from .keys import ATTEMPTS, FENCE, SENT_AFTER, STARTED, Keys, run_field
 from .models import ErrorCode, ToolResult
 from .redis_client import as_broker_error, busy, connect, translated, unavailable
@@ -110,15 +111,33 @@ class Ledger:
             try:
                 return op()
             except (redis.RedisError, OSError) as exc:
+                self._after_error(exc)
                 # an ACL refusal (no outage) or a bug: at once; unreachable or busy (OOM, READONLY...): wait
                 if not unavailable(exc) or time.monotonic() + pause_s > deadline:
                     raise as_broker_error(self.settings.redis_url, exc) from exc
-                if isinstance(exc, ReadOnlyError) and not self.cluster:  # a failover: connect again (DNS may move)
-                    self.redis.connection_pool.disconnect(inuse_connections=False)
                 log.warning("Redis %s (%s: %s); retrying for up to %.0f s", "busy" if busy(exc) else "unreachable",
                             type(exc).__name__, exc, deadline - time.monotonic())
                 time.sleep(pause_s)
                 pause_s = min(pause_s * 2, 1.0)
+
+    def _after_error(self, exc: BaseException) -> None:
+        """A ``READONLY`` reply: this Redis was demoted by a failover, and Redis keeps its clients
+        connected; the next command connects again (the URL's name may point at the new master
+        by then). Idle connections only: another thread's command is left to finish."""
+        if isinstance(exc, ReadOnlyError) and not self.cluster:  # a cluster client follows its slots itself
+            self.redis.connection_pool.disconnect(inuse_connections=False)
+
+    @contextmanager
+    def _translated(self) -> Iterator[None]:
+        """:func:`~toolfleet.redis_client.translated` for this ledger's client, connecting again
+        after a ``READONLY`` reply (:meth:`_after_error`)."""
+        try:
+            with translated(self.settings.redis_url):
+                yield
+        except BrokerUnavailable as exc:
+            if exc.__cause__ is not None:
+                self._after_error(exc.__cause__)
+            raise
 
     # --- dispatcher side ---
     def open_turn(self, turn_id: str, calls: dict[str, str], *, armed: bool = True) -> str:
@@ -133,7 +152,7 @@ class Ledger:
                            str(time.time())]
         for call_id, name in calls.items():
             args += [call_id, name]
-        with translated(self.settings.redis_url):
+        with self._translated():
             return _s(self._open(keys=keys, args=args))
 
     def renew_lease(self, turn_id: str) -> None:
@@ -144,7 +163,7 @@ class Ledger:
         pipe.set(k.turn_lease(turn_id), "1", px=int(self.settings.turn_lease_s * 1000))
         for key in self._turn_record(turn_id):  # per turn, not per call: kept alive while the turn lasts
             pipe.expire(key, self.settings.result_ttl_s)
-        with translated(self.settings.redis_url):
+        with self._translated():
             pipe.execute()
 
     def end_turn(self, turn_id: str, reason: str, *, ttl_set_s_ago: float = float("inf")) -> None:
@@ -169,7 +188,7 @@ class Ledger:
             renewed = (k.turn_events(turn_id), k.turn_results(turn_id))  # what per-call steps may re-create
         for key in renewed:
             pipe.expire(key, self.settings.result_ttl_s)  # the turn's record lives result_ttl_s past its end
-        with translated(self.settings.redis_url):
+        with self._translated():
             pipe.execute()
 
     def _turn_record(self, turn_id: str) -> tuple[str, ...]:
@@ -187,7 +206,7 @@ class Ledger:
         pipe = self.redis.pipeline(transaction=False)
         pipe.set(k.turn_armed(turn_id), "1", ex=ttl)
         pipe.xadd(k.turn_events(turn_id), {"type": "armed", "call_id": "", "data": ""})
-        with translated(self.settings.redis_url):
+        with self._translated():
             pipe.execute()
 
     def reopen(self, turn_id: str, calls: dict[str, str], results: Sequence[ToolResult], *, armed: bool) -> bool:
@@ -202,7 +221,7 @@ class Ledger:
             args += [result.call_id, result.model_dump_json(exclude_none=True)]
         keys = [k.turn_calls(turn_id), k.turn_armed(turn_id), k.turn_results(turn_id), k.turn_events(turn_id),
                 k.turn_runs(turn_id)]
-        with translated(self.settings.redis_url):
+        with self._translated():
             return bool(self._reopen(keys=keys, args=args))
 
     def add_calls(self, turn_id: str, calls: dict[str, str]) -> set[str]:
@@ -223,7 +242,7 @@ class Ledger:
         """Cancel a turn from any process. Returns how many calls were marked ``NOT_EXECUTED``,
         or -1 if the turn was already cancelled. Raises :class:`TurnNotFound` for an unknown turn."""
         k = self.keys
-        with translated(self.settings.redis_url):
+        with self._translated():
             if not self.redis.exists(k.turn_calls(turn_id)) and not self.redis.exists(k.turn_events(turn_id)):
                 raise TurnNotFound(f"no turn {turn_id!r} in namespace {k.ns!r}")
             keys = [
@@ -397,7 +416,7 @@ class Ledger:
         can no longer claim it (``superseded``), wherever it is held (a frozen worker's socket, an
         unacknowledged index, a queue)."""
         key = self.keys.turn_runs(turn_id)
-        with translated(self.settings.redis_url):
+        with self._translated():
             pipe = self.redis.pipeline(transaction=True)
             pipe.hset(key, run_field(SENT_AFTER, call_id), repr(time.time()))
             pipe.expire(key, self.settings.result_ttl_s)
@@ -427,11 +446,6 @@ class Ledger:
         """How many times workers began the call (1 on the first run)."""
         raw = self.retrying(lambda: self.redis.hget(self.keys.turn_runs(turn_id), run_field(ATTEMPTS, call_id)))
         return int(raw or 1)
-
-    def began(self, turn_id: str, call_id: str) -> bool:
-        """A worker's claim began the call at least once (its attempts counted)."""
-        return self.retrying(lambda: self.redis.hget(self.keys.turn_runs(turn_id), run_field(ATTEMPTS, call_id))) \
-            is not None
 
     def with_run_facts(self, turn_id: str, result: ToolResult) -> ToolResult:
         """``result`` with ``attempts``, ``worker`` and ``run_ms`` filled from the call's claim when

@@ -6,6 +6,7 @@ Celery's own broker connections are kombu's, not these.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -30,6 +31,10 @@ REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError)  # Redis unrea
 # ConnectionError already): https://redis.io/docs/latest/develop/reference/protocol-spec/#simple-errors
 REDIS_BUSY = (OutOfMemoryError, ReadOnlyError, ClusterDownError, TryAgainError)
 BUSY_REPLIES = ("BUSY ", "MISCONF ", "NOREPLICAS ")  # replies redis-py leaves as a plain ResponseError
+BUSY_CODES = ("OOM", "READONLY", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "BUSY", "MISCONF", "NOREPLICAS")
+# Redis 6 wraps a refusal inside a script: "Error running script (call to f_...): @user_script:1:
+# @user_script: 1: -OOM command not allowed ..." (Redis 7 passes the code through as it is)
+IN_SCRIPT = re.compile(r"@user_script: ?\d+: -(?:" + "|".join(BUSY_CODES) + ") ")
 
 
 def busy(exc: BaseException) -> bool:
@@ -42,7 +47,10 @@ def busy(exc: BaseException) -> bool:
     helps."""
     if isinstance(exc, REDIS_BUSY):
         return True
-    return isinstance(exc, redis.ResponseError) and str(exc).startswith(BUSY_REPLIES)
+    if not isinstance(exc, redis.ResponseError):
+        return False
+    text = str(exc)
+    return text.startswith(BUSY_REPLIES) or IN_SCRIPT.search(text) is not None
 
 
 def unavailable(exc: BaseException) -> bool:

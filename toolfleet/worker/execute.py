@@ -100,8 +100,11 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
                     "ask again if the call is still wanted",
                 )
                 return _record(runtime, env, result, worker, picked_at, picked_at)
-            if not ledger.began(env.turn_id, env.call_id):  # a cancelled turn id taking calls again
-                return _record(runtime, env, not_executed(env.call_id, env.name), worker, picked_at, picked_at)
+            if claim == "cancelled":  # a cancelled turn id taking calls again: those no claim began did not run
+                placeholder = not_executed(env.call_id, env.name)
+                if ledger.record_result(env.turn_id, placeholder, unless_started=True):  # one atomic check
+                    result_recorded(env, placeholder)
+                    return placeholder
             # Redelivered after it had started once, and the turn is cancelled: do not run again.
             result = ToolResult.failure(
                 env.call_id,
@@ -210,6 +213,13 @@ def _record(
         kept = ledger.record_result(env.turn_id, result, tool_worked=tool_worked, fencing_token=fencing_token)
     except BrokerUnavailable:
         raise
+    except SoftTimeLimitExceeded:
+        # the soft limit landed while the ledger waited out Redis (down, or busy: OOM, READONLY...):
+        # the handler's result is still the call's; try on, the hard limit (main process) bounds it
+        log.warning("call %s: its soft time limit passed while its result was being recorded; trying on until the "
+                    "hard limit", env.call_id)
+        kept = ledger.record_result(env.turn_id, storable(result), tool_worked=tool_worked,
+                                    fencing_token=fencing_token)
     except Exception as exc:  # the result cannot be stored: that failure is the call's result
         log.warning("call %s: its result could not be recorded (%s); recording EXECUTION_ERROR", env.call_id, exc)
         result = ToolResult.failure(
