@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis._parsers.base import BaseParser
 
-from toolfleet import BrokerBusy, BrokerUnavailable, Dispatcher, Settings
+from toolfleet import BrokerBusy, BrokerUnavailable, Dispatcher, ErrorCode, Settings
 from toolfleet.ledger import Ledger
 from toolfleet.redis_client import busy, unavailable
 
@@ -214,3 +214,31 @@ def _answers(client) -> bool:
         return bool(client.ping())
     except redis.ConnectionError:
         return False
+
+
+def test_a_claim_that_waits_out_redis_past_the_time_limit_did_not_run(private_redis, namespace, start_worker,
+                                                                       workspace, tmp_path):
+    """The ledger's Redis goes away after a worker took a message and before its claim could be
+    written (the turn not armed yet, so the worker waits on the ledger), and comes back only after
+    the call's soft time limit (``add_note``: 5 s + 0.5 s): the call did not run, and its result says
+    so (NOT_EXECUTED), not that it ran past its time limit (TIMEOUT). The broker is another Redis."""
+    broker, ledger_server = private_redis(persistent=False), private_redis(persistent=True)
+    settings = Settings(redis_url=broker.url, ledger_url=ledger_server.url, namespace=namespace,
+                        cancel_grace_s=0.5, kill_grace_s=5.0, heartbeat_s=0.5, fleet_key=FLEET_KEY)
+    worker = start_worker(settings=settings, concurrency=1, log_path=tmp_path / "worker.log")
+    broker_client = redis.Redis.from_url(broker.url)
+    with Dispatcher(settings, make_registry()) as dispatcher:
+        turn = dispatcher.open_turn(armed=False, workspace=str(workspace))
+        turn.add_calls([call("n1", "add_note", text="never")])
+        wait_until(lambda: broker_client.hlen(f"{namespace}.unacked") == 1, 20, "the worker taking the message")
+        ledger_server.kill()
+        try:
+            wait_until(lambda: "waited for Redis to start it" in worker.log_text(), 30,
+                       "the soft limit landing while the claim waits")
+        finally:
+            ledger_server.start()
+        turn.close()
+        results = turn.results(timeout_s=30)
+    assert results[0].code is ErrorCode.NOT_EXECUTED, results[0]
+    assert "did not run" in results[0].content
+    assert refund_store.notes(workspace) == []

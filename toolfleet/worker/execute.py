@@ -80,8 +80,11 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
     hard_s = float(hard_limit_s) if hard_limit_s else hard_limit_for(runtime, env)
     with runtime.watcher.track(ctx):
         claimed_at = time.monotonic()  # before the claim reads the breaker's failures
-        claim = ledger.claim_start(env.turn_id, env.call_id, worker, arm_wait_s=arm_wait_s(env),
-                                   hard_limit_s=hard_s, submitted_at=env.submitted_at, tool=spec.name)
+        try:
+            claim = ledger.claim_start(env.turn_id, env.call_id, worker, arm_wait_s=arm_wait_s(env),
+                                       hard_limit_s=hard_s, submitted_at=env.submitted_at, tool=spec.name)
+        except SoftTimeLimitExceeded:
+            return _not_started_in_time(runtime, env)
         if claim == "superseded":  # the dispatcher sent the call again: that message runs it, not this one
             return ToolResult.failure(env.call_id, env.name, ErrorCode.NOT_EXECUTED, SUPERSEDED_MESSAGE, "")
         if claim == "running":  # a copy of the message whose execution holds the call: nothing recorded
@@ -125,6 +128,22 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
     reset = worked and (claim.failures_seen or runtime.watcher.failures.failed_since(spec.name, claimed_at))
     return _record(runtime, env, result, worker, picked_at, started_at, tool_worked=spec.name if reset else None,
                    fencing_token=ctx.fencing_token)
+
+
+def _not_started_in_time(runtime: Runtime, env: CallEnvelope) -> ToolResult:
+    """The soft time limit landed while the claim waited out Redis (down, or busy): the handler
+    never ran. Recorded as ``NOT_EXECUTED`` only if no claim began the call (one atomic step:
+    a claim applied whose reply was lost makes it the execution's end, ``TIMEOUT``, as before)."""
+    log.warning("call %s: its time limit passed while the worker waited for Redis to start it; not run", env.call_id)
+    placeholder = ToolResult.failure(
+        env.call_id, env.name, ErrorCode.NOT_EXECUTED,
+        "the call's time limit passed before a worker could start it (Redis did not take the start); it did not run",
+        "nothing happened; ask again once the fleet's Redis answers",
+    )
+    if runtime.ledger.record_result(env.turn_id, placeholder, unless_started=True):
+        result_recorded(env, placeholder)
+        return placeholder
+    raise SoftTimeLimitExceeded()
 
 
 def _run_handler(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
