@@ -61,6 +61,19 @@ def test_a_workers_result_refuses_a_redelivered_copy(ledger):
     assert ledger.claim_start(turn, "c1", "w2@t", arm_wait_s=1) == "done"
 
 
+def test_the_same_result_recorded_again_after_a_lost_reply_is_no_late_note(ledger):
+    """A worker's record retried after its reply was lost (a dropped connection, a soft time limit
+    landing mid-reply) finds its own result there: kept (True), no late note; another result with
+    the same token still is one."""
+    turn = new_turn(ledger)
+    claim = ledger.claim_start(turn, "c1", "w@t", arm_wait_s=1)
+    assert ledger.record_result(turn, ok("c1"), fencing_token=claim.token)
+    assert ledger.record_result(turn, ok("c1"), fencing_token=claim.token)
+    assert ledger.late_notes(turn) == {}
+    assert not ledger.record_result(turn, timeout("c1"), fencing_token=claim.token)
+    assert [r.code for r in ledger.late_notes(turn)["c1"]] == [ErrorCode.TIMEOUT]
+
+
 def test_a_denied_call_is_refused(ledger, settings):
     turn = new_turn(ledger)
     approvals = Approvals(ledger, RuleStore(ledger.redis, Keys(settings.namespace), settings.redis_url))

@@ -26,6 +26,9 @@ def _busy_lines(worker) -> int:
 
 
 def _oom_worker(private_redis, namespace, start_worker, tmp_path):
+    # heartbeats of 0.5 s: the refusals below last several of them; the worker's catalog must stay
+    # alive through them (its heartbeat renews its time to live), or the dispatcher's watchdog
+    # answers the running call WORKER_LOST
     server = private_redis(persistent=False)
     settings = Settings(redis_url=server.url, namespace=namespace, cancel_grace_s=0.5, kill_grace_s=1.0,
                         heartbeat_s=0.5, fleet_key=FLEET_KEY)

@@ -46,7 +46,6 @@ from typing import Any, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import ReadOnlyError
 
 from . import ledger_scripts as lua
 from .audit import AuditLog
@@ -54,7 +53,7 @@ from .breaker import success_lua
 from .errors import BrokerUnavailable, TurnNotFound
 from .keys import ATTEMPTS, FENCE, SENT_AFTER, STARTED, Keys, run_field
 from .models import ErrorCode, ToolResult
-from .redis_client import as_broker_error, busy, connect, translated, unavailable
+from .redis_client import as_broker_error, busy, connect, read_only, translated, unavailable
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -114,7 +113,7 @@ class Ledger:
                 self._after_error(exc)
                 # an ACL refusal (no outage) or a bug: at once; unreachable or busy (OOM, READONLY...): wait
                 if not unavailable(exc) or time.monotonic() + pause_s > deadline:
-                    raise as_broker_error(self.settings.redis_url, exc) from exc
+                    raise as_broker_error(self.settings.ledger, exc) from exc
                 log.warning("Redis %s (%s: %s); retrying for up to %.0f s", "busy" if busy(exc) else "unreachable",
                             type(exc).__name__, exc, deadline - time.monotonic())
                 time.sleep(pause_s)
@@ -124,7 +123,7 @@ class Ledger:
         """A ``READONLY`` reply: this Redis was demoted by a failover, and Redis keeps its clients
         connected; the next command connects again (the URL's name may point at the new master
         by then). Idle connections only: another thread's command is left to finish."""
-        if isinstance(exc, ReadOnlyError) and not self.cluster:  # a cluster client follows its slots itself
+        if read_only(exc) and not self.cluster:  # a cluster client follows its slots itself
             self.redis.connection_pool.disconnect(inuse_connections=False)
 
     @contextmanager
@@ -132,7 +131,7 @@ class Ledger:
         """:func:`~toolfleet.redis_client.translated` for this ledger's client, connecting again
         after a ``READONLY`` reply (:meth:`_after_error`)."""
         try:
-            with translated(self.settings.redis_url):
+            with translated(self.settings.ledger):
                 yield
         except BrokerUnavailable as exc:
             if exc.__cause__ is not None:
@@ -236,7 +235,8 @@ class Ledger:
             args += [call_id, name, not_executed(call_id, name).model_dump_json(exclude_none=True)]
         keys = [k.turn_calls(turn_id), k.turn_results(turn_id), k.turn_events(turn_id), k.turn_cancelled(turn_id),
                 k.turn_runs(turn_id)]
-        return {_s(cid) for cid in self._add(keys=keys, args=args)}
+        with self._translated():
+            return {_s(cid) for cid in self._add(keys=keys, args=args)}
 
     def cancel(self, turn_id: str, reason: str = "cancelled by caller") -> int:
         """Cancel a turn from any process. Returns how many calls were marked ``NOT_EXECUTED``,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from .breaker import success_lua
 
-# Stores the result unless the call has one (first result wins), with its result event (the audit
+# Stores the result unless the call has one (first result wins; the same result again answers 1, a
+# retry whose first reply was lost), with its result event (the audit
 # trail's ``finished`` entry is read from it: :meth:`toolfleet.audit.AuditLog.read`). The results
 # hash (with its marker field ''), the event stream and the audit stream exist since the turn was
 # opened and submitted, with their time to live (renewed per turn: ``renew_lease``, ``end_turn``;
@@ -18,6 +19,8 @@ from .breaker import success_lua
 # KEYS[1..4] of the script: results, events, audit, runs; a fenced result's refusal goes to ``late``.
 _STORE_RESULT = """
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
+  -- this very result again (a step retried after its reply was lost): it is the call's, no late note
+  if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return 1 end
   if ARGV[5] ~= nil and ARGV[5] ~= '' then late() end
   return 0
 end

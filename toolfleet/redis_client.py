@@ -53,6 +53,11 @@ def busy(exc: BaseException) -> bool:
     return text.startswith(BUSY_REPLIES) or IN_SCRIPT.search(text) is not None
 
 
+def read_only(exc: BaseException) -> bool:
+    """``exc`` is a ``READONLY`` reply (this Redis is a replica now), also inside a script on Redis 6."""
+    return isinstance(exc, ReadOnlyError) or (isinstance(exc, redis.ResponseError) and " -READONLY " in str(exc))
+
+
 def unavailable(exc: BaseException) -> bool:
     """``exc`` is Redis unreachable (:data:`REDIS_DOWN`) or refusing for a while (:func:`busy`):
     the errors a step may be retried on, within its budget."""

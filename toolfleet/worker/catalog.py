@@ -1,7 +1,8 @@
 """The tool catalog that each live worker publishes to Redis, with a heartbeat.
 
 Key ``<ns>:catalog:<worker>`` holds JSON ``{"worker", "queues", "tools": [describe()...],
-"sandbox", "heartbeat_at"}`` and expires after three missed heartbeats, so a dead worker's tools vanish.
+"sandbox", "heartbeat_at"}`` and expires after three missed heartbeats, so a dead worker's tools vanish
+(while Redis refuses writes for memory, a heartbeat only renews its time to live).
 Its name is also kept in the set ``<ns>:workers`` so readers find the catalogs without scanning
 the key space (names whose catalog expired are dropped by the readers). Once a worker consumes, it
 also pushes its name on ``<ns>:workers:ready`` (tests and ``toolfleet up`` wait on that list
@@ -18,10 +19,11 @@ from typing import Any
 import redis
 from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
+from redis.exceptions import ExecAbortError
 
 from ..keys import Keys
 from ..observe.metrics import heartbeat
-from ..redis_client import client_for
+from ..redis_client import busy, client_for
 from ..settings import Settings
 
 
@@ -63,9 +65,19 @@ def connect_catalog(app: Celery, runtime: Any) -> None:
             while not stop.is_set():
                 try:
                     publish()
-                except redis.RedisError:
-                    pass  # Redis away: the key expires, the tools read as unavailable
+                except redis.RedisError as exc:  # Redis away: the key expires, the tools read as unavailable
+                    if busy(exc) or isinstance(exc, ExecAbortError):
+                        keep_alive()
                 stop.wait(runtime.settings.heartbeat_s)
+
+        def keep_alive() -> None:
+            """Redis refuses writes for now (out of memory at maxmemory...): the last catalog is kept
+            alive with PEXPIRE, which Redis does not refuse for memory, so a live worker is not
+            judged dead (its calls answered WORKER_LOST) while it waits Redis out with them."""
+            try:
+                client.pexpire(key, ttl_ms)
+            except redis.RedisError:
+                pass
 
         publish()
         published.update(client=client, key=key)

@@ -134,12 +134,13 @@ def _not_started_in_time(runtime: Runtime, env: CallEnvelope) -> ToolResult:
     """The soft time limit landed while the claim waited out Redis (down, or busy): the handler
     never ran. Recorded as ``NOT_EXECUTED`` only if no claim began the call (one atomic step:
     a claim applied whose reply was lost makes it the execution's end, ``TIMEOUT``, as before)."""
-    log.warning("call %s: its time limit passed while the worker waited for Redis to start it; not run", env.call_id)
     placeholder = ToolResult.failure(
         env.call_id, env.name, ErrorCode.NOT_EXECUTED,
         "the call's time limit passed before a worker could start it (Redis did not take the start); it did not run",
         "nothing happened; ask again once the fleet's Redis answers",
     )
+    log.warning("call %s: its soft time limit passed while the worker waited for Redis to start it; recording "
+                "NOT_EXECUTED unless a claim began it", env.call_id)
     if runtime.ledger.record_result(env.turn_id, placeholder, unless_started=True):
         result_recorded(env, placeholder)
         return placeholder
@@ -228,17 +229,18 @@ def _record(
     )
     ledger = runtime.ledger
     try:
-        result = storable(result)
-        kept = ledger.record_result(env.turn_id, result, tool_worked=tool_worked, fencing_token=fencing_token)
+        try:
+            result = storable(result)
+            kept = ledger.record_result(env.turn_id, result, tool_worked=tool_worked, fencing_token=fencing_token)
+        except SoftTimeLimitExceeded:
+            # the soft limit landed while the ledger waited out Redis (down, or busy: OOM, READONLY...):
+            # the handler's result is still the call's; try on, the hard limit (main process) bounds it
+            log.warning("call %s: its soft time limit passed while its result was being recorded; trying on until "
+                        "the hard limit", env.call_id)
+            result = storable(result)
+            kept = ledger.record_result(env.turn_id, result, tool_worked=tool_worked, fencing_token=fencing_token)
     except BrokerUnavailable:
         raise
-    except SoftTimeLimitExceeded:
-        # the soft limit landed while the ledger waited out Redis (down, or busy: OOM, READONLY...):
-        # the handler's result is still the call's; try on, the hard limit (main process) bounds it
-        log.warning("call %s: its soft time limit passed while its result was being recorded; trying on until the "
-                    "hard limit", env.call_id)
-        kept = ledger.record_result(env.turn_id, storable(result), tool_worked=tool_worked,
-                                    fencing_token=fencing_token)
     except Exception as exc:  # the result cannot be stored: that failure is the call's result
         log.warning("call %s: its result could not be recorded (%s); recording EXECUTION_ERROR", env.call_id, exc)
         result = ToolResult.failure(
