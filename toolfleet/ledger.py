@@ -50,10 +50,10 @@ from redis.cluster import RedisCluster
 from . import ledger_scripts as lua
 from .audit import AuditLog
 from .breaker import success_lua
-from .errors import BrokerUnavailable, TurnNotFound
+from .errors import TurnNotFound
 from .keys import ATTEMPTS, FENCE, SENT_AFTER, STARTED, Keys, run_field
 from .models import ErrorCode, ToolResult
-from .redis_client import as_broker_error, busy, connect, read_only, translated, unavailable
+from .redis_client import as_broker_error, busy, connect, read_only, unavailable
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -131,12 +131,10 @@ class Ledger:
         """:func:`~toolfleet.redis_client.translated` for this ledger's client, connecting again
         after a ``READONLY`` reply (:meth:`_after_error`)."""
         try:
-            with translated(self.settings.ledger):
-                yield
-        except BrokerUnavailable as exc:
-            if exc.__cause__ is not None:
-                self._after_error(exc.__cause__)
-            raise
+            yield
+        except (redis.RedisError, OSError) as exc:
+            self._after_error(exc)
+            raise as_broker_error(self.settings.ledger, exc) from exc
 
     # --- dispatcher side ---
     def open_turn(self, turn_id: str, calls: dict[str, str], *, armed: bool = True) -> str:

@@ -30,11 +30,12 @@ REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError)  # Redis unrea
 # READONLY, CLUSTERDOWN / MASTERDOWN, TRYAGAIN; LOADING is redis-py's BusyLoadingError, a
 # ConnectionError already): https://redis.io/docs/latest/develop/reference/protocol-spec/#simple-errors
 REDIS_BUSY = (OutOfMemoryError, ReadOnlyError, ClusterDownError, TryAgainError)
-BUSY_REPLIES = ("BUSY ", "MISCONF ", "NOREPLICAS ")  # replies redis-py leaves as a plain ResponseError
 BUSY_CODES = ("OOM", "READONLY", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "BUSY", "MISCONF", "NOREPLICAS")
+# the codes redis-py has no class for (BUSY, MISCONF, NOREPLICAS) stay at the start of a plain ResponseError
+BUSY_REPLIES = tuple(f"{code} " for code in BUSY_CODES)
 # Redis 6 wraps a refusal inside a script: "Error running script (call to f_...): @user_script:1:
 # @user_script: 1: -OOM command not allowed ..." (Redis 7 passes the code through as it is)
-IN_SCRIPT = re.compile(r"@user_script: ?\d+: -(?:" + "|".join(BUSY_CODES) + ") ")
+IN_SCRIPT = re.compile(r"@user_script: ?\d+: -(" + "|".join(BUSY_CODES) + ") ")
 
 
 def busy(exc: BaseException) -> bool:
@@ -55,7 +56,10 @@ def busy(exc: BaseException) -> bool:
 
 def read_only(exc: BaseException) -> bool:
     """``exc`` is a ``READONLY`` reply (this Redis is a replica now), also inside a script on Redis 6."""
-    return isinstance(exc, ReadOnlyError) or (isinstance(exc, redis.ResponseError) and " -READONLY " in str(exc))
+    if isinstance(exc, ReadOnlyError):
+        return True
+    wrapped = IN_SCRIPT.search(str(exc)) if isinstance(exc, redis.ResponseError) else None
+    return wrapped is not None and wrapped.group(1) == "READONLY"
 
 
 def unavailable(exc: BaseException) -> bool:

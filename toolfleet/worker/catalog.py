@@ -19,7 +19,6 @@ from typing import Any
 import redis
 from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
-from redis.exceptions import ExecAbortError
 
 from ..keys import Keys
 from ..observe.metrics import heartbeat
@@ -66,7 +65,7 @@ def connect_catalog(app: Celery, runtime: Any) -> None:
                 try:
                     publish()
                 except redis.RedisError as exc:  # Redis away: the key expires, the tools read as unavailable
-                    if busy(exc) or isinstance(exc, ExecAbortError):
+                    if busy(exc):
                         keep_alive()
                 stop.wait(runtime.settings.heartbeat_s)
 

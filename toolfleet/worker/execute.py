@@ -104,10 +104,9 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
                 )
                 return _record(runtime, env, result, worker, picked_at, picked_at)
             if claim == "cancelled":  # a cancelled turn id taking calls again: those no claim began did not run
-                placeholder = not_executed(env.call_id, env.name)
-                if ledger.record_result(env.turn_id, placeholder, unless_started=True):  # one atomic check
-                    result_recorded(env, placeholder)
-                    return placeholder
+                kept = _record_unless_started(runtime, env, not_executed(env.call_id, env.name))
+                if kept is not None:
+                    return kept
             # Redelivered after it had started once, and the turn is cancelled: do not run again.
             result = ToolResult.failure(
                 env.call_id,
@@ -141,10 +140,19 @@ def _not_started_in_time(runtime: Runtime, env: CallEnvelope) -> ToolResult:
     )
     log.warning("call %s: its soft time limit passed while the worker waited for Redis to start it; recording "
                 "NOT_EXECUTED unless a claim began it", env.call_id)
-    if runtime.ledger.record_result(env.turn_id, placeholder, unless_started=True):
-        result_recorded(env, placeholder)
-        return placeholder
-    raise SoftTimeLimitExceeded()
+    kept = _record_unless_started(runtime, env, placeholder)
+    if kept is None:
+        raise SoftTimeLimitExceeded()
+    return kept
+
+
+def _record_unless_started(runtime: Runtime, env: CallEnvelope, placeholder: ToolResult) -> ToolResult | None:
+    """Record ``placeholder`` (it says the call did not run) if no claim began the call, in one
+    atomic step (``Ledger.record_result(unless_started=True)``); returns it when kept, else None."""
+    if not runtime.ledger.record_result(env.turn_id, placeholder, unless_started=True):
+        return None
+    result_recorded(env, placeholder)
+    return placeholder
 
 
 def _run_handler(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
