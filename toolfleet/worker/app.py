@@ -27,6 +27,7 @@ from typing import Any
 
 from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
+from celery.signals import worker_shutdown
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
@@ -42,6 +43,7 @@ from .authenticity import message_problem, report_drop
 from .catalog import connect_catalog
 from .events import BatchedTaskEvents
 from .execute import RUNNING_COPY_MESSAGE, SUPERSEDED_MESSAGE, execute, with_journal_key
+from .main_steps import MAIN_WAIT_S, MainSteps
 from .pool import POOL_CLASS
 from .redaction import redacted_failure, task_summary
 from .runtime import Runtime
@@ -143,6 +145,11 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
     app.conf.update(celery_config(settings, registry))
     app.steps["consumer"].add(BatchedTaskEvents)
     app.toolfleet = runtime  # type: ignore[attr-defined]
+    steps = MainSteps()  # the main process's ledger steps, off its event loop
+
+    @worker_shutdown.connect(weak=False)
+    def _drain_steps(**_: Any) -> None:
+        steps.drain()
 
     class CallRequest(Request):
         """Hooks of the worker's main process for the ends the task body never sees."""
@@ -167,12 +174,14 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
 
         def on_timeout(self, soft: bool, timeout: float) -> None:
             super().on_timeout(soft, timeout)
-            if not soft:
-                _abandoned(runtime, self.kwargs, broken=True, pid=self.worker_pid)
-                _finalize(runtime, self.kwargs, ErrorCode.TIMEOUT,
-                          f"the call ran past its hard time limit ({timeout:g} s) and its process was killed",
-                          "ask for less work per call, or a longer time limit where the tool allows it",
-                          pid=self.worker_pid)
+            if not soft:  # off the event loop, which enforces the other calls' limits (main_steps.py)
+                kwargs, pid = self.kwargs, self.worker_pid
+                steps.run(lambda: (
+                    _abandoned(runtime, kwargs, broken=True, pid=pid),
+                    _finalize(runtime, kwargs, ErrorCode.TIMEOUT,
+                              f"the call ran past its hard time limit ({timeout:g} s) and its process was killed",
+                              "ask for less work per call, or a longer time limit where the tool allows it",
+                              pid=pid)))
 
         def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
             exc = getattr(exc_info, "exception", None)
@@ -180,9 +189,11 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
             stopped_by_us = self._already_cancelled or self._already_revoked
             if isinstance(exc, WorkerLostError) or (isinstance(exc, SystemExit) and not stopped_by_us):
                 # The message goes back to the queue (reject_on_worker_lost); the next delivery
-                # decides what the call may do (worker/side_effects.py). Free its journal key now.
-                _abandoned(runtime, self.kwargs, broken=True, pid=self.worker_pid)
-                _note_stale_death(runtime, self.kwargs, self.worker_pid)
+                # decides what the call may do (worker/side_effects.py). Free its journal key and
+                # mark its claim dead first (waited for, at most MAIN_WAIT_S: main_steps.py).
+                kwargs, pid = self.kwargs, self.worker_pid
+                steps.run(lambda: _abandoned(runtime, kwargs, broken=True, pid=pid), wait_s=MAIN_WAIT_S)
+                steps.run(lambda: _note_stale_death(runtime, kwargs, pid))
             hard_limit = isinstance(exc, TimeLimitExceeded)
             if hard_limit:  # Celery logged "hard time limit exceeded": no traceback of it too, and
                 return_ok, send_failed_event = True, False  # a failed event that names the code
@@ -193,11 +204,11 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
                 # Celery sent task-revoked; the call's result is an error (CANCELLED, or the
                 # dispatcher's OUTCOME_UNKNOWN): a failed task in Flower (worker/task_states.py)
                 self.send_event("task-failed", exception=repr(CallFailed(KILLED_ON_CANCEL)), traceback="")
-                _abandoned(runtime, self.kwargs, broken=False, pid=self.worker_pid)
-                _finalize(runtime, self.kwargs, ErrorCode.CANCELLED,
-                          "the call was stopped when its turn was cancelled",
-                          "the call may have done part of its work; check before repeating it",
-                          pid=self.worker_pid)
+                kwargs, pid = self.kwargs, self.worker_pid
+                steps.run(lambda: (
+                    _abandoned(runtime, kwargs, broken=False, pid=pid),
+                    _finalize(runtime, kwargs, ErrorCode.CANCELLED, "the call was stopped when its turn was cancelled",
+                              "the call may have done part of its work; check before repeating it", pid=pid)))
 
     # shared=False: Celery registers a shared task on every app created later in the process, which
     # would run this app's closure (its runtime, its namespace) for another app's calls.

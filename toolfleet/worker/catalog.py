@@ -24,6 +24,7 @@ from ..keys import Keys
 from ..observe.metrics import heartbeat
 from ..redis_client import busy, client_for
 from ..settings import Settings
+from .runtime import MAIN_SOCKET_TIMEOUT_S
 
 
 def catalog_entry(runtime: Any, worker: str) -> dict[str, Any]:
@@ -49,7 +50,9 @@ def connect_catalog(app: Celery, runtime: Any) -> None:
         if getattr(sender, "app", None) is not app:
             return
         worker = sender.hostname
-        client = client_for(runtime.settings.ledger)
+        # a read that a frozen Redis never answers fails (whatever redis-py's default), so neither the
+        # heartbeat nor the worker's shutdown waits on it for ever
+        client = client_for(runtime.settings.ledger, socket_connect_timeout=3, socket_timeout=MAIN_SOCKET_TIMEOUT_S)
         key = runtime.keys.catalog(worker)
         ttl_ms = int(runtime.settings.heartbeat_s * 3 * 1000)
 

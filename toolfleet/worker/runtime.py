@@ -22,6 +22,9 @@ from .cancel_watch import CancelWatcher
 from .journal import Journal
 
 REDIS_RETRY_S = 30.0  # how long a worker keeps trying to record a result while Redis is away
+# a read of the ledger client of the worker's main process that takes longer fails (a frozen Redis:
+# worker/main_steps.py), whatever redis-py's default (5 s since redis-py 8, none before)
+MAIN_SOCKET_TIMEOUT_S = 5.0
 
 
 class Runtime:
@@ -39,6 +42,7 @@ class Runtime:
         self._journal: Journal
         self._breakers: Breakers
         self.watcher = CancelWatcher(self.keys, self._new_client, settings.cancel_grace_s)
+        self._home_pid = os.getpid()  # the worker's main process: the pool processes are forked later
 
     def _new_client(self) -> redis.Redis:
         return client_for(self.settings.ledger, socket_connect_timeout=3)
@@ -49,7 +53,8 @@ class Runtime:
             if self._ledger is None or self._pid != os.getpid():
                 # interrupt-safe: soft time limits and cancels raise in this process's main thread
                 # mid-command (toolfleet/interrupt_safe.py); the cancel watcher's pub/sub client is its own
-                client = make_interrupt_safe(self._new_client())
+                main = {"socket_timeout": MAIN_SOCKET_TIMEOUT_S} if os.getpid() == self._home_pid else {}
+                client = make_interrupt_safe(client_for(self.settings.ledger, socket_connect_timeout=3, **main))
                 self._ledger = Ledger(self.settings, client=client, retry_s=REDIS_RETRY_S)
                 self._journal = Journal(self.settings, client, self._ledger.retrying)
                 self._breakers = Breakers(self.settings, client)

@@ -1,0 +1,76 @@
+"""The worker's main process never waits on the ledger's Redis for long: it is the process that
+enforces every running call's hard time limit, so a hook of one call (a kill at its hard limit,
+a dead pool process) that waited on a ledger that is gone or frozen would let every other call
+run past its own limit. The broker is another Redis here, so the main loop itself goes on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from toolfleet import Dispatcher, ErrorCode, Settings
+from toolfleet.worker.main_steps import DRAIN_S
+from toolfleet.worker.runtime import MAIN_SOCKET_TIMEOUT_S
+
+from .conftest import FLEET_KEY, make_registry
+from .faults import call, wait_started, wait_until
+
+# swallowing_sleep: time limit 1 s, so the soft limit comes at 1.5 s and, with kill_grace_s=1.0,
+# the hard limit (the kill) at 2.5 s after the start
+HARD_LIMIT_S = 2.5
+MARGIN_S = 5.0  # the bound asserted: the second call is killed within its hard limit + this
+
+
+@pytest.mark.parametrize("trouble", ["frozen", "down", "frozen, worker stopped"])
+def test_a_ledger_in_trouble_does_not_stop_the_main_process_killing_calls_at_their_hard_limit(
+        private_redis, namespace, start_worker, workspace, tmp_path, trouble):
+    """Two calls that swallow their soft time limit run in two pool processes; the ledger's Redis
+    is frozen (SIGSTOP) or killed after both started. The first call's kill at its hard limit makes
+    the main process record its ``TIMEOUT``; the second call must still be killed at its own hard
+    limit meanwhile (before: the main process waited on the ledger's retry budget, 30 s and more,
+    first). When the ledger is back, both calls end ``TIMEOUT`` with their run facts. A worker told
+    to stop (warm shutdown) while the ledger is still frozen exits within its bound (the steps
+    still queued get ``DRAIN_S``, each read ``MAIN_SOCKET_TIMEOUT_S``); its calls still end."""
+    broker, ledger_server = private_redis(persistent=False), private_redis(persistent=True)
+    settings = Settings(redis_url=broker.url, ledger_url=ledger_server.url, namespace=namespace,
+                        cancel_grace_s=0.5, kill_grace_s=1.0, fleet_key=FLEET_KEY)
+    worker = start_worker(settings=settings, concurrency=2, log_path=tmp_path / "worker.log")
+    with Dispatcher(settings, make_registry()) as dispatcher:
+        first = dispatcher.submit([call("a", "swallowing_sleep", seconds=60)], workspace=str(workspace))
+        wait_started(dispatcher, first.turn_id, "a")
+        second = dispatcher.submit([call("b", "swallowing_sleep", seconds=60)], workspace=str(workspace))
+        wait_started(dispatcher, second.turn_id, "b")
+        pid = ledger_server.proc.pid
+        if trouble.startswith("frozen"):
+            os.kill(pid, signal.SIGSTOP)
+        else:
+            ledger_server.kill()
+        troubled_at = time.monotonic()
+        try:
+            wait_until(lambda: f"{first.turn_id}:a" in _hard_limit_lines(worker), HARD_LIMIT_S + MARGIN_S,
+                       "the first call killed at its hard limit")
+            wait_until(lambda: f"{second.turn_id}:b" in _hard_limit_lines(worker), HARD_LIMIT_S + MARGIN_S,
+                       "the second call killed at its hard limit while the ledger is in trouble")
+            assert time.monotonic() - troubled_at < HARD_LIMIT_S + MARGIN_S
+            if trouble.endswith("stopped"):
+                worker.proc.send_signal(signal.SIGTERM)
+                worker.proc.wait(timeout=DRAIN_S + 2 * MAIN_SOCKET_TIMEOUT_S + MARGIN_S)
+        finally:
+            if trouble.startswith("frozen"):
+                os.kill(pid, signal.SIGCONT)
+            else:
+                ledger_server.start()
+        results = first.results(timeout_s=60) + second.results(timeout_s=60)
+    for result in results:
+        if trouble.endswith("stopped"):  # recorded by the worker's last steps or by the dispatcher
+            assert result.code in (ErrorCode.TIMEOUT, ErrorCode.WORKER_LOST), result
+            continue
+        assert result.code is ErrorCode.TIMEOUT, result
+        assert result.attempts == 1 and result.worker, result  # the run facts, from the claim (E6)
+
+
+def _hard_limit_lines(worker) -> str:
+    return "\n".join(line for line in worker.log_text().splitlines() if "Hard time limit" in line)
