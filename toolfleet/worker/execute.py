@@ -103,6 +103,13 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
                     "ask again if the call is still wanted",
                 )
                 return _record(runtime, env, result, worker, picked_at, picked_at)
+            if claim == "done":  # answered before without a claim (the 'd:' mark: the dispatcher's
+                # answer, a denial) and Redis lost that answer since (evicted): not run now, and
+                # whether an earlier execution did the call's work cannot be told here
+                return _record(runtime, env, ToolResult.failure(
+                    env.call_id, env.name, ErrorCode.OUTCOME_UNKNOWN,
+                    "the call was answered before and Redis lost that answer; it was not run again",
+                    "check whether the call's work was done before repeating it"), worker, picked_at, picked_at)
             if claim == "cancelled":  # a cancelled turn id taking calls again: those no claim began did not run
                 kept = _record_unless_started(runtime, env, not_executed(env.call_id, env.name))
                 if kept is not None:

@@ -1,0 +1,43 @@
+"""A call whose answer Redis lost (evicted) after the dispatcher gave it, then delivered to a
+worker: the claim refuses it (``done``: the runs hash's ``d:`` mark outlives the answer), and the
+answer the worker records says what is known, never that the turn was cancelled."""
+
+from __future__ import annotations
+
+import redis
+
+from toolfleet import Dispatcher, ErrorCode, Settings
+from toolfleet.keys import Keys
+
+from . import refund_store
+from .conftest import FLEET_KEY, make_registry
+from .faults import call, wait_started, wait_until
+
+
+def test_a_call_whose_dispatcher_answer_redis_lost_is_not_run_and_not_called_cancelled(
+        redis_url, namespace, start_worker, workspace):
+    """One worker process, busy with a 4 s call; the call queued behind it waits past
+    ``max_queue_wait_s`` (1 s) and the dispatcher answers it ``TOOL_UNAVAILABLE``. Redis then loses
+    that answer (the results hash's field deleted, as an eviction would), and the worker takes the
+    message still queued: it does not run the call (no note added) and records ``OUTCOME_UNKNOWN``
+    (before: ``CANCELLED`` "the turn was cancelled", for a turn nobody cancelled)."""
+    settings = Settings(redis_url=redis_url, namespace=namespace, max_queue_wait_s=1.0, fleet_key=FLEET_KEY)
+    start_worker(settings=settings, concurrency=1)
+    client = redis.Redis.from_url(redis_url)
+    results_key = Keys(namespace).turn_results
+    with Dispatcher(settings, make_registry()) as dispatcher:
+        turn = dispatcher.open_turn(workspace=str(workspace))
+        turn.add_calls([call("busy", "wait_read", label="busy", seconds=4.0)])
+        wait_started(dispatcher, turn.turn_id, "busy")
+        turn.add_calls([call("queued", "add_note", text="must not run")])
+        wait_until(lambda: turn.result("queued") is not None, 10, "the queued call's TOOL_UNAVAILABLE")
+        assert turn.result("queued").code is ErrorCode.TOOL_UNAVAILABLE, turn.result("queued")
+        client.hdel(results_key(turn.turn_id), "queued")  # Redis lost the answer
+        wait_until(lambda: dispatcher.ledger.results(turn.turn_id).get("queued") is not None, 20,
+                   "the worker's answer to the message still queued")
+        answer = dispatcher.ledger.results(turn.turn_id)["queued"]
+        turn.close()
+        assert turn.result("busy").ok or turn.results(timeout_s=20)[0].ok
+    assert answer.code is ErrorCode.OUTCOME_UNKNOWN, answer
+    assert "not run" in answer.content
+    assert refund_store.notes(workspace) == []
