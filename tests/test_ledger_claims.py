@@ -9,6 +9,8 @@ Talks to the ledger's scripts directly (the unit here), on the real Redis of the
 from __future__ import annotations
 
 import itertools
+import logging
+import threading
 
 import pytest
 from hypothesis import HealthCheck, given
@@ -223,3 +225,24 @@ def test_a_stream_id_ahead_of_the_clock_does_not_stretch_a_claims_deadline(ledge
     _token, deadline_ms, _pid = ledger.fence_of(turn, "c1")
     seconds, micros = ledger.redis.time()
     assert deadline_ms <= seconds * 1000 + micros // 1000 + 60_000 + 1_000, "the deadline followed the stream id"
+
+
+def test_a_claim_waiting_longer_than_a_read_timeout_for_its_turn_to_be_armed_sees_no_outage(settings, caplog):
+    """A worker's claim waits up to ``arm_wait_s`` for an unarmed turn, reading its event stream
+    with a blocking XREAD; redis-py 8 times a read out after 5 s by default. The turn armed 6 s
+    later: the claim takes the call, and nothing says Redis was unreachable (before: the XREAD
+    blocked for the whole wait, failed as TimeoutError at 5 s, and the worker logged an outage and
+    read again). One read never blocks past ``EVENTS_BLOCK_MAX_MS``."""
+    ledger = Ledger(settings, retry_s=30)  # a worker's
+    turn_id = f"T{next(_turns)}"
+    ledger.open_turn(turn_id, {"c1": "noop"}, armed=False)
+    assert list(ledger.events(turn_id, after="$", block_ms=6000)) == []  # before: TimeoutError
+    arming = threading.Timer(6.0, ledger.arm, args=[turn_id])
+    arming.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="toolfleet.ledger"):
+            claim = ledger.claim_start(turn_id, "c1", "w@t", arm_wait_s=10)
+    finally:
+        arming.join()
+    assert claim == "ok", claim
+    assert not [r for r in caplog.records if "unreachable" in r.getMessage()], caplog.text

@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 ARM_WAIT_S = 10.0  # longest a worker waits for an unarmed turn before calling it abandoned
 TTL_SLACK = 0.01  # end_turn leaves a time to live set this share of result_ttl_s ago as it is
+# the longest one XREAD of events blocks: under a client's read timeout (redis-py 8's default is 5 s;
+# a blocked read past it fails as TimeoutError, a Redis that looks unreachable)
+EVENTS_BLOCK_MAX_MS = 2000
 
 
 @dataclass(frozen=True)
@@ -261,7 +264,9 @@ class Ledger:
     def events(
         self, turn_id: str, after: str = "0-0", block_ms: int = 1000
     ) -> Iterator[LedgerEvent]:
-        """Events after stream id ``after``, waiting up to ``block_ms`` for the first."""
+        """Events after stream id ``after``, waiting up to ``block_ms`` for the first, at most
+        :data:`EVENTS_BLOCK_MAX_MS` (none may come sooner: callers that wait longer read again)."""
+        block_ms = min(int(block_ms), EVENTS_BLOCK_MAX_MS)
         key = self.keys.turn_events(turn_id)
         if self.cluster:  # sent to the stream's node: redis-py's cluster client would first ask a
             # node for the keys of an XREAD (COMMAND GETKEYS), one more round trip per read
