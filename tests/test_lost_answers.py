@@ -4,10 +4,18 @@ answer the worker records says what is known, never that the turn was cancelled.
 
 from __future__ import annotations
 
+import time
+import uuid
+
+import pytest
 import redis
 
 from toolfleet import Dispatcher, ErrorCode, Settings
 from toolfleet.keys import Keys
+from toolfleet.ledger import Ledger
+from toolfleet.models import CallEnvelope, ToolResult
+from toolfleet.worker.execute import execute
+from toolfleet.worker.runtime import Runtime
 
 from . import refund_store
 from .conftest import FLEET_KEY, make_registry
@@ -19,8 +27,9 @@ def test_a_call_whose_dispatcher_answer_redis_lost_is_not_run_and_not_called_can
     """One worker process, busy with a 4 s call; the call queued behind it waits past
     ``max_queue_wait_s`` (1 s) and the dispatcher answers it ``TOOL_UNAVAILABLE``. Redis then loses
     that answer (the results hash's field deleted, as an eviction would), and the worker takes the
-    message still queued: it does not run the call (no note added) and records ``OUTCOME_UNKNOWN``
-    (before: ``CANCELLED`` "the turn was cancelled", for a turn nobody cancelled)."""
+    message still queued: it does not run the call (no note added) and records ``NOT_EXECUTED``, as
+    no claim ever began it (before: ``CANCELLED`` "the turn was cancelled", for a turn nobody
+    cancelled)."""
     settings = Settings(redis_url=redis_url, namespace=namespace, max_queue_wait_s=1.0, fleet_key=FLEET_KEY)
     start_worker(settings=settings, concurrency=1)
     client = redis.Redis.from_url(redis_url)
@@ -38,6 +47,29 @@ def test_a_call_whose_dispatcher_answer_redis_lost_is_not_run_and_not_called_can
         answer = dispatcher.ledger.results(turn.turn_id)["queued"]
         turn.close()
         assert turn.result("busy").ok or turn.results(timeout_s=20)[0].ok
-    assert answer.code is ErrorCode.OUTCOME_UNKNOWN, answer
-    assert "not run" in answer.content
+    assert answer.code is ErrorCode.NOT_EXECUTED, answer
+    assert "Redis lost that answer" in answer.content and "never started" in answer.content
     assert refund_store.notes(workspace) == []
+
+
+@pytest.mark.parametrize("began", [False, True])
+def test_the_answer_to_a_lost_answer_says_whether_a_claim_began_the_call(settings, began):
+    """The worker's body (``execute``, in this process, against the test's Redis) given a message of
+    a call the dispatcher answered without a claim (the ``d:`` mark) and whose answer Redis lost:
+    it runs nothing, and records ``NOT_EXECUTED`` when no claim began the call, ``OUTCOME_UNKNOWN``
+    when one did (the watchdog answered a started call: whether that execution did the call's
+    work is unknown)."""
+    runtime = Runtime(settings, make_registry())
+    ledger = Ledger(settings)
+    turn_id = f"T{uuid.uuid4().hex}"
+    ledger.open_turn(turn_id, {"c1": "add_note"})
+    if began:
+        assert ledger.claim_start(turn_id, "c1", "w@t", arm_wait_s=1) == "ok"
+    ledger.record_result(turn_id, ToolResult.failure("c1", "add_note", ErrorCode.WORKER_LOST, "lost", "check"))
+    redis.Redis.from_url(settings.ledger).hdel(Keys(settings.namespace).turn_results(turn_id), "c1")
+    envelope = CallEnvelope(turn_id=turn_id, call_id="c1", name="add_note", arguments={"text": "must not run"},
+                            workspace=None, session_id=None, time_limit_s=5, idempotency_key=f"{turn_id}:c1",
+                            submitted_at=time.time()).model_dump(mode="json")
+    result = execute(runtime, envelope, worker="w2@t", hard_limit_s=10)
+    assert result.code is (ErrorCode.OUTCOME_UNKNOWN if began else ErrorCode.NOT_EXECUTED), result
+    assert ledger.results(turn_id)["c1"] == result

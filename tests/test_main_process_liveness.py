@@ -12,11 +12,11 @@ import time
 import pytest
 
 from toolfleet import Dispatcher, ErrorCode, Settings
-from toolfleet.worker.main_steps import DRAIN_S
+from toolfleet.worker.main_steps import DRAIN_S, MAIN_WAIT_S
 from toolfleet.worker.runtime import MAIN_SOCKET_TIMEOUT_S
 
 from .conftest import FLEET_KEY, make_registry
-from .faults import call, wait_started, wait_until
+from .faults import call, kill_pid, wait_started, wait_until
 
 # swallowing_sleep: time limit 1 s, so the soft limit comes at 1.5 s and, with kill_grace_s=1.0,
 # the hard limit (the kill) at 2.5 s after the start
@@ -70,6 +70,58 @@ def test_a_ledger_in_trouble_does_not_stop_the_main_process_killing_calls_at_the
             continue
         assert result.code is ErrorCode.TIMEOUT, result
         assert result.attempts == 1 and result.worker, result  # the run facts, from the claim (E6)
+
+
+def test_pool_deaths_while_the_ledger_is_frozen_do_not_add_up_their_waits(
+        private_redis, namespace, start_worker, workspace, tmp_path):
+    """Three pool processes die together while the ledger is frozen, beside a call that swallows
+    its soft limit. The main process waits for the first death's step (its claim marked dead) at
+    most ``MAIN_WAIT_S``, and not for the others while that one still waits for Redis: the call
+    is killed within its hard limit + ``MAIN_WAIT_S`` + 1 s (before: 2 s per death, one after
+    another, in the event loop; found by a review helper)."""
+    deaths = 3
+    broker, ledger_server = private_redis(persistent=False), private_redis(persistent=True)
+    settings = Settings(redis_url=broker.url, ledger_url=ledger_server.url, namespace=namespace,
+                        cancel_grace_s=0.5, kill_grace_s=1.0, fleet_key=FLEET_KEY)
+    worker = start_worker(settings=settings, concurrency=deaths + 1, log_path=tmp_path / "worker.log")
+    with Dispatcher(settings, make_registry()) as dispatcher:
+        victims = []
+        for i in range(deaths):
+            turn = dispatcher.submit([call(f"v{i}", "stubborn_sleep", seconds=25)], workspace=str(workspace))
+            victims.append(wait_started(dispatcher, turn.turn_id, f"v{i}")["pid"])
+        swallower = dispatcher.submit([call("a", "swallowing_sleep", seconds=60)], workspace=str(workspace))
+        wait_started(dispatcher, swallower.turn_id, "a")
+        started = time.monotonic()
+        os.kill(ledger_server.proc.pid, signal.SIGSTOP)
+        try:
+            for pid in victims:
+                kill_pid(pid)
+            wait_until(lambda: f"{swallower.turn_id}:a" in _hard_limit_lines(worker), 30, "the kill of call a")
+            late_s = time.monotonic() - started - HARD_LIMIT_S
+        finally:
+            os.kill(ledger_server.proc.pid, signal.SIGCONT)
+    assert late_s < MAIN_WAIT_S + 1.0, f"call a was killed {late_s:.2f} s past its hard limit"
+
+
+def test_a_read_whose_process_dies_during_a_ledger_blip_is_run_again(
+        private_redis, namespace, start_worker, workspace):
+    """The ledger's Redis is down for 1 s from just before a read's pool process is killed: the
+    dead process's step (its claim marked dead) waits Redis out, off the event loop, so the copy
+    of the message delivered again runs the read (attempt 2), as without the blip (before: one try,
+    dropped; the copy found the claim live and the call ended WORKER_LOST; found by a review helper)."""
+    broker, ledger_server = private_redis(persistent=False), private_redis(persistent=True)
+    settings = Settings(redis_url=broker.url, ledger_url=ledger_server.url, namespace=namespace,
+                        cancel_grace_s=0.5, kill_grace_s=1.0, fleet_key=FLEET_KEY)
+    start_worker(settings=settings, concurrency=2)
+    with Dispatcher(settings, make_registry()) as dispatcher:
+        turn = dispatcher.submit([call("c1", "count_until_cancelled", seconds=2)], workspace=str(workspace))
+        pid = wait_started(dispatcher, turn.turn_id, "c1")["pid"]
+        ledger_server.kill()
+        kill_pid(pid)
+        time.sleep(1.0)  # the blip itself: Redis is away this long
+        ledger_server.start()
+        (result,) = turn.results(timeout_s=60)
+    assert result.ok and result.attempts == 2, result
 
 
 def _hard_limit_lines(worker) -> str:

@@ -400,15 +400,15 @@ class Ledger:
     def fence_dead(self, turn_id: str, call_id: str, pid: int) -> bool:
         """The pool process ``pid`` that held ``call_id`` died (its worker saw it): a redelivered
         copy of its message may claim the call again before the holder's deadline (else such a
-        copy is a duplicate of a live execution: ``running``). True if ``pid`` held the call."""
-        return bool(self._fence_dead(keys=[self.keys.turn_runs(turn_id)], args=[call_id, pid]))
+        copy is a duplicate of a live execution: ``running``). True if ``pid`` held the call.
+        Retried while Redis is away, for ``retry_s`` (idempotent)."""
+        return bool(self.retrying(lambda: self._fence_dead(keys=[self.keys.turn_runs(turn_id)], args=[call_id, pid])))
 
-    def fence_of(self, turn_id: str, call_id: str, *, retry: bool = True) -> tuple[int, int, int] | None:
+    def fence_of(self, turn_id: str, call_id: str) -> tuple[int, int, int] | None:
         """(token, deadline_ms on the Redis clock, pid) of the call's latest claim, or None.
-        ``retry=False``: one try (a worker's main process, whose event loop must not wait out
-        ``retry_s``); a Redis error is raised."""
-        read = lambda: self.redis.hget(self.keys.turn_runs(turn_id), run_field(FENCE, call_id))  # noqa: E731
-        raw = self.retrying(read) if retry else read()
+        Retried while Redis is away, for ``retry_s`` (a worker's main process reads it off its
+        event loop: worker/main_steps.py)."""
+        raw = self.retrying(lambda: self.redis.hget(self.keys.turn_runs(turn_id), run_field(FENCE, call_id)))
         if raw is None:
             return None
         token, deadline, pid = (_s(raw).split(" ") + ["0", "0"])[:3]

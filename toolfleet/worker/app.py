@@ -287,15 +287,19 @@ def _abandoned(runtime: Runtime, kwargs: dict[str, Any], *, broken: bool, pid: i
     tool is in trouble, count a failure on its breaker."""
     try:
         env = CallEnvelope.model_validate(kwargs.get("envelope", {}))
-        fence = runtime.ledger.fence_of(env.turn_id, env.call_id, retry=False)
+        fence = runtime.ledger.fence_of(env.turn_id, env.call_id)  # (token, deadline, pid): retried
         if pid:
             runtime.ledger.fence_dead(env.turn_id, env.call_id, pid)
         spec = runtime.registry.get(env.name)
         env = env if spec is None else with_journal_key(spec, env)
-        # a newer claim of the call by another process: that execution's entry (the same owner) stays held
-        keep = str(fence[0]) if fence is not None and fence[2] != (pid or os.getpid()) else None
-        runtime.journal.release_owner(runtime.journal.key(env.name, env.idempotency_key),
-                                      f"{env.turn_id}:{env.call_id}", keep_token=keep)
+        key = runtime.journal.key(env.name, env.idempotency_key)
+        if fence is not None and fence[0] and fence[2] == (pid or os.getpid()):
+            # the dead execution holds the latest claim: its entry by its own token (the claim's),
+            # never the entry of a copy that claimed the call since the claim was marked dead
+            runtime.journal.release(key, str(fence[0]))
+        else:  # a newer claim of the call by another process: that execution's entry (the same owner) stays held
+            keep = str(fence[0]) if fence is not None else None
+            runtime.journal.release_owner(key, f"{env.turn_id}:{env.call_id}", keep_token=keep)
         if broken:
             runtime.breakers.observe(env.name, ok=False)
     except Exception as exc:  # best effort: leases lapse by themselves
@@ -309,7 +313,7 @@ def _note_stale_death(runtime: Runtime, kwargs: dict[str, Any], pid: int | None)
     call still held by this claim and unanswered is left to the redelivery, which decides."""
     try:
         env = CallEnvelope.model_validate(kwargs.get("envelope", {}))
-        fence = runtime.ledger.fence_of(env.turn_id, env.call_id, retry=False)
+        fence = runtime.ledger.fence_of(env.turn_id, env.call_id)
         if not pid or fence is None or not fence[2]:  # whose claim it is cannot be told: the redelivery decides
             return
         if fence[2] == pid and env.call_id not in runtime.ledger.results(env.turn_id):

@@ -34,6 +34,7 @@ from .values import safe_text, to_content_and_data, to_json
 log = logging.getLogger(__name__)
 SUPERSEDED_MESSAGE = "this message of the call was superseded by a later send; it did not run"
 RUNNING_COPY_MESSAGE = "a copy of this call's message arrived while the call runs; it did not run"
+LOST_ANSWER_MESSAGE = "the call was answered before and Redis lost that answer (evicted)"
 
 
 def with_journal_key(spec: ToolSpec, env: CallEnvelope) -> CallEnvelope:
@@ -104,11 +105,16 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
                 )
                 return _record(runtime, env, result, worker, picked_at, picked_at)
             if claim == "done":  # answered before without a claim (the 'd:' mark: the dispatcher's
-                # answer, a denial) and Redis lost that answer since (evicted): not run now, and
-                # whether an earlier execution did the call's work cannot be told here
-                return _record(runtime, env, ToolResult.failure(
+                # answer, a denial) and Redis lost that answer since (evicted): not run now. No
+                # claim began it: it never ran (NOT_EXECUTED); one did (the watchdog answered a
+                # started call): whether that execution did the call's work is unknown
+                kept = _record_unless_started(runtime, env, ToolResult.failure(
+                    env.call_id, env.name, ErrorCode.NOT_EXECUTED,
+                    f"{LOST_ANSWER_MESSAGE}; it never started and was not run now",
+                    "nothing happened; ask again if the call is still wanted"))
+                return kept if kept is not None else _record(runtime, env, ToolResult.failure(
                     env.call_id, env.name, ErrorCode.OUTCOME_UNKNOWN,
-                    "the call was answered before and Redis lost that answer; it was not run again",
+                    f"{LOST_ANSWER_MESSAGE}; it had started before and was not run again",
                     "check whether the call's work was done before repeating it"), worker, picked_at, picked_at)
             if claim == "cancelled":  # a cancelled turn id taking calls again: those no claim began did not run
                 kept = _record_unless_started(runtime, env, not_executed(env.call_id, env.name))

@@ -12,8 +12,10 @@ retry budget; the main process's ledger client also times out a read after
 
 The one step Celery's next move depends on (a dead pool process's claim marked dead before its
 message goes back to the queue, so the copy delivered again may claim the call) is waited for, at
-most :data:`MAIN_WAIT_S`. Past that the loop goes on; the copy then finds the claim live and is
-refused as a duplicate, and the call ends by its deadline (the dispatcher's watchdog).
+most :data:`MAIN_WAIT_S`, and not at all while an earlier waited step still waits for Redis (so
+deaths during an outage never add up their waits). Past that the loop goes on; the step still
+lands when Redis answers within the retry budget, and a copy that claimed before it is refused as
+a duplicate of a live execution (the call then ends by its deadline: the dispatcher's watchdog).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class MainSteps:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pid: int | None = None
+        self._stuck: threading.Event | None = None  # a waited step that outlasted its wait, until it ends
 
     def run(self, step: Callable[[], object], *, wait_s: float = 0.0) -> bool:
         """Queue ``step``; with ``wait_s``, wait that long for it (and the steps queued before it)
@@ -46,7 +49,17 @@ class MainSteps:
         done = threading.Event()
         self._start()
         self._queue.put((step, done))
-        return done.wait(wait_s) if wait_s > 0 else False
+        if wait_s <= 0:
+            return False
+        with self._lock:
+            stuck = self._stuck
+        if stuck is not None and not stuck.is_set():
+            return False  # an earlier waited step still waits for Redis: this one queues behind it, unwaited
+        finished = done.wait(wait_s)
+        if not finished:
+            with self._lock:
+                self._stuck = done
+        return finished
 
     def drain(self, timeout_s: float = DRAIN_S) -> bool:
         """Wait up to ``timeout_s`` for every step queued so far; True if all finished."""
