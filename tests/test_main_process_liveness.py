@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
 
 from toolfleet import Dispatcher, ErrorCode, Settings
-from toolfleet.worker.main_steps import DRAIN_S, MAIN_WAIT_S
+from toolfleet.worker.main_steps import DRAIN_S, MAIN_WAIT_S, MainSteps
 from toolfleet.worker.runtime import MAIN_SOCKET_TIMEOUT_S
 
 from .conftest import FLEET_KEY, make_registry
@@ -122,6 +123,24 @@ def test_a_read_whose_process_dies_during_a_ledger_blip_is_run_again(
         ledger_server.start()
         (result,) = turn.results(timeout_s=60)
     assert result.ok and result.attempts == 2, result
+
+
+def test_main_steps_run_in_order_wait_once_while_stuck_and_drain():
+    """MainSteps alone: steps run in the order given on one thread; a step's exception is logged,
+    never raised; a waited step that outlasts its wait makes the next waited ones not wait until it
+    ends; ``drain`` waits for everything queued even then (bounded by its timeout)."""
+    steps, ran, release = MainSteps(), [], threading.Event()
+    steps.run(lambda: ran.append(1))
+    steps.run(lambda: 1 / 0)  # logged
+    assert steps.run(lambda: ran.append(2), wait_s=5.0) and ran == [1, 2]
+    assert not steps.run(release.wait, wait_s=0.05)  # stuck: outlasts its wait
+    waited_at = time.monotonic()
+    assert not steps.run(lambda: ran.append(3), wait_s=5.0)  # not waited while the stuck one runs
+    assert time.monotonic() - waited_at < 1.0
+    assert not steps.drain(timeout_s=0.05)
+    release.set()
+    assert steps.drain(timeout_s=5.0) and ran == [1, 2, 3]
+    assert steps.run(lambda: ran.append(4), wait_s=5.0) and ran == [1, 2, 3, 4]  # waits again
 
 
 def _hard_limit_lines(worker) -> str:

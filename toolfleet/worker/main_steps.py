@@ -3,12 +3,13 @@
 The main process enforces every running call's time limits: Celery's timers for the soft and the
 hard limit run in its event loop. A hook of one call that waited there on the ledger's Redis (the
 ``TIMEOUT`` of a call killed at its hard limit, the ``CANCELLED`` of one killed on a cancel, a dead
-pool process's journal entry and claim) would stop that loop for as long as Redis is gone (the
-ledger's 30 s retry budget) or frozen (for ever: a read without a timeout), and every other call
-would run past its own hard limit meanwhile. So those steps go to one thread of their own
-(:class:`MainSteps`), which runs them in the order given and waits Redis out within the ledger's
-retry budget; the main process's ledger client also times out a read after
-``MAIN_SOCKET_TIMEOUT_S`` (:mod:`.runtime`), so no step waits on a frozen Redis for ever.
+pool process's journal entry and claim) would stop that loop for as long as Redis is gone or
+frozen (the ledger's 30 s retry budget and more; for ever on a frozen Redis with a redis-py before
+8, whose reads have no timeout), and every other call would run past its own hard limit
+meanwhile. So those steps go to one thread of their own (:class:`MainSteps`), which runs them in
+the order given and waits Redis out within the ledger's retry budget; the main process's ledger
+client also times out a read after ``MAIN_SOCKET_TIMEOUT_S`` (:mod:`.runtime`), so no step waits
+on a frozen Redis for ever.
 
 The one step Celery's next move depends on (a dead pool process's claim marked dead before its
 message goes back to the queue, so the copy delivered again may claim the call) is waited for, at
@@ -65,7 +66,9 @@ class MainSteps:
         """Wait up to ``timeout_s`` for every step queued so far; True if all finished."""
         if self._thread is None or self._pid != os.getpid():
             return True
-        finished = self.run(lambda: None, wait_s=timeout_s)
+        done = threading.Event()  # waited for even while a step is stuck: the last chance to land
+        self._queue.put((lambda: None, done))
+        finished = done.wait(timeout_s)
         if not finished:
             log.warning("%d ledger step(s) of the main process still wait for Redis at shutdown; the "
                         "dispatcher answers those calls itself (by their deadline)", self._queue.qsize())
