@@ -246,3 +246,13 @@ def test_a_claim_waiting_longer_than_a_read_timeout_for_its_turn_to_be_armed_see
         arming.join()
     assert claim == "ok", claim
     assert not [r for r in caplog.records if "unreachable" in r.getMessage()], caplog.text
+
+
+def test_events_without_a_block_or_blocking_for_ever_stay_bounded(ledger):
+    """``block_ms=None`` reads what is there at once (the bench's breakdown reads so); 0, XREAD's
+    "for ever", is bounded like any block (``EVENTS_BLOCK_MAX_MS``)."""
+    turn_id = new_turn(ledger)
+    ledger.arm(turn_id)
+    assert [e.type for e in ledger.events(turn_id, block_ms=None)][-1] == "armed"
+    assert list(ledger.events(turn_id, after="$", block_ms=None)) == []
+    assert list(ledger.events(turn_id, after="$", block_ms=0)) == []  # returns within the bound

@@ -262,11 +262,13 @@ class Ledger:
             return len(not_started)
 
     def events(
-        self, turn_id: str, after: str = "0-0", block_ms: int = 1000
+        self, turn_id: str, after: str = "0-0", block_ms: int | None = 1000
     ) -> Iterator[LedgerEvent]:
         """Events after stream id ``after``, waiting up to ``block_ms`` for the first, at most
-        :data:`EVENTS_BLOCK_MAX_MS` (none may come sooner: callers that wait longer read again)."""
-        block_ms = min(int(block_ms), EVENTS_BLOCK_MAX_MS)
+        :data:`EVENTS_BLOCK_MAX_MS` (none may come sooner: callers that wait longer read again;
+        0, Redis's "for ever", waits that long too). ``None``: what is there, without waiting."""
+        if block_ms is not None:
+            block_ms = min(int(block_ms), EVENTS_BLOCK_MAX_MS) or EVENTS_BLOCK_MAX_MS
         key = self.keys.turn_events(turn_id)
         if self.cluster:  # sent to the stream's node: redis-py's cluster client would first ask a
             # node for the keys of an XREAD (COMMAND GETKEYS), one more round trip per read
