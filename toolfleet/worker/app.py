@@ -176,12 +176,10 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
             super().on_timeout(soft, timeout)
             if not soft:  # off the event loop, which enforces the other calls' limits (main_steps.py)
                 kwargs, pid = self.kwargs, self.worker_pid
-                steps.run(lambda: (
-                    _abandoned(runtime, kwargs, broken=True, pid=pid),
-                    _finalize(runtime, kwargs, ErrorCode.TIMEOUT,
-                              f"the call ran past its hard time limit ({timeout:g} s) and its process was killed",
-                              "ask for less work per call, or a longer time limit where the tool allows it",
-                              pid=pid)))
+                steps.run(lambda: _killed(
+                    runtime, kwargs, pid, ErrorCode.TIMEOUT,
+                    f"the call ran past its hard time limit ({timeout:g} s) and its process was killed",
+                    "ask for less work per call, or a longer time limit where the tool allows it", broken=True))
 
         def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
             exc = getattr(exc_info, "exception", None)
@@ -205,10 +203,9 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
                 # dispatcher's OUTCOME_UNKNOWN): a failed task in Flower (worker/task_states.py)
                 self.send_event("task-failed", exception=repr(CallFailed(KILLED_ON_CANCEL)), traceback="")
                 kwargs, pid = self.kwargs, self.worker_pid
-                steps.run(lambda: (
-                    _abandoned(runtime, kwargs, broken=False, pid=pid),
-                    _finalize(runtime, kwargs, ErrorCode.CANCELLED, "the call was stopped when its turn was cancelled",
-                              "the call may have done part of its work; check before repeating it", pid=pid)))
+                steps.run(lambda: _killed(
+                    runtime, kwargs, pid, ErrorCode.CANCELLED, "the call was stopped when its turn was cancelled",
+                    "the call may have done part of its work; check before repeating it", broken=False))
 
     # shared=False: Celery registers a shared task on every app created later in the process, which
     # would run this app's closure (its runtime, its namespace) for another app's calls.
@@ -293,17 +290,26 @@ def _abandoned(runtime: Runtime, kwargs: dict[str, Any], *, broken: bool, pid: i
         spec = runtime.registry.get(env.name)
         env = env if spec is None else with_journal_key(spec, env)
         key = runtime.journal.key(env.name, env.idempotency_key)
-        if fence is not None and fence[0] and fence[2] == (pid or os.getpid()):
+        mine = fence is not None and fence[2] == (pid or os.getpid())
+        if mine and fence[0]:
             # the dead execution holds the latest claim: its entry by its own token (the claim's),
             # never the entry of a copy that claimed the call since the claim was marked dead
             runtime.journal.release(key, str(fence[0]))
         else:  # a newer claim of the call by another process: that execution's entry (the same owner) stays held
-            keep = str(fence[0]) if fence is not None else None
+            keep = str(fence[0]) if fence is not None and not mine else None
             runtime.journal.release_owner(key, f"{env.turn_id}:{env.call_id}", keep_token=keep)
         if broken:
             runtime.breakers.observe(env.name, ok=False)
     except Exception as exc:  # best effort: leases lapse by themselves
         log.warning("could not release the journal key of a lost call (%s)", exc)
+
+
+def _killed(runtime: Runtime, kwargs: dict[str, Any], pid: int | None, code: ErrorCode, message: str, hint: str,
+            *, broken: bool) -> None:
+    """The pool process ``pid`` running a call was killed (its hard limit, a cancel): release what
+    the execution held (:func:`_abandoned`), then record its end (:func:`_finalize`)."""
+    _abandoned(runtime, kwargs, broken=broken, pid=pid)
+    _finalize(runtime, kwargs, code, message, hint, pid=pid)
 
 
 def _note_stale_death(runtime: Runtime, kwargs: dict[str, Any], pid: int | None) -> None:

@@ -44,8 +44,8 @@ class Runtime:
         self.watcher = CancelWatcher(self.keys, self._new_client, settings.cancel_grace_s)
         self._home_pid = os.getpid()  # the worker's main process: the pool processes are forked later
 
-    def _new_client(self) -> redis.Redis:
-        return client_for(self.settings.ledger, socket_connect_timeout=3)
+    def _new_client(self, **options: float) -> redis.Redis:
+        return client_for(self.settings.ledger, socket_connect_timeout=3, **options)
 
     @property
     def ledger(self) -> Ledger:
@@ -54,7 +54,7 @@ class Runtime:
                 # interrupt-safe: soft time limits and cancels raise in this process's main thread
                 # mid-command (toolfleet/interrupt_safe.py); the cancel watcher's pub/sub client is its own
                 main = {"socket_timeout": MAIN_SOCKET_TIMEOUT_S} if os.getpid() == self._home_pid else {}
-                client = make_interrupt_safe(client_for(self.settings.ledger, socket_connect_timeout=3, **main))
+                client = make_interrupt_safe(self._new_client(**main))
                 self._ledger = Ledger(self.settings, client=client, retry_s=REDIS_RETRY_S)
                 self._journal = Journal(self.settings, client, self._ledger.retrying)
                 self._breakers = Breakers(self.settings, client)
