@@ -20,7 +20,10 @@ SCALARS = st.none() | st.booleans() | st.integers(-10**20, 10**20) | st.floats(a
                                                                                allow_infinity=False) | TEXT
 JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
                     max_leaves=5)
-GARBAGE = st.recursive(st.none() | st.booleans() | st.integers() | ANY_TEXT | st.floats(),
+# text past what Python's readers take: nested deeper than its recursion limit, digits past its int limit
+HOSTILE_TEXT = st.sampled_from(['{"path": "a", "x": ' + "[" * 5000 + "]" * 5000 + "}", "[" * 3000 + "]" * 3000,
+                                '{"a": ' * 1500 + "1" + "}" * 1500, '{"n": ' + "9" * 5001 + "}"])
+GARBAGE = st.recursive(st.none() | st.booleans() | st.integers() | ANY_TEXT | st.floats() | HOSTILE_TEXT,
                        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ANY_TEXT, inner, max_size=3),
                        max_leaves=4)
 ARGUMENTS = st.dictionaries(TEXT, JSON, max_size=3)

@@ -29,10 +29,10 @@ from hypothesis import strategies as st
 
 from toolfleet.dispatcher.adapters import ADAPTERS, detect, get_adapter
 from toolfleet.dispatcher.history import repair_history
+from toolfleet.dispatcher.wire import checked_call
 from toolfleet.errors import BatchRejected
-from toolfleet.models import ErrorCode, ToolResult
+from toolfleet.models import ErrorCode, ToolCall, ToolResult
 from toolfleet.tools.redact import redact_arguments, redact_text, redact_value
-from toolfleet.tools.validation import check_call
 
 from . import input_strategies as s
 from .conftest import CASES, make_registry
@@ -45,10 +45,11 @@ BUDGET = {  # examples per test; the sum is PROPERTY_EXAMPLES
     "chat_stream": 1200, "anthropic_stream": 500, "responses_stream": 500, "whole": 250,  # whole: x 3 formats
     "history": 300,  # x 3 formats
     "history_garbage": 800,
+    "arguments": 400,
 }
 PROPERTY_EXAMPLES = int(SCALE * (6 * BUDGET["garbage"] + BUDGET["chat_stream"] + BUDGET["anthropic_stream"]
                                  + BUDGET["responses_stream"] + 3 * BUDGET["whole"] + 3 * BUDGET["history"]
-                                 + BUDGET["history_garbage"]))
+                                 + BUDGET["history_garbage"] + BUDGET["arguments"]))
 RAN: Counter[str] = Counter()
 REGISTRY = make_registry()
 
@@ -65,10 +66,11 @@ def sdk_accepts(format: str, messages: list[dict]) -> None:
 
 
 def outcomes(calls) -> list:
-    """Validate each call, as the dispatcher does, and redact what the audit shows: one outcome each."""
+    """Validate each call, as the dispatcher does (``checked_call``, what ``Turn.add_calls`` runs),
+    and redact what the audit shows: one outcome each."""
     found = []
     for call in calls:
-        outcome = check_call(REGISTRY, call)
+        outcome = checked_call(REGISTRY, call)
         if isinstance(outcome, ToolResult):
             assert outcome.call_id == call.id and outcome.code in (ErrorCode.UNKNOWN_TOOL, ErrorCode.INVALID_ARGUMENT)
             redact_text(call.arguments) if isinstance(call.arguments, str) else redact_value(call.arguments)
@@ -341,6 +343,27 @@ def test_repair_history_of_anything_gives_a_history_or_batch_rejected(data):
         assert exc.reason == "unreadable_payload"
         return
     json.dumps(repaired.messages, default=str)
+
+
+def _nested(depth: int, leaf: object) -> object:
+    for n in range(depth):
+        leaf = {"a": leaf} if n % 2 else [leaf]
+    return {"x": leaf}
+
+
+ANY_ARGUMENTS = (s.ANY_TEXT | s.HOSTILE_TEXT | st.text(max_size=40) | s.JSON.map(json.dumps) | s.GARBAGE.map(str)
+                 | s.ARGUMENTS | st.builds(_nested, st.integers(90, 3000), s.GARBAGE))
+
+
+@budget("arguments")
+@given(name=s.NAMES, arguments=ANY_ARGUMENTS)
+def test_any_arguments_text_or_object_give_the_call_exactly_one_outcome(name, arguments):
+    """Whatever a call's arguments hold (text or an object; nested past Python's recursion limit,
+    digits past its int limit, lone surrogates), the dispatcher's checks give that call one
+    outcome and raise nothing: a bad call cannot sink its batch (issue 12's 5000-deep arguments
+    raised RecursionError out of submit_response)."""
+    RAN["arguments"] += 1
+    outcomes([ToolCall(id="c1", name=name, arguments=arguments)])
 
 
 def test_zz_the_property_run_had_its_examples():

@@ -47,14 +47,13 @@ from ..tools.registry import Registry
 from ..tools.resources import resolve
 from ..tools.spec import ToolSpec
 from ..tools.state import session_resources
-from ..tools.validation import check_call
 from .plan import Plan, PlanItem, Planner
 from .sending import Sender
 from .submit import Submitter
 from .turn_approvals import TurnApprovals
 from .turn_driver import _WAKE, TurnDriver
 from .watchdog import Watchdog
-from .wire import argument_problem, call_id_problem, clean_call
+from .wire import call_id_problem, checked_call, clean_call
 
 if TYPE_CHECKING:
     from .approvals import PendingCall
@@ -189,8 +188,7 @@ class Turn(TurnApprovals, TurnDriver):
         calls = [clean_call(call) for call in calls]
         failed = failed or {}
         check_ids(calls)
-        checked = [failed.get(call.id) or argument_problem(call) or check_call(self._registry, call)
-                   for call in calls]
+        checked = [failed.get(call.id) or checked_call(self._registry, call) for call in calls]
         with self._intake:
             with self._lock:
                 if self._closed:

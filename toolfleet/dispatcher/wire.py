@@ -20,12 +20,18 @@ before anything is sent:
 from __future__ import annotations
 
 import json
+import logging
 import unicodedata
 from typing import Any
 
 from ..models import ErrorCode, ToolCall, ToolResult
 from ..text import safe_text
 from ..tools.redact import redact_text
+from ..tools.registry import Registry
+from ..tools.spec import ToolSpec
+from ..tools.validation import check_call
+
+log = logging.getLogger(__name__)
 
 MAX_CALL_ID_CHARS = 256
 
@@ -61,8 +67,35 @@ def clean_call(call: ToolCall) -> ToolCall:
     return call.model_copy(update={"name": safe_text(call.name)})
 
 
+def checked_call(registry: Registry, call: ToolCall) -> tuple[ToolSpec, dict[str, Any]] | ToolResult:
+    """Every check a call gets before it may be sent: :func:`argument_problem`, then
+    :func:`~toolfleet.tools.validation.check_call`. Returns ``(spec, arguments)`` or the call's
+    error result; never raises on what a call holds: a check that fails on it (input past what
+    Python's readers take, or a defect of ours) is that call's ``INVALID_ARGUMENT``, so the other
+    calls of the batch run and every call still gets its one result (docs/design.md)."""
+    try:
+        return argument_problem(call) or check_call(registry, call)
+    except Exception as exc:  # noqa: BLE001 - one call's content must not sink the batch
+        # the exception's text may quote the arguments (secrets): its type only
+        log.warning("call %s: its arguments could not be checked (%s); INVALID_ARGUMENT", call.id,
+                    type(exc).__name__)
+        return ToolResult.failure(
+            call.id, call.name, ErrorCode.INVALID_ARGUMENT,
+            f"the call's arguments could not be checked ({type(exc).__name__}); nothing ran",
+            "send plain JSON arguments, as the tool's schema describes them")
+
+
 def argument_problem(call: ToolCall) -> ToolResult | None:
-    """``INVALID_ARGUMENT`` for a call whose arguments hold text that is not valid Unicode, else None."""
+    """``INVALID_ARGUMENT`` for a call whose arguments hold text that is not valid Unicode, else None.
+    Arguments this cannot read (not JSON, nested too deep for Python's reader) are left to
+    ``check_call``, which gives each its own ``INVALID_ARGUMENT``."""
+    try:
+        return _surrogate_problem(call)
+    except RecursionError:  # nested past Python's recursion limit: check_call reads it iteratively
+        return None
+
+
+def _surrogate_problem(call: ToolCall) -> ToolResult | None:
     raw = call.arguments
     where = None
     if isinstance(raw, str):

@@ -1,0 +1,66 @@
+"""A call whose arguments Python cannot read (nested past its recursion limit) is that call's own
+``INVALID_ARGUMENT`` on the dispatcher's real path (``submit_response`` and ``open_stream``), with
+a real worker running the batch's other call: the batch is not sunk and every call id the
+assistant message carries gets exactly one result (found by a helper trying to break the adapters:
+``submit_response`` raised RecursionError, and a stream's ``feed`` did too, leaving the deep call
+without a result, which the next Chat request is refused for)."""
+
+from __future__ import annotations
+
+from toolfleet.models import ErrorCode
+
+DEEP_TEXT = '{"path": "README.md", "x": ' + "[" * 5000 + "]" * 5000 + "}"
+
+
+def _nested_object(depth: int) -> dict:
+    leaf: object = 1
+    for _ in range(depth):
+        leaf = {"a": leaf}
+    return {"path": "README.md", "x": leaf}
+
+
+def _chat(arguments: str) -> dict:
+    return {"object": "chat.completion", "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_ok", "type": "function", "function": {"name": "list_dir", "arguments": '{"path": "."}'}},
+            {"id": "call_deep", "type": "function", "function": {"name": "read_file", "arguments": arguments}}]}}]}
+
+
+def _chunk(tool_calls=None, finish=None) -> dict:
+    return {"id": "s", "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {"tool_calls": tool_calls} if tool_calls else {}, "finish_reason": finish}]}
+
+
+def _check(turn) -> None:
+    by_id = {r.call_id: r for r in turn.results(timeout_s=60)}
+    assert by_id["call_ok"].status == "ok", by_id["call_ok"]
+    deep = by_id["call_deep"]
+    assert deep.code == ErrorCode.INVALID_ARGUMENT and "nested" in deep.content and deep.attempts == 0
+    asked = [c["id"] for m in turn.assistant_messages() for c in m.get("tool_calls") or []]
+    assert [m["tool_call_id"] for m in turn.messages()] == asked == ["call_ok", "call_deep"]
+
+
+def test_a_call_nested_past_the_recursion_limit_is_its_own_invalid_argument(worker, dispatcher, workspace):
+    _check(dispatcher.submit_response(_chat(DEEP_TEXT), workspace=str(workspace)))
+
+
+def test_an_anthropic_input_object_nested_past_the_recursion_limit_is_its_own_invalid_argument(
+        worker, dispatcher, workspace):
+    payload = {"role": "assistant", "stop_reason": "tool_use", "content": [
+        {"type": "tool_use", "id": "call_ok", "name": "list_dir", "input": {"path": "."}},
+        {"type": "tool_use", "id": "call_deep", "name": "read_file", "input": _nested_object(3000)}]}
+    turn = dispatcher.submit_response(payload, workspace=str(workspace))
+    by_id = {r.call_id: r for r in turn.results(timeout_s=60)}
+    assert by_id["call_ok"].status == "ok" and by_id["call_deep"].code == ErrorCode.INVALID_ARGUMENT
+    (answer,) = turn.messages()
+    assert [b["tool_use_id"] for b in answer["content"]] == ["call_ok", "call_deep"]
+
+
+def test_a_streamed_call_nested_past_the_recursion_limit_is_its_own_invalid_argument(worker, dispatcher, workspace):
+    stream = dispatcher.open_stream(workspace=str(workspace))
+    stream.feed(_chunk([{"index": 0, "id": "call_ok", "type": "function",
+                         "function": {"name": "list_dir", "arguments": '{"path": "."}'}}]))
+    stream.feed(_chunk([{"index": 1, "id": "call_deep", "type": "function",
+                         "function": {"name": "read_file", "arguments": DEEP_TEXT}}]))
+    stream.feed(_chunk(finish="tool_calls"))
+    _check(stream.close())
