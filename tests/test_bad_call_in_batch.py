@@ -28,7 +28,8 @@ def _chat(arguments: str) -> dict:
 
 def _chunk(tool_calls=None, finish=None) -> dict:
     return {"id": "s", "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": {"tool_calls": tool_calls} if tool_calls else {}, "finish_reason": finish}]}
+            "choices": [{"index": 0, "delta": {"tool_calls": tool_calls} if tool_calls else {},
+                         "finish_reason": finish}]}
 
 
 def _check(turn) -> None:
