@@ -14,7 +14,11 @@ sandboxed command gets (docs/sandbox.md):
   namespace. Nothing the command started outlives the call;
 - network ``"none"`` (own network namespace: only its own loopback; ``/run`` is hidden so the host's
   Unix sockets there are out of reach) or ``"host"``;
-- an environment built from an allow-list (:data:`ENV_ALLOW`), never the worker's secrets.
+- an environment built from an allow-list (:data:`ENV_ALLOW`), never the worker's secrets;
+- the worker's own secret files out of sight (:func:`secret_paths`: the fleet key file, the Redis
+  password and TLS key files, toolfleet's home with the local stack's key and state, Docker's
+  ``/run/secrets``): each covered by an empty tmpfs (a directory) or ``/dev/null`` (a file), since
+  the command runs as the worker's user, who may read them.
 
 Root of the worker or not, the command runs with no capability: as root, bwrap would otherwise keep
 them and a ``mount -o remount,rw /`` would undo the read-only root.
@@ -60,10 +64,53 @@ class SandboxConfig:
     mode: str = "bwrap"
     network: str = "none"
     bwrap: str = "bwrap"
+    hidden: tuple[str, ...] = ()  # paths covered in every sandbox: the worker's own secrets
 
     @classmethod
-    def from_settings(cls, settings: Any) -> SandboxConfig:
-        return cls(mode=settings.sandbox, network=settings.sandbox_network, bwrap=settings.bwrap_path)
+    def from_settings(cls, settings: Any, environ: Mapping[str, str] | None = None) -> SandboxConfig:
+        return cls(mode=settings.sandbox, network=settings.sandbox_network, bwrap=settings.bwrap_path,
+                   hidden=secret_paths(settings, os.environ if environ is None else environ))
+
+
+SECRET_FILE_VARIABLES = ("TOOLFLEET_FLEET_KEY_FILE", "TOOLFLEET_REDIS_PASSWORD_FILE", "TOOLFLEET_REDIS_KEY_FILE")
+"""Variables naming files of the worker's secrets (docs/signing.md, docs/secrets.md)."""
+DOCKER_SECRETS = "/run/secrets"
+
+
+def secret_paths(settings: Any, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """Where this worker's secrets lie on its disk, resolved (symbolic links followed): the files
+    :data:`SECRET_FILE_VARIABLES` and ``settings.redis_key_file`` name, toolfleet's home
+    (``$TOOLFLEET_HOME``, default ``~/.toolfleet``: the local stack's fleet key and state, with
+    the Redis URL) and Docker's secrets directory. A sandboxed command sees none of them
+    (:func:`bwrap_argv`); other copies of a secret (a hard link elsewhere, a file the operator put
+    in a workspace) are the operator's to keep out of reach."""
+    named = [environ.get(name) for name in SECRET_FILE_VARIABLES]
+    named += [getattr(settings, "redis_key_file", None), DOCKER_SECRETS,
+              environ.get("TOOLFLEET_HOME") or os.path.join(os.path.expanduser("~"), ".toolfleet")]
+    out: list[str] = []
+    for path in named:
+        if path:
+            real = os.path.realpath(path)
+            if real != "/" and real not in out:
+                out.append(real)
+    return tuple(out)
+
+
+def _hide(paths: Sequence[str], root: str) -> tuple[list[str], list[str]]:
+    """bwrap arguments that cover ``paths`` (those that exist now), split into those that go before
+    the workspace's bind (a directory holding the workspace: the workspace is bound again inside
+    the empty tmpfs) and those after it (everything else, so a secret inside the workspace stays
+    covered). The workspace itself is never covered."""
+    before: list[str] = []
+    after: list[str] = []
+    for path in paths:
+        if path == root or not os.path.lexists(path):
+            continue
+        if os.path.isdir(path):
+            (before if root.startswith(path.rstrip("/") + "/") else after).extend(["--tmpfs", path])
+        else:
+            after.extend(["--ro-bind", "/dev/null", path])
+    return before, after
 
 
 @dataclass(frozen=True)
@@ -131,7 +178,8 @@ def bwrap_argv(config: SandboxConfig, argv: Sequence[str], workspace: Path, netw
            "--tmpfs", "/tmp"]
     if network == "none":
         out += ["--tmpfs", "/run"]  # the host's Unix sockets (databases, docker) are reachable through a read-only bind
-    out += ["--bind", root, root, "--chdir", root,
+    before, after = _hide(config.hidden, root)
+    out += [*before, "--bind", root, root, *after, "--chdir", root,
             "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
     if network == "none":
