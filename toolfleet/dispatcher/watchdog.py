@@ -143,25 +143,32 @@ class Watchdog:
         turn._sender.submit(call_id, resend=True)
 
     def _settle_cancelled(self, pending: list[str], started: dict[str, float]) -> None:
+        """Answer the calls of a cancelled turn still without a result, ``cancel_grace_s`` after the
+        cancel. ``NOT_EXECUTED`` only where the ledger confirms, in the same step, that no claim
+        began the call (``unless_started``): a call this driver has not seen start may have started
+        all the same (its started event not read yet), or have run before its message was sent
+        again (its worker went silent); those, like the running ones, get ``OUTCOME_UNKNOWN``."""
         turn = self.turn
         stuck = []
         for call_id in pending:
             run = turn._runnable.get(call_id)
-            if call_id in started and run is not None and not run.spec.cancellable:
-                continue  # declared not cancellable: it runs to its end
-            if call_id in started:
-                stuck.append(turn._submitted.get(call_id, ""))
-                result = ToolResult.failure(
-                    call_id, turn._names[call_id], ErrorCode.OUTCOME_UNKNOWN,
-                    f"the turn was cancelled while the call ran; its worker did not confirm within "
-                    f"{turn._settings.cancel_grace_s:g} s that it stopped, so it was sent a kill; whether it took "
-                    "effect is unknown (a late step of it is refused by its fencing check)",
-                    "check the real state before repeating it",
-                )
-                self._hold_locks(self._hard_s(call_id) + turn._settings.clock_skew_margin_s)
-            else:  # never started: its message is revoked (Flower: REVOKED, it did not run)
-                result = not_executed(call_id, turn._names[call_id])
-            if turn._ledger.record_result(turn.turn_id, result) and call_id in started:
+            resent = bool(turn._sender.resends.get(call_id))
+            if call_id not in started and not resent and turn._ledger.record_result(
+                    turn.turn_id, not_executed(call_id, turn._names[call_id]), unless_started=True):
+                continue  # never started: its message is revoked (Flower: REVOKED, it did not run)
+            if run is not None and not run.spec.cancellable and not resent:
+                continue  # declared not cancellable, and its execution holds it: it runs to its end
+            stuck.append(turn._submitted.get(call_id, ""))
+            ran = "ran" if call_id in started else "may have run (a worker began it)"
+            result = ToolResult.failure(
+                call_id, turn._names[call_id], ErrorCode.OUTCOME_UNKNOWN,
+                f"the turn was cancelled while the call {ran}; its worker did not confirm within "
+                f"{turn._settings.cancel_grace_s:g} s that it stopped, so it was sent a kill; whether it took "
+                "effect is unknown (a late step of it is refused by its fencing check)",
+                "check the real state before repeating it",
+            )
+            self._hold_locks(self._hard_s(call_id) + turn._settings.clock_skew_margin_s)
+            if turn._ledger.record_result(turn.turn_id, result):
                 self._failed_in_flower(call_id, ErrorCode.OUTCOME_UNKNOWN)
         turn._submitter.revoke([t for t in stuck if t], kill=True)
 

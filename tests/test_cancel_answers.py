@@ -1,0 +1,62 @@
+"""What a cancelled turn tells about a call its driver did not see running: ``NOT_EXECUTED`` ("it
+did not run") only where the ledger confirms no claim began the call; otherwise
+``OUTCOME_UNKNOWN``. Found by a helper trying to break the fleet: a journaled write that paid,
+whose worker was then killed, was sent again once its deadline had passed; the new message waited
+behind a busy worker, the caller cancelled, and the dispatcher answered NOT_EXECUTED ("ask again"),
+so following the hint paid twice."""
+
+from __future__ import annotations
+
+import pytest
+
+from toolfleet import ErrorCode
+from toolfleet.keys import SENT_AFTER, Keys, run_field
+
+from . import fencing_trials as trials
+from . import refund_store
+from .faults import call, kill_pid, wait_started, wait_until
+
+
+@pytest.fixture
+def settings(settings):
+    return trials.fencing_settings(settings)
+
+
+def test_a_write_sent_again_after_its_worker_died_then_cancelled_is_outcome_unknown(dispatcher, start_worker,
+                                                                                      workspace, settings):
+    start_worker(concurrency=1)  # to be kept busy, so the message sent again waits in the queue
+    busy = dispatcher.submit([call("n", "wait_read", label="busy", seconds=25)], workspace=str(workspace))
+    wait_started(dispatcher, busy.turn_id, "n")
+    victim_worker = start_worker(concurrency=1)
+    turn = dispatcher.submit([call("r", "quick_refund_blind", order_id="K1", amount_cents=100, post_s=0.6)],
+                             workspace=str(workspace))
+    assert wait_started(dispatcher, turn.turn_id, "r")["worker"] == victim_worker.name
+    wait_until(lambda: refund_store.counts(workspace)["refunds"].get("order-K1") == 1, 10, "the refund")
+    kill_pid(victim_worker.proc.pid)
+    for pid in victim_worker.children():
+        kill_pid(pid)
+    runs = Keys(settings.namespace).turn_runs(turn.turn_id)
+    # the dispatcher sends it again once the dead execution's deadline has passed; the busy worker
+    # leaves the new message queued
+    wait_until(lambda: dispatcher.ledger.redis.hexists(runs, run_field(SENT_AFTER, "r")), 30, "the send again")
+    turn.cancel()
+    [result] = turn.results(timeout_s=30)
+    assert result.code is ErrorCode.OUTCOME_UNKNOWN, result.content
+    assert refund_store.counts(workspace)["refunds"]["order-K1"] == 1
+    busy.cancel()
+
+
+def test_a_call_claimed_but_not_yet_seen_started_is_not_answered_not_executed(settings, workspace):
+    """The driver settles a cancelled turn from what it has read; a claim whose started event it has
+    not read yet must not be answered "it did not run" (the ledger's unless_started refuses)."""
+    from toolfleet import Dispatcher
+
+    from .conftest import make_registry
+
+    with Dispatcher(settings.model_copy(update={"require_live_worker": False}), make_registry()) as d:
+        turn = d.submit([call("c", "wait_read", label="x", seconds=5)], workspace=str(workspace))
+        assert d.ledger.claim_start(turn.turn_id, "c", "worker-not-seen") == "ok"  # as a worker would
+        turn.cancel()
+        turn._watch._settle_cancelled(["c"], {})  # as if the started event were not read yet
+        result = d.ledger.results(turn.turn_id)["c"]
+        assert result.code is ErrorCode.OUTCOME_UNKNOWN and "a worker began it" in result.content, result.content
