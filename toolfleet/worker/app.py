@@ -54,6 +54,8 @@ TASK_NAME = "toolfleet.run_call"
 HEALTH_TASK_NAME = "toolfleet.health_check"
 HEALTH_TIME_LIMIT_S = 10.0
 VISIBILITY_MARGIN_S = 60.0
+BROKER_SOCKET_TIMEOUT_S = 5.0  # a read of the Redis broker that takes longer fails (kombu's default: never)
+BROKER_CONNECT_TIMEOUT_S = 3.0
 log = logging.getLogger(__name__)
 
 
@@ -83,11 +85,17 @@ def visibility_timeout_s(settings: Settings, registry: Registry) -> float:
 
 
 def broker_transport_options(settings: Settings, registry: Registry) -> dict[str, Any]:
-    """Redis broker: the visibility timeout, and the unacknowledged-message bookkeeping kept under
-    the namespace (kombu's default keys ``unacked*`` are shared by every app on the database)."""
+    """Redis broker: the visibility timeout, the unacknowledged-message bookkeeping kept under
+    the namespace (kombu's default keys ``unacked*`` are shared by every app on the database), and
+    socket timeouts: kombu's default waits for ever on a broker that is frozen or gone without
+    closing the connection (its docs: "a synchronous command such as a publish waits forever on
+    the dead connection"), so a dispatcher's publish or revoke, and with it ``submit()``,
+    ``cancel()`` and a turn's driver, would wait as long (docs/guarantees.md, E12). The worker's
+    BRPOP (1 s) and pub/sub reads are the event loop's, on readable sockets only."""
     if not settings.broker_is_redis:
         return {}
-    return {"visibility_timeout": visibility_timeout_s(settings, registry), **unacked_keys(settings.namespace)}
+    return {"visibility_timeout": visibility_timeout_s(settings, registry), **unacked_keys(settings.namespace),
+            "socket_timeout": BROKER_SOCKET_TIMEOUT_S, "socket_connect_timeout": BROKER_CONNECT_TIMEOUT_S}
 
 
 def unacked_keys(namespace: str) -> dict[str, str]:
