@@ -7,8 +7,11 @@ import json
 import re
 import shlex
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from toolfleet import ToolCall
-from toolfleet.tools.output import fit_output
+from toolfleet.tools.output import MAX_CAPTURE_BYTES, HeadTail, fit_output
 
 WAIT_S = 120
 LINES = 262_144  # 8 characters a line: exactly 2 MiB
@@ -66,3 +69,39 @@ def test_fit_output_without_a_store_or_when_the_store_fails():
     assert fit_output("short", 1000, broken) == "short"
     stored = fit_output(text, 1000, lambda _: "out_1")
     assert len(stored) <= 1000 and 'read_output(ref="out_1"' in stored
+
+
+@settings(max_examples=300, derandomize=True, database=None, deadline=None)
+@given(max_bytes=st.integers(2, 64), chunks=st.lists(st.binary(max_size=40), max_size=25))
+def test_head_tail_keeps_the_first_and_last_halves_and_counts_the_rest(max_bytes, chunks):
+    kept = HeadTail(max_bytes)
+    for chunk in chunks:
+        kept.add(chunk)
+    data = b"".join(chunks)
+    text = kept.text()
+    if len(data) <= max_bytes:
+        assert kept.dropped == 0 and text == data.decode("utf-8", errors="replace")
+        return
+    half = max_bytes // 2
+    assert kept.dropped == len(data) - max_bytes
+    head, tail = bytes(kept._head), b"".join(kept._tail)
+    assert head == data[:half] and tail == data[len(data) - (max_bytes - half):]
+    assert f"{kept.dropped} bytes of output dropped" in text
+
+
+def test_a_command_printing_without_end_is_kept_within_the_capture_bound(dispatcher, worker, workspace):
+    """64 MiB printed: the worker keeps (and stores for read_output) at most MAX_CAPTURE_BYTES of it,
+    head and tail, and says how much it dropped (a helper's 200 MB run filled the pool process's
+    memory, 1.1 GB, and put all of it in Redis for a day)."""
+    command = "head -c 67108864 /dev/zero | tr '\\0' a; echo; echo THE-END"
+    [result] = dispatcher.run([ToolCall(id="big", name="run_command", arguments=json.dumps({"command": command}))],
+                              workspace=str(workspace), timeout_s=WAIT_S)
+    assert result.ok, result.content
+    assert result.content.rstrip().endswith("THE-END")
+    ref = re.search(r'read_output\(ref="(out_[0-9a-f]+)"', result.content).group(1)
+    [page] = dispatcher.run([ToolCall(id="p", name="read_output", arguments=json.dumps(
+        {"ref": ref, "offset": MAX_CAPTURE_BYTES // 2 - 100, "limit": 400}))], workspace=str(workspace),
+        timeout_s=WAIT_S)
+    assert page.ok and "bytes of output dropped here" in page.content, page.content
+    total = int(re.search(r"of (\d+) characters", result.content).group(1))
+    assert MAX_CAPTURE_BYTES < total < MAX_CAPTURE_BYTES + 1000  # what was stored: the bound and the note

@@ -26,6 +26,7 @@ from pydantic import Field
 from ..errors import CallCancelled, ToolFailure, ToolTimeout
 from . import sandbox
 from .context import ToolContext
+from .output import HeadTail
 from .spec import tool
 from .workspace import workspace_of
 
@@ -78,7 +79,7 @@ def run_command(
         if info_w is not None:
             os.close(info_w)
     init = _SandboxInit.read(info_r) if info_r is not None else None
-    chunks: list[bytes] = []
+    chunks = HeadTail()  # bounded: the head and the tail of what it prints
     reader = threading.Thread(target=_drain, args=(proc, chunks), daemon=True)
     reader.start()
 
@@ -86,7 +87,7 @@ def run_command(
         if box.unsandboxed:
             _kill_group(proc.pid)  # what the command left running holds the pipe open
         reader.join(timeout=1.0)
-        return note + b"".join(chunks).decode("utf-8", errors="replace")
+        return note + chunks.text()
 
     exited = _exit_watch(proc)
     try:
@@ -160,10 +161,10 @@ class _exit_watch:  # noqa: N801 - used as a function
             self._fd = None
 
 
-def _drain(proc: subprocess.Popen[bytes], chunks: list[bytes]) -> None:
+def _drain(proc: subprocess.Popen[bytes], chunks: HeadTail) -> None:
     assert proc.stdout is not None
     for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
-        chunks.append(chunk)
+        chunks.add(chunk)
 
 
 def _kill_group(pgid: int) -> None:

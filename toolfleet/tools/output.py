@@ -3,11 +3,62 @@
 from __future__ import annotations
 
 import logging
+import threading
+from collections import deque
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 EMPTY_OUTPUT = "(no output)"
 MARKER_SLACK = 40  # room for the digits the marker's numbers may grow by
+MAX_CAPTURE_BYTES = 4 * 1024 * 1024  # of a command's output, kept in the worker (head and tail halves)
+
+
+class HeadTail:
+    """What a process printed, kept within ``max_bytes`` however much it prints: the first and the
+    last ``max_bytes // 2`` bytes, the middle dropped and said in :meth:`text` (a ``yes`` running
+    for its whole time limit must not fill the worker's memory, nor Redis, where a long output is
+    stored for ``read_output``). Thread-safe: one thread adds, another reads."""
+
+    def __init__(self, max_bytes: int = MAX_CAPTURE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.dropped = 0  # bytes cut from the middle
+        self._head = bytearray()
+        self._tail: deque[bytes] = deque()
+        self._tail_bytes = 0
+        self._lock = threading.Lock()
+
+    def add(self, chunk: bytes) -> None:
+        half = self.max_bytes // 2
+        with self._lock:
+            if len(self._head) < half:
+                take = half - len(self._head)
+                self._head += chunk[:take]
+                chunk = chunk[take:]
+            if not chunk:
+                return
+            self._tail.append(chunk)
+            self._tail_bytes += len(chunk)
+            while self._tail_bytes > self.max_bytes - half:  # drop the oldest bytes of the tail
+                first, over = self._tail[0], self._tail_bytes - (self.max_bytes - half)
+                if len(first) <= over:
+                    self._tail.popleft()
+                    cut = len(first)
+                else:
+                    self._tail[0] = first[over:]
+                    cut = over
+                self._tail_bytes -= cut
+                self.dropped += cut
+
+    def text(self) -> str:
+        """The output as text (UTF-8, invalid bytes replaced), with a line where the middle was cut."""
+        with self._lock:
+            head, tail, dropped = bytes(self._head), b"".join(self._tail), self.dropped
+        if not dropped:
+            return (head + tail).decode("utf-8", errors="replace")
+        return (head.decode("utf-8", errors="replace")
+                + f"\n[... {dropped} bytes of output dropped here: the worker keeps the first {len(head)} and the "
+                  f"last {len(tail)} bytes of a command's output; send a narrower command ...]\n"
+                + tail.decode("utf-8", errors="replace"))
 
 
 def fit_output(text: str, max_chars: int, store: Callable[[str], str] | None = None) -> str:
