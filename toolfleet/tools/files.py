@@ -24,11 +24,11 @@ from .beneath import open_beneath
 from .context import ToolContext
 from .resources import paths
 from .spec import tool
-from .workspace import canonical_parts, open_directory, open_root, os_failure, read_bytes, spelling
+from .workspace import MAX_TEXT_FILE_BYTES, canonical_parts, open_directory, open_root, os_failure, read_bytes, spelling
 from .writes import replace_file
 
 MAX_GREP_MATCHES = 200
-MAX_GREP_FILE_BYTES = 20 * 1024 * 1024  # larger files are skipped, and the answer says so
+MAX_GREP_FILE_BYTES = MAX_TEXT_FILE_BYTES  # larger files are skipped, and the answer says so
 MAX_GREP_DEPTH = 64  # folders deeper than this below the searched one are not searched
 BINARY_SNIFF_BYTES = 8192
 NOTE_NAMES = 5  # names listed per kind of skipped file
@@ -234,7 +234,7 @@ def write_file(ctx: ToolContext, path: str, content: str) -> str:
         content: The whole new content of the file.
     """
     data = _encode(content, "content")
-    info = replace_file(ctx, path, lambda old: data)
+    info = replace_file(ctx, path, lambda old: data, needs_old=False)
     return f"wrote {info['bytes']} bytes to {path}" + _links_note(info)
 
 

@@ -18,6 +18,7 @@ import errno
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from ..errors import PermissionDenied, ToolFailure
 from .beneath import open_beneath, walk
@@ -151,8 +152,13 @@ def open_directory(root_fd: int, rel: str, path: str) -> int:
         raise os_failure(exc, path) from exc
 
 
-def read_bytes(ctx: ToolContext, path: str) -> bytes:
-    """The whole content of the regular file ``path`` of the workspace. Raises ToolFailure."""
+MAX_TEXT_FILE_BYTES = 20 * 1024 * 1024
+"""Largest file read_file and edit_file take whole (grep skips larger ones and says so)."""
+
+
+def read_bytes(ctx: ToolContext, path: str, max_bytes: int = MAX_TEXT_FILE_BYTES) -> bytes:
+    """The whole content of the regular file ``path`` of the workspace, at most ``max_bytes``.
+    Raises ToolFailure (a larger file: :func:`read_whole`)."""
     rel = spelling(ctx, path)
     root_fd = open_root(ctx)
     try:
@@ -160,7 +166,22 @@ def read_bytes(ctx: ToolContext, path: str) -> bytes:
     finally:
         os.close(root_fd)
     with os.fdopen(fd, "rb") as handle:
-        return handle.read()
+        return read_whole(handle, path, max_bytes)
+
+
+def read_whole(handle: BinaryIO, path: str, max_bytes: int = MAX_TEXT_FILE_BYTES) -> bytes:
+    """All of the open file ``handle`` if it holds at most ``max_bytes``, else ToolFailure
+    (``INVALID_ARGUMENT``): the file tools hold a file in the worker's memory, so a file of
+    gigabytes (a sparse one costs no disk) must not reach them. Its size is checked before reading
+    and by the read itself (a file that grows meanwhile)."""
+    size = os.fstat(handle.fileno()).st_size
+    data = handle.read(max_bytes + 1) if size <= max_bytes else b""
+    if size > max_bytes or len(data) > max_bytes:
+        raise ToolFailure(
+            f"{path} is larger than the file tools read or edit whole ({max(size, len(data))} bytes; at most "
+            f"{max_bytes})", "read parts of it with run_command (sed -n '1,200p', head, tail) or search it with grep",
+            code="INVALID_ARGUMENT")
+    return data
 
 
 def relative(ctx: ToolContext, path: Path) -> str:

@@ -32,16 +32,18 @@ from typing import Any
 from ..errors import PermissionDenied, ToolFailure
 from .beneath import open_beneath
 from .context import ToolContext
-from .workspace import canonical_parts, open_regular, open_root, os_failure, spelling
+from .workspace import canonical_parts, open_regular, open_root, os_failure, read_whole, spelling
 
 NAME_MAX = 255
 
 
 def replace_file(ctx: ToolContext, path: str, produce: Callable[[bytes | None], bytes], *,
-                 create_parents: bool = True) -> dict[str, Any]:
+                 create_parents: bool = True, needs_old: bool = True) -> dict[str, Any]:
     """Replace the file ``path`` with ``produce(old)`` (``old`` is its content, ``None`` when it
-    does not exist), atomically, as the module docstring says. Missing parents are created
-    (with ``create_parents=False`` they give ``file not found``).
+    does not exist; with ``needs_old=False``, always ``None``: the old content is not read),
+    atomically, as the module docstring says. Missing parents are created (with
+    ``create_parents=False`` they give ``file not found``). An old content over
+    :data:`~.workspace.MAX_TEXT_FILE_BYTES` is not read: ToolFailure (``INVALID_ARGUMENT``).
 
     Returns ``{"path": canonical path relative to the root, "bytes": size written, "other_links":
     how many other hard links the replaced file had (they keep the old content)}``. Raises
@@ -63,13 +65,13 @@ def replace_file(ctx: ToolContext, path: str, produce: Callable[[bytes | None], 
     finally:
         os.close(root_fd)
     try:
-        return _replace_in(ctx, parent, parts, path, produce)
+        return _replace_in(ctx, parent, parts, path, produce, needs_old)
     finally:
         os.close(parent)
 
 
 def _replace_in(ctx: ToolContext, parent: int, parts: list[str], path: str,
-                produce: Callable[[bytes | None], bytes]) -> dict[str, Any]:
+                produce: Callable[[bytes | None], bytes], needs_old: bool) -> dict[str, Any]:
     name = parts[-1]
     try:
         st: os.stat_result | None = os.stat(name, dir_fd=parent, follow_symlinks=False)
@@ -86,10 +88,10 @@ def _replace_in(ctx: ToolContext, parent: int, parts: list[str], path: str,
         if not stat.S_ISREG(st.st_mode):
             raise ToolFailure(f"{path} is not a regular file (a FIFO, device or socket)", "give a regular file")
     old = None
-    if st is not None:
+    if st is not None and needs_old:
         fd = open_regular(parent, name, path, follow=False)  # a link swapped in since is refused
         with os.fdopen(fd, "rb") as handle:
-            old = handle.read()
+            old = read_whole(handle, path)
     data = produce(old)
     tmp = _temp_name(name)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=parent)
@@ -189,7 +191,8 @@ class AtomicFile(io.IOBase):
             self._text.flush()
         data = self._raw.getvalue()
         try:
-            self.result = replace_file(self._ctx, self._path, lambda old: (old or b"") + data if self._append else data)
+            self.result = replace_file(self._ctx, self._path, lambda old: (old or b"") + data if self._append else data,
+                                       needs_old=self._append)
         finally:
             super().close()
 
