@@ -78,10 +78,22 @@ def run_command(
     finally:
         if info_w is not None:
             os.close(info_w)
-    init = _SandboxInit.read(info_r) if info_r is not None else None
-    chunks = HeadTail()  # bounded: the head and the tail of what it prints
-    reader = threading.Thread(target=_drain, args=(proc, chunks), daemon=True)
-    reader.start()
+    init: _SandboxInit | None = None
+    try:  # a cancel or the soft limit landing while bwrap starts must not leave its sandbox behind
+        chunks = HeadTail()  # bounded: the head and the tail of what it prints
+        reader = threading.Thread(target=_drain, args=(proc, chunks), daemon=True)
+        if info_r is not None:
+            fd, info_r = info_r, None  # _SandboxInit.read closes it, whatever happens in it
+            init = _SandboxInit.read(fd)
+        reader.start()
+        exited = _exit_watch(proc)
+    except BaseException:  # bwrap killed takes the sandbox down with it (--die-with-parent)
+        if info_r is not None:
+            os.close(info_r)
+        _stop_group(proc, init)
+        if init is not None:
+            init.close()
+        raise
 
     def output() -> str:
         if box.unsandboxed:
@@ -89,7 +101,6 @@ def run_command(
         reader.join(timeout=1.0)
         return note + chunks.text()
 
-    exited = _exit_watch(proc)
     try:
         while True:
             if exited(min(POLL_S, max(ctx.remaining_s, 0.001))):
@@ -181,7 +192,7 @@ def _stop_group(proc: subprocess.Popen[bytes], init: _SandboxInit | None) -> Non
     (pid 1 of its PID namespace, ``--new-session``): TERM goes to that group, KILL to the init, whose
     end makes the kernel kill every process of the namespace; this returns once the init is gone, so
     no process of the command is left. Unsandboxed, TERM and KILL go to ``proc``'s own group."""
-    pgid = proc.pid if init is None else init.pid
+    pgid = proc.pid if init is None or init.pid is None else init.pid  # no pid: bwrap failed or was slow
     try:
         os.killpg(pgid, signal.SIGTERM)
     except (ProcessLookupError, PermissionError):
