@@ -312,3 +312,44 @@ def test_responses_stream_whose_summary_lost_a_call_is_rebuilt_from_the_stream()
     assert [c.id for c in adapter.parse(events)] == ["call_a", "call_b"]
     echoed = [i["call_id"] for i in adapter.assistant_messages(events) if i.get("type") == "function_call"]
     assert echoed == ["call_a", "call_b"]
+
+
+def _server_tool_stream(second_fragment: str) -> list[dict]:
+    return [
+        {"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+                                              "model": "claude-sonnet-4-5", "content": [], "stop_reason": None}},
+        {"type": "content_block_start", "index": 0, "content_block": {
+            "type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}},
+        {"type": "content_block_delta", "index": 0,
+         "delta": {"type": "input_json_delta", "partial_json": '{"query": "weather '}},
+        {"type": "content_block_delta", "index": 0,
+         "delta": {"type": "input_json_delta", "partial_json": second_fragment}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": {
+            "type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}},
+        {"type": "content_block_stop", "index": 1},
+        {"type": "content_block_start", "index": 2, "content_block": {
+            "type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {}}},
+        {"type": "content_block_delta", "index": 2,
+         "delta": {"type": "input_json_delta", "partial_json": '{"path": "README.md"}'}},
+        {"type": "content_block_stop", "index": 2},
+        {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None}},
+        {"type": "message_stop"}]
+
+
+def test_a_streamed_server_tool_use_keeps_its_input_in_the_history():
+    """The API runs server tools (web search) itself; their input streams as input_json_delta like a
+    tool_use's, and the history sent back must hold it (the anthropic SDK's accumulator joins it for
+    server_tool_use too). Before: ignored with a warning, and sent back as input {}."""
+    events = _server_tool_stream('Paris"}')
+    adapter = get_adapter("anthropic_stream")
+    parser = adapter.replay(events)
+    assert parser.warnings == []
+    assert [c.id for c in adapter.parse(events)] == ["toolu_1"]  # only the client tool is a call to run
+    server, _, tool = rebuilt("anthropic_stream", events)[0]["content"]
+    assert server == {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search",
+                      "input": {"query": "weather Paris"}}
+    assert tool["input"] == {"path": "README.md"}
+    cut = _server_tool_stream('Par')  # not JSON when joined: kept as it started, said
+    assert rebuilt("anthropic_stream", cut)[0]["content"][0]["input"] == {}
+    assert any("not JSON" in w for w in adapter.replay(cut).warnings)

@@ -35,6 +35,7 @@ class AnthropicStreamParser:
         self._blocks: list[dict[str, Any]] = []  # in stream order
         self._at: dict[int | None, int] = {}  # block index -> position in _blocks (the latest block there)
         self._start_input: dict[int, Any] = {}
+        self._server_input: dict[int, list[str]] = {}  # position -> input fragments of a block run server-side
         self._events = -1
 
     def feed(self, event: Any) -> list[ToolCall]:
@@ -62,6 +63,8 @@ class AnthropicStreamParser:
             self._delta(index, need_object(data.get("delta"), at(where, "delta"), "delta"), at(where, "delta"))
         elif kind_ == "content_block_stop":
             position = self._at.get(index)
+            if position in self._server_input:
+                self._close_server_input(position)
             slot = self.calls.get(position)
             if slot is not None and not slot.done:
                 joined = join_surrogates("".join(slot.parts))
@@ -88,10 +91,12 @@ class AnthropicStreamParser:
         if kind_ == "input_json_delta":
             text = need_text(delta.get("partial_json"), at(where, "partial_json"), "partial_json")
             slot = self.calls.get(position)
-            if slot is None or slot.done:
-                self.warnings.append(f"input fragment for block {index} ignored (no open tool_use there)")
-            else:
+            if slot is not None and not slot.done:
                 slot.parts.append(text)
+            elif slot is None and _runs_elsewhere(block):
+                self._server_input.setdefault(position, []).append(text)
+            else:
+                self.warnings.append(f"input fragment for block {index} ignored (no open tool_use there)")
             return
         for key, field in (("text_delta", "text"), ("thinking_delta", "thinking")):
             if kind_ == key:
@@ -107,7 +112,24 @@ class AnthropicStreamParser:
             citations = block.get("citations")
             block["citations"] = [*(citations if isinstance(citations, list) else []), delta.get("citation")]
 
+    def _close_server_input(self, position: int) -> None:
+        """The joined input of a block the API runs itself (``server_tool_use``, ``mcp_tool_use``):
+        it goes back in the history as it was streamed, as the SDK's own accumulator keeps it."""
+        joined = join_surrogates("".join(self._server_input.pop(position)))
+        if not joined.strip():
+            return
+        try:
+            value = json.loads(joined)
+        except (ValueError, RecursionError):
+            self.warnings.append(f"the input of block {position} ({self._blocks[position].get('type')}) is not "
+                                 "JSON; kept as it started")
+            return
+        if isinstance(value, dict):
+            self._blocks[position]["input"] = value
+
     def finish(self) -> list[ToolCall]:
+        for position in list(self._server_input):
+            self._close_server_input(position)
         for slot in self.calls.open_slots():
             self.cut_off.append(slot.id)
             slot.done = True
@@ -124,6 +146,14 @@ class AnthropicStreamParser:
                 continue  # the API refuses an empty text block
             content.append(block)
         return {**self._message, "type": "message", "role": "assistant", "content": content}
+
+
+def _runs_elsewhere(block: dict[str, Any]) -> bool:
+    """A block whose tool the API (or an MCP server it calls) runs: ``server_tool_use``,
+    ``mcp_tool_use``; its input streams as ``input_json_delta`` as a ``tool_use``'s does (the
+    anthropic SDK's ``TRACKS_TOOL_INPUT``)."""
+    kind_ = block.get("type")
+    return isinstance(kind_, str) and kind_.endswith("tool_use") and kind_ != "tool_use"
 
 
 def _object(arguments: Any) -> dict[str, Any]:
