@@ -353,3 +353,21 @@ def test_a_streamed_server_tool_use_keeps_its_input_in_the_history():
     cut = _server_tool_stream('Par')  # not JSON when joined: kept as it started, said
     assert rebuilt("anthropic_stream", cut)[0]["content"][0]["input"] == {}
     assert any("not JSON" in w for w in adapter.replay(cut).warnings)
+
+
+def test_a_responses_response_stored_as_model_dump_goes_back_without_nulls():
+    """``Response.model_dump()`` (how responses are often stored) writes null for every unset field;
+    the API refuses ``"status": null`` on a reasoning item (openai-python#3008), so no null field goes
+    back (found by a helper: toolfleet dropped it from function_call items only)."""
+    from openai.types.responses import Response
+
+    response = Response.model_validate({
+        "id": "resp_1", "object": "response", "created_at": 1, "model": "gpt-5", "status": "completed",
+        "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+        "output": [{"type": "reasoning", "id": "rs_1", "summary": []},
+                   {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "read_file",
+                    "arguments": '{"path": "README.md"}'}]})
+    items = rebuilt("openai_responses", response.model_dump())
+    assert items == [{"id": "rs_1", "summary": [], "type": "reasoning"},
+                     {"arguments": '{"path": "README.md"}', "call_id": "call_1", "name": "read_file",
+                      "type": "function_call", "id": "fc_1"}]

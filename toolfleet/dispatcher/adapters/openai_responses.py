@@ -61,12 +61,14 @@ class OpenAIResponsesAdapter:
         ``function_call_output`` items (reasoning items included, as the API asks). Every field is
         kept, except what the API refuses: a ``function_call``'s ``arguments`` go back as a JSON
         string (``null`` as ``"{}"``), a missing ``name`` as ``""``, an ``id`` that is not a string
-        or a ``status`` the API does not know is left out, and text that cannot be encoded (a lone
-        surrogate) is cleaned."""
+        or a ``status`` the API does not know is left out, a field whose value is ``null`` is left
+        out (what the SDK's ``model_dump()`` writes for every unset field: ``"status": null`` on a
+        reasoning item, which the API refuses, "Unknown parameter: 'input[1].status'";
+        openai-python#3008), and text that cannot be encoded (a lone surrogate) is cleaned."""
         OpenAIResponsesAdapter.parse(self, payload)
         out = []
         for item in self.output_items(payload):
-            clean = for_wire(item)
+            clean = {key: value for key, value in for_wire(item).items() if value is not None}
             if item.get("type") == "function_call":
                 clean["arguments"] = arguments_for_wire(item.get("arguments"))
                 clean["name"] = clean.get("name") or ""
