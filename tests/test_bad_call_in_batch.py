@@ -7,6 +7,8 @@ without a result, which the next Chat request is refused for)."""
 
 from __future__ import annotations
 
+import pytest
+
 from toolfleet.models import ErrorCode
 
 DEEP_TEXT = '{"path": "README.md", "x": ' + "[" * 5000 + "]" * 5000 + "}"
@@ -65,3 +67,50 @@ def test_a_streamed_call_nested_past_the_recursion_limit_is_its_own_invalid_argu
                          "function": {"name": "read_file", "arguments": DEEP_TEXT}}]))
     stream.feed(_chunk(finish="tool_calls"))
     _check(stream.close())
+
+
+def _cut_anthropic() -> dict:
+    return {"role": "assistant", "stop_reason": "max_tokens", "content": [
+        {"type": "tool_use", "id": "call_ok", "name": "list_dir", "input": {"path": "."}},
+        {"type": "tool_use", "id": "call_cut", "name": "grep", "input": {"pattern": "TODO"}}]}
+
+
+def test_calls_cut_off_at_the_token_limit_do_not_run(worker, dispatcher, workspace):
+    """A response stopped at its output token limit returns the call being written closed with the
+    fields written so far: here a grep whose path was cut, which would search the whole workspace.
+    The last call of such a response is INVALID_ARGUMENT, unrun; the calls before it run."""
+    turn = dispatcher.submit_response(_cut_anthropic(), workspace=str(workspace))
+    by_id = {r.call_id: r for r in turn.results(timeout_s=60)}
+    assert by_id["call_ok"].ok
+    cut = by_id["call_cut"]
+    assert cut.code is ErrorCode.INVALID_ARGUMENT and "token limit" in cut.content and cut.attempts == 0, cut
+    (answer,) = turn.messages()
+    assert [b["tool_use_id"] for b in answer["content"]] == ["call_ok", "call_cut"]
+
+
+@pytest.mark.parametrize("format, payload, cut", [
+    ("anthropic", _cut_anthropic(), ["call_cut"]),
+    ("anthropic", {**_cut_anthropic(), "stop_reason": "tool_use"}, []),
+    ("anthropic", {**_cut_anthropic(), "stop_reason": "model_context_window_exceeded"}, ["call_cut"]),
+    ("openai_chat", {"choices": [{"finish_reason": "length", "message": {"role": "assistant", "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "list_dir", "arguments": "{}"}},
+        {"id": "b", "type": "function", "function": {"name": "grep", "arguments": '{"pattern": "x"}'}}]}}]}, ["b"]),
+    ("openai_chat", {"choices": [{"finish_reason": "tool_calls", "message": {"role": "assistant", "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "list_dir", "arguments": "{}"}}]}}]}, []),
+    ("openai_responses", {"status": "incomplete", "output": [
+        {"type": "function_call", "call_id": "a", "name": "list_dir", "arguments": "{}", "status": "completed"},
+        {"type": "function_call", "call_id": "b", "name": "grep", "arguments": '{"pattern": "x"}'}]}, ["b"]),
+    ("openai_responses", {"status": "completed", "output": [
+        {"type": "function_call", "call_id": "a", "name": "list_dir", "arguments": "{}", "status": "incomplete"},
+        {"type": "function_call", "call_id": "b", "name": "grep", "arguments": "{}", "status": "completed"}]}, ["a"]),
+    ("openai_responses", {"status": "incomplete", "output": [
+        {"type": "function_call", "call_id": "a", "name": "list_dir", "arguments": "{}", "status": "completed"},
+        {"type": "message", "role": "assistant", "content": []}]}, []),
+])
+def test_which_calls_the_token_limit_cut_off(format, payload, cut):
+    from toolfleet.dispatcher.adapters import get_adapter
+    from toolfleet.dispatcher.adapters.cut_off import cut_off_results
+
+    results = cut_off_results(format, payload, get_adapter(format).parse(payload))
+    assert list(results) == cut
+    assert all(r.code is ErrorCode.INVALID_ARGUMENT for r in results.values())

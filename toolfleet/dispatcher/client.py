@@ -9,7 +9,7 @@ time as each call's arguments complete (:meth:`Dispatcher.open_stream`).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import suppress
 from typing import Any
 
@@ -25,6 +25,7 @@ from ..tools.registry import Registry, default_registry
 from ..tools.state import SessionStore
 from ..worker.app import create_app
 from .adapters import Adapter, as_dict, detect, get_adapter
+from .adapters.cut_off import cut_off_results
 from .approvals import Approvals, PendingCall
 from .availability import Availability
 from .guard import Guard
@@ -130,10 +131,12 @@ class Dispatcher:
         )
         return turn.start()
 
-    def submit(self, calls: Sequence[ToolCall], **options: Any) -> Turn:
+    def submit(self, calls: Sequence[ToolCall], *, failed: Mapping[str, ToolResult] | None = None,
+               **options: Any) -> Turn:
         """Start running ``calls`` (model order) and return the turn's handle at once.
 
-        ``options`` are those of :meth:`open_turn`. Raises
+        ``failed`` maps call ids to error results decided by the caller: those calls get them and
+        do not run. ``options`` are those of :meth:`open_turn`. Raises
         :class:`~toolfleet.errors.BatchRejected` (nothing runs) if two calls share an id or a call
         has none, :class:`~toolfleet.errors.BrokerUnavailable` (naming the URL) if Redis or the
         broker does not answer: then nothing of the batch runs, even the calls already sent.
@@ -141,7 +144,7 @@ class Dispatcher:
         check_ids(calls)
         turn = self.open_turn(armed=False, _calls=calls, **options)
         try:
-            turn.add_calls(calls, raise_errors=True)
+            turn.add_calls(calls, failed=failed, raise_errors=True)
             turn.arm()
         except BaseException:
             # Nothing of the batch may run: the turn is not armed, so a worker that got one of its
@@ -160,13 +163,16 @@ class Dispatcher:
         anything runs. ``turn.messages()`` then gives the tool results in the same provider's
         shape, and ``turn.assistant_messages()`` the model's own message to put before them.
         Raises :class:`~toolfleet.errors.BatchRejected` (with the JSON ``pointer``) for a payload
-        that cannot be read.
+        that cannot be read. A call the response's token limit cut off gets ``INVALID_ARGUMENT``
+        and does not run (:mod:`~toolfleet.dispatcher.adapters.cut_off`).
         """
         adapter = get_adapter(format) if format else detect(payload)
         if adapter.streamed:
             adapter.replay(payload)
             return self.submit_stream(as_dict(payload), format=adapter.name, **options)
-        return self.submit(adapter.parse(payload), adapter=adapter, response=payload, **options)
+        calls = adapter.parse(payload)
+        return self.submit(calls, failed=cut_off_results(adapter.name, payload, calls), adapter=adapter,
+                           response=payload, **options)
 
     def open_stream(self, *, format: str | None = None, **options: Any) -> TurnStream:
         """A :class:`TurnStream`: ``feed`` it each event of a provider stream as it arrives; each

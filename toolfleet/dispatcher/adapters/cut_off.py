@@ -1,0 +1,62 @@
+"""Calls a response cut off at the model's output token limit: they do not run.
+
+A provider that stops a response at its token limit returns what was written so far, and a tool
+call being written then comes back closed with only the arguments that were complete (Anthropic:
+``stop_reason: "max_tokens"``, its docs' "Stop reasons" ask to raise ``max_tokens`` or continue;
+the non-streamed ``tool_use`` carries the fields written before the cut, anthropics/claude-code#45436).
+Such a call may validate and run with an optional argument missing (a ``grep`` over the whole
+workspace instead of one folder), so it gets ``INVALID_ARGUMENT`` instead:
+
+- Anthropic Messages: ``stop_reason`` ``max_tokens`` (or ``model_context_window_exceeded``): the
+  last ``tool_use`` block;
+- OpenAI Chat Completions: ``finish_reason: "length"``: the last tool call;
+- OpenAI Responses: a ``function_call`` item whose ``status`` is ``"incomplete"``, and the last
+  output item of a response whose ``status`` is ``"incomplete"`` when it is a ``function_call`` not
+  marked ``"completed"``.
+
+Streams are not covered here: a streamed call runs the moment its arguments are complete, before
+the stop reason arrives; arguments cut mid-JSON never complete and get ``INVALID_ARGUMENT`` from
+the stream's end (:class:`~toolfleet.dispatcher.streaming.TurnStream`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ...models import ErrorCode, ToolCall, ToolResult
+from .base import as_dict
+
+ANTHROPIC_CUT = ("max_tokens", "model_context_window_exceeded")
+
+
+def cut_off_results(adapter_name: str, payload: Any, calls: Sequence[ToolCall]) -> dict[str, ToolResult]:
+    """``{call id: INVALID_ARGUMENT result}`` for the calls of ``payload`` (a non-streamed response
+    of ``adapter_name``'s format, already parsed into ``calls``) that the token limit cut off."""
+    data = as_dict(payload)
+    if not calls or not isinstance(data, dict):
+        return {}
+    names = {c.id: c.name for c in calls}
+    cut: list[tuple[str, str]] = []  # (call id, what said so)
+    if adapter_name == "anthropic" and data.get("stop_reason") in ANTHROPIC_CUT:
+        cut.append((calls[-1].id, f"stop_reason {data['stop_reason']}"))
+    elif adapter_name == "openai_chat":
+        choices = data.get("choices")
+        first = as_dict(choices[0]) if isinstance(choices, list) and choices else None
+        if isinstance(first, dict) and first.get("finish_reason") == "length":
+            cut.append((calls[-1].id, "finish_reason length"))
+    elif adapter_name == "openai_responses":
+        items = [as_dict(i) for i in data.get("output") or [] if isinstance(as_dict(i), dict)]
+        for n, item in enumerate(items):
+            if item.get("type") != "function_call" or item.get("call_id") not in names:
+                continue
+            last_of_incomplete = (n == len(items) - 1 and data.get("status") == "incomplete"
+                                  and item.get("status") != "completed")
+            if item.get("status") == "incomplete" or last_of_incomplete:
+                cut.append((item["call_id"], "status incomplete"))
+    return {call_id: ToolResult.failure(
+        call_id, names[call_id], ErrorCode.INVALID_ARGUMENT,
+        f"the response was cut off at the model's output token limit ({why}) while this call was being "
+        "written; its arguments may be incomplete, so it did not run",
+        "raise the request's output token limit (max_tokens) and have the model make the call again",
+    ) for call_id, why in cut}
