@@ -209,7 +209,7 @@ def run(
             "format": turn.adapter.name,
             "results": [r.model_dump(mode="json") for r in results],
             "assistant": turn.assistant_messages(),
-            "messages": turn.adapter.format_results(results),
+            "messages": turn.adapter.format_results(results, response=turn.response),
             "plan": {"waves": plan.waves(), "deps": {k: sorted(v) for k, v in plan.deps.items()}},
             "warnings": warnings,
             "elapsed_s": round(finished - started, 3),

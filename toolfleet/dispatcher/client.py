@@ -25,6 +25,7 @@ from ..tools.registry import Registry, default_registry
 from ..tools.state import SessionStore
 from ..worker.app import create_app
 from .adapters import Adapter, as_dict, detect, get_adapter
+from .adapters.custom_calls import custom_call_results
 from .adapters.cut_off import cut_off_results
 from .approvals import Approvals, PendingCall
 from .availability import Availability
@@ -164,15 +165,16 @@ class Dispatcher:
         shape, and ``turn.assistant_messages()`` the model's own message to put before them.
         Raises :class:`~toolfleet.errors.BatchRejected` (with the JSON ``pointer``) for a payload
         that cannot be read. A call the response's token limit cut off gets ``INVALID_ARGUMENT``
-        and does not run (:mod:`~toolfleet.dispatcher.adapters.cut_off`).
+        and does not run (:mod:`~toolfleet.dispatcher.adapters.cut_off`), as does a custom tool call
+        (``UNKNOWN_TOOL``: :mod:`~toolfleet.dispatcher.adapters.custom_calls`).
         """
         adapter = get_adapter(format) if format else detect(payload)
         if adapter.streamed:
             adapter.replay(payload)
             return self.submit_stream(as_dict(payload), format=adapter.name, **options)
         calls = adapter.parse(payload)
-        return self.submit(calls, failed=cut_off_results(adapter.name, payload, calls), adapter=adapter,
-                           response=payload, **options)
+        failed = {**custom_call_results(adapter, payload, calls), **cut_off_results(adapter.name, payload, calls)}
+        return self.submit(calls, failed=failed, adapter=adapter, response=payload, **options)
 
     def open_stream(self, *, format: str | None = None, **options: Any) -> TurnStream:
         """A :class:`TurnStream`: ``feed`` it each event of a provider stream as it arrives; each

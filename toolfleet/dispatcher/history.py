@@ -38,6 +38,7 @@ from ..errors import BatchRejected
 from ..models import ErrorCode, ToolResult
 from .adapters import as_dict, get_adapter
 from .adapters.anthropic import result_block
+from .adapters.openai_responses import OUTPUT_OF
 from .adapters.wire import arguments_for_wire, need_list, need_object, need_text
 
 PLACEHOLDER_MESSAGE = ("this call has no result in the history: the run that made it was interrupted "
@@ -115,7 +116,7 @@ def _check_shape(items: list[Any], name: str) -> None:
             if item.get("role") == "tool":
                 need_text(item.get("tool_call_id"), f"{here}/tool_call_id", "tool_call_id")
         elif name == "openai_responses":
-            if item.get("type") in ("function_call", "function_call_output"):
+            if item.get("type") in (*OUTPUT_OF, *OUTPUT_OF.values()):
                 need_text(item.get("call_id"), f"{here}/call_id", "a call_id")
         else:
             content = item.get("content")
@@ -184,7 +185,7 @@ def detect_history_format(items: Sequence[Any]) -> str:
     for item in items:
         if not isinstance(item, dict):
             continue
-        if item.get("type") in ("function_call", "function_call_output", "reasoning"):
+        if item.get("type") in (*OUTPUT_OF, *OUTPUT_OF.values(), "reasoning"):
             return "openai_responses"
         if item.get("role") == "tool" or item.get("tool_calls"):
             return "openai_chat"
@@ -270,12 +271,13 @@ def _chat(items: list[Any], repairs: list[Repair]) -> list[Any]:
 def _responses(items: list[Any], repairs: list[Repair]) -> list[Any]:
     results = _Results()
     calls: dict[str, int] = {}
+    answers = tuple(OUTPUT_OF.values())  # compared, not hashed: a type may be any JSON value
     for position, item in enumerate(items):
         if not isinstance(item, dict):
             continue
-        if item.get("type") == "function_call_output":
+        if item.get("type") in answers:
             results.add(str(item.get("call_id") or ""), position, item)
-        elif item.get("type") == "function_call":
+        elif item.get("type") in tuple(OUTPUT_OF):
             calls.setdefault(str(item.get("call_id") or ""), position)
     placed: dict[int, Any] = {}  # position of a call -> the result to put right after it
     in_place: set[int] = set()
@@ -283,7 +285,8 @@ def _responses(items: list[Any], repairs: list[Repair]) -> list[Any]:
         found = results.take(call_id)
         if found is None:
             name = str(items[at_call].get("name") or "")
-            placed[at_call] = get_adapter("openai_responses").format_results([_placeholder(call_id, name)])[0]
+            placed[at_call] = {**get_adapter("openai_responses").format_results([_placeholder(call_id, name)])[0],
+                               "type": OUTPUT_OF[items[at_call]["type"]]}
             repairs.append(Repair("missing_result", call_id, at_call,
                                   "the call had no result; an ABORTED placeholder was added after it"))
         elif found[0] < at_call:
@@ -294,7 +297,7 @@ def _responses(items: list[Any], repairs: list[Repair]) -> list[Any]:
             in_place.add(found[0])
     out: list[Any] = []
     for position, item in enumerate(items):
-        if isinstance(item, dict) and item.get("type") == "function_call_output" and position not in in_place:
+        if isinstance(item, dict) and item.get("type") in answers and position not in in_place:
             continue
         out.append(item)
         if position in placed:

@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import BatchRejected
 from ..models import ErrorCode, ToolCall, ToolResult
 from .adapters import detect_event, get_adapter
+from .adapters.custom_calls import custom_call_result
 from .turn import Turn
 
 
@@ -96,6 +97,8 @@ class TurnStream:
             for call in calls
             if call.id in cut_off
         }
+        custom = getattr(self.parser, "custom", ())
+        failed.update({call.id: custom_call_result(call) for call in calls if call.id in custom})
         try:
             self.turn.add_calls(calls, failed=failed)
         except BatchRejected as exc:

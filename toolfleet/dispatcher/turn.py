@@ -363,7 +363,7 @@ class Turn(TurnApprovals, TurnDriver):
         (waits for every result; a ``timeout_s`` that passes cancels the turn, as in :meth:`results`)."""
         if self.adapter is None:
             raise ToolfleetError("this turn was submitted without a provider format")
-        return self.adapter.format_results(self.results(timeout_s))
+        return self.adapter.format_results(self.results(timeout_s), response=self.response)
 
     def assistant_messages(self) -> list[dict[str, Any]]:
         """The model's own message (or output items) to put before :meth:`messages` in the next

@@ -66,7 +66,7 @@ class AnthropicAdapter:
         AnthropicAdapter.parse(self, payload)
         return [{"role": "assistant", "content": blocks_for_wire(self.content_blocks(payload))}]
 
-    def format_results(self, results: Sequence[ToolResult]) -> list[dict[str, Any]]:
+    def format_results(self, results: Sequence[ToolResult], response: Any = None) -> list[dict[str, Any]]:
         if not results:
             return []
         return [{"role": "user", "content": [result_block(r) for r in results]}]

@@ -26,7 +26,9 @@ class Adapter(Protocol):
       single malformed call is not a reason (it becomes an error result).
     - ``assistant_messages(payload)``: the model's own message(s) or items, unchanged, to put
       into the next request before the results.
-    - ``format_results(results)``: results in model order -> the messages (or items) to append.
+    - ``format_results(results, response=None)``: results in model order -> the messages (or
+      items) to append; ``response``, the payload the calls came from, tells a call's kind where
+      the answer's shape depends on it (Responses: ``custom_tool_call_output``).
     - ``tools(source)``: the request's ``tools`` list from a registry (or tool descriptions).
     - ``streamed``: True for a stream format, whose ``parser()`` reads the events one by one.
     """
@@ -38,7 +40,7 @@ class Adapter(Protocol):
 
     def assistant_messages(self, payload: Any) -> list[dict[str, Any]]: ...
 
-    def format_results(self, results: Sequence[ToolResult]) -> list[dict[str, Any]]: ...
+    def format_results(self, results: Sequence[ToolResult], response: Any = None) -> list[dict[str, Any]]: ...
 
     def tools(self, source: Any) -> list[dict[str, Any]]: ...
 

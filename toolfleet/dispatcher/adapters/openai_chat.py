@@ -5,6 +5,10 @@ Source: OpenAI API reference, Chat Completions ("function calling"): each tool c
 invalid); each result goes back as ``{"role": "tool", "tool_call_id": <id>, "content": <text>}``,
 one per call, after the assistant message that made the calls. Tools are declared as
 ``{"type": "function", "function": {"name", "description", "parameters"}}``.
+
+A tool call of ``type: "custom"`` (``custom: {"name", "input"}``, a custom tool's free-form text) is
+a call too, answered by a ``role: tool`` message as any; toolfleet runs function tools only, so it
+gets ``UNKNOWN_TOOL`` (:mod:`.custom_calls`), and goes back as it came (no ``function`` added).
 """
 
 from __future__ import annotations
@@ -28,16 +32,23 @@ class OpenAIChatAdapter:
         for index, raw in enumerate(need_list(message.get("tool_calls"), at(where, "tool_calls"), "tool_calls")):
             here = at(at(where, "tool_calls"), index)
             raw = need_object(raw, here, "a tool call")
-            function = need_object(raw.get("function"), at(here, "function"), "function", optional=True)
-            calls.append(
-                ToolCall(
-                    id=need_text(raw.get("id"), at(here, "id"), "a call id"),
-                    name=need_text(function.get("name"), at(at(here, "function"), "name"), "a function name"),
-                    arguments=call_arguments(function.get("arguments")),
-                    index=index,
-                )
-            )
+            if raw.get("type") == "custom":
+                custom = need_object(raw.get("custom"), at(here, "custom"), "custom", optional=True)
+                name = need_text(custom.get("name"), at(at(here, "custom"), "name"), "a tool name")
+                arguments: str | dict[str, Any] = {"input": custom.get("input")}
+            else:
+                function = need_object(raw.get("function"), at(here, "function"), "function", optional=True)
+                name = need_text(function.get("name"), at(at(here, "function"), "name"), "a function name")
+                arguments = call_arguments(function.get("arguments"))
+            calls.append(ToolCall(id=need_text(raw.get("id"), at(here, "id"), "a call id"), name=name,
+                                  arguments=arguments, index=index))
         return calls
+
+    def custom_call_ids(self, payload: Any) -> set[str]:
+        """The ids of the completion's tool calls of ``type: "custom"``."""
+        message, _ = self._message(payload)
+        return {str(as_dict(c).get("id")) for c in message.get("tool_calls") or []
+                if isinstance(as_dict(c), dict) and as_dict(c).get("type") == "custom"}
 
     def _message(self, payload: Any) -> tuple[dict[str, Any], str]:
         data = as_dict(payload)
@@ -66,7 +77,7 @@ class OpenAIChatAdapter:
     def assistant_messages(self, payload: Any) -> list[dict[str, Any]]:
         return [self.assistant_message(payload)]
 
-    def format_results(self, results: Sequence[ToolResult]) -> list[dict[str, Any]]:
+    def format_results(self, results: Sequence[ToolResult], response: Any = None) -> list[dict[str, Any]]:
         return [{"role": "tool", "tool_call_id": r.call_id, "content": r.content} for r in results]
 
     def tools(self, source: Any) -> list[dict[str, Any]]:
@@ -80,6 +91,9 @@ def for_chat_wire(message: dict[str, Any]) -> dict[str, Any]:
     calls = []
     for raw in message.get("tool_calls") or []:
         call = for_wire(as_dict(raw))
+        if call.get("type") == "custom":  # name and input as the model wrote them
+            calls.append(call)
+            continue
         function = dict(call.get("function") or {})
         function["name"] = function.get("name") or ""
         function["arguments"] = arguments_for_wire(((as_dict(raw).get("function")) or {}).get("arguments"))

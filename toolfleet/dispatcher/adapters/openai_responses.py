@@ -6,6 +6,11 @@ Source: OpenAI API reference, Responses ("function calling"): a call is an outpu
 ``{"type": "function_call_output", "call_id", "output"}``, an input item of the next request after
 the model's own output items. Tools are declared flat:
 ``{"type": "function", "name", "description", "parameters", "strict"}``.
+
+A ``custom_tool_call`` item (a custom tool: free-form ``input`` text, "Custom tools" in the same
+guide) is a call too, in model order, answered by a ``custom_tool_call_output`` item; toolfleet runs
+function tools only, so it gets ``UNKNOWN_TOOL`` (:mod:`.custom_calls`) instead of going unanswered,
+which the API refuses.
 """
 
 from __future__ import annotations
@@ -19,6 +24,14 @@ from .base import as_dict, tool_descriptions
 from .wire import arguments_for_wire, at, call_arguments, for_wire, need_object, need_text
 
 _STATUSES = ("in_progress", "completed", "incomplete")
+OUTPUT_OF = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output"}
+"""Item types of calls the client answers, and the type of the item that answers each."""
+
+
+def _answered(item: dict[str, Any]) -> bool:
+    """An item of a call the client answers (:data:`OUTPUT_OF`); a ``type`` of any JSON value."""
+    kind = item.get("type")
+    return isinstance(kind, str) and kind in OUTPUT_OF
 
 
 class OpenAIResponsesAdapter:
@@ -30,17 +43,22 @@ class OpenAIResponsesAdapter:
         items, where = self._items(payload)
         for n, item in enumerate(items):
             here = at(where, n)
-            if item.get("type") != "function_call":
+            if not _answered(item):
                 continue
+            custom = item.get("type") == "custom_tool_call"
             calls.append(
                 ToolCall(
                     id=need_text(item.get("call_id"), at(here, "call_id"), "a call_id"),
-                    name=need_text(item.get("name"), at(here, "name"), "a function name"),
-                    arguments=call_arguments(item.get("arguments")),
+                    name=need_text(item.get("name"), at(here, "name"), "a tool name"),
+                    arguments={"input": item.get("input")} if custom else call_arguments(item.get("arguments")),
                     index=len(calls),
                 )
             )
         return calls
+
+    def custom_call_ids(self, payload: Any) -> set[str]:
+        """The call ids of the response's ``custom_tool_call`` items."""
+        return {str(i.get("call_id")) for i in self.output_items(payload) if i.get("type") == "custom_tool_call"}
 
     def _items(self, payload: Any) -> tuple[list[dict[str, Any]], str]:
         data, where = as_dict(payload), ""
@@ -69,8 +87,9 @@ class OpenAIResponsesAdapter:
         out = []
         for item in self.output_items(payload):
             clean = {key: value for key, value in for_wire(item).items() if value is not None}
-            if item.get("type") == "function_call":
-                clean["arguments"] = arguments_for_wire(item.get("arguments"))
+            if _answered(item):
+                if item.get("type") == "function_call":
+                    clean["arguments"] = arguments_for_wire(item.get("arguments"))
                 clean["name"] = clean.get("name") or ""
                 if clean.get("status") not in _STATUSES:
                     clean.pop("status", None)  # optional on input; the API takes only these
@@ -79,8 +98,12 @@ class OpenAIResponsesAdapter:
             out.append(clean)
         return out
 
-    def format_results(self, results: Sequence[ToolResult]) -> list[dict[str, Any]]:
-        return [{"type": "function_call_output", "call_id": r.call_id, "output": r.content} for r in results]
+    def format_results(self, results: Sequence[ToolResult], response: Any = None) -> list[dict[str, Any]]:
+        """One output item per result; a result of a ``custom_tool_call`` of ``response`` (the
+        payload the calls came from) is a ``custom_tool_call_output``."""
+        custom = self.custom_call_ids(response) if response is not None else set()
+        return [{"type": OUTPUT_OF["custom_tool_call" if r.call_id in custom else "function_call"],
+                 "call_id": r.call_id, "output": r.content} for r in results]
 
     def tools(self, source: Any) -> list[dict[str, Any]]:
         """``strict`` is False: strict mode needs every property required and no defaults, which

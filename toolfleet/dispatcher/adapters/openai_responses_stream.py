@@ -8,7 +8,9 @@ opens an output item (for a call: ``type: "function_call"`` with ``call_id`` and
 
 A call is complete at its ``function_call_arguments.done`` (or, if that is missing, its
 ``output_item.done``, or ``response.completed``); the arguments given there win over the joined
-fragments.
+fragments. A ``custom_tool_call`` item is a call complete at its ``output_item.done`` (its whole
+``input``), listed in :attr:`OpenAIResponsesStreamParser.custom` (it gets ``UNKNOWN_TOOL``:
+:mod:`.custom_calls`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class OpenAIResponsesStreamParser:
     def __init__(self) -> None:
         self.calls = CallAssembler()
         self.cut_off: list[str] = []
+        self.custom: set[str] = set()  # call ids of custom_tool_call items
         self.warnings: list[str] = []
         self._base: dict[str, Any] = {}
         self._final: dict[str, Any] | None = None
@@ -99,6 +102,12 @@ class OpenAIResponsesStreamParser:
             self._items[position] = {**known, **item}
         if item_id:
             self._keys[item_id] = position
+        if item.get("type") == "custom_tool_call" and done:  # its whole input is in the done item
+            call_id = need_text(item.get("call_id"), at(here, "call_id"), "a call_id")
+            self.calls.start(position, call_id, need_text(item.get("name"), at(here, "name"), "a tool name"))
+            self.custom.add(call_id)
+            self.calls.complete(position, {"input": item.get("input")})
+            return
         if item.get("type") != "function_call":
             return
         call_id = need_text(item.get("call_id"), at(here, "call_id"), "a call_id")
@@ -129,7 +138,7 @@ class OpenAIResponsesStreamParser:
         for position, item in enumerate(self._items):
             item = dict(item)
             slot = self.calls.get(position)
-            if slot is not None:  # a call that started stays one, whatever a later event said
+            if slot is not None and slot.id not in self.custom:  # a call that started stays one
                 item.update(type="function_call", call_id=slot.id, name=slot.name)
                 item["arguments"] = slot.arguments()
                 item["status"] = "incomplete" if slot.id in self.cut_off else "completed"

@@ -1,0 +1,77 @@
+"""Custom tool calls (free-form input: Chat ``type: "custom"``, Responses ``custom_tool_call``) are
+not run (toolfleet runs function tools), but each gets its one result, UNKNOWN_TOOL, in the shape
+its kind is answered with, so the next request is accepted. Found by a helper: Responses skipped
+the item (no call, no result: the API refuses the next request), Chat read it as a function call
+with no name and put back a made-up ``function`` beside ``custom``."""
+
+from __future__ import annotations
+
+from toolfleet import ErrorCode
+from toolfleet.dispatcher.adapters import get_adapter
+from toolfleet.dispatcher.history import repair_history
+
+from .sdk_types import check_messages
+from .test_cases_gateway_streams import without_extensions
+
+RESPONSE = {"id": "resp_1", "object": "response", "status": "completed", "output": [
+    {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_c", "name": "apply_patch", "input": "*** Begin Patch"},
+    {"type": "function_call", "id": "fc_1", "call_id": "call_f", "name": "list_dir", "arguments": '{"path": "."}'}]}
+CHAT = {"object": "chat.completion", "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+    "role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_c", "type": "custom", "custom": {"name": "apply_patch", "input": "*** Begin Patch"}},
+        {"id": "call_f", "type": "function", "function": {"name": "list_dir", "arguments": '{"path": "."}'}}]}}]}
+
+
+def _run(dispatcher, workspace, payload):
+    turn = dispatcher.submit_response(payload, workspace=str(workspace))
+    by_id = {r.call_id: r for r in turn.results(timeout_s=60)}
+    custom = by_id["call_c"]
+    assert custom.code is ErrorCode.UNKNOWN_TOOL and "custom tool" in custom.content and custom.attempts == 0
+    assert by_id["call_f"].ok, by_id["call_f"]
+    return turn.assistant_messages(), turn.messages()
+
+
+def test_a_responses_custom_tool_call_is_answered_with_its_own_output_type(worker, dispatcher, workspace):
+    assistant, messages = _run(dispatcher, workspace, RESPONSE)
+    assert [(m["type"], m["call_id"]) for m in messages] == [("custom_tool_call_output", "call_c"),
+                                                             ("function_call_output", "call_f")]
+    assert assistant[0] == RESPONSE["output"][0]
+    check_messages("openai_responses", without_extensions(assistant) + messages)
+    assert repair_history(assistant + messages, "openai_responses").repairs == []
+    unanswered = repair_history(assistant + messages[1:], "openai_responses")
+    assert [r.kind for r in unanswered.repairs] == ["missing_result"]
+    assert unanswered.messages[1]["type"] == "custom_tool_call_output"
+
+
+def test_a_chat_custom_tool_call_goes_back_as_it_came_and_is_answered(worker, dispatcher, workspace):
+    assistant, messages = _run(dispatcher, workspace, CHAT)
+    assert assistant[0]["tool_calls"][0] == CHAT["choices"][0]["message"]["tool_calls"][0]  # no function added
+    assert [m["tool_call_id"] for m in messages] == ["call_c", "call_f"]
+    check_messages("openai_chat", without_extensions(assistant) + messages)
+
+
+def test_custom_calls_are_parsed_in_model_order():
+    assert [(c.id, c.name) for c in get_adapter("openai_responses").parse(RESPONSE)] == [
+        ("call_c", "apply_patch"), ("call_f", "list_dir")]
+    assert [(c.id, c.name) for c in get_adapter("openai_chat").parse(CHAT)] == [
+        ("call_c", "apply_patch"), ("call_f", "list_dir")]
+
+
+def test_a_streamed_custom_tool_call_is_answered_with_its_own_output_type(worker, dispatcher, workspace):
+    custom, function = RESPONSE["output"]
+    events = [
+        {"type": "response.created", "response": {"id": "resp_1", "object": "response", "status": "in_progress",
+                                                  "output": []}},
+        {"type": "response.output_item.added", "output_index": 0, "item": {**custom, "input": ""}},
+        {"type": "response.custom_tool_call_input.delta", "output_index": 0, "item_id": "ctc_1", "delta": "*** "},
+        {"type": "response.output_item.done", "output_index": 0, "item": custom},
+        {"type": "response.output_item.added", "output_index": 1, "item": {**function, "arguments": ""}},
+        {"type": "response.function_call_arguments.done", "output_index": 1, "item_id": "fc_1",
+         "arguments": function["arguments"]},
+        {"type": "response.output_item.done", "output_index": 1, "item": function},
+        {"type": "response.completed", "response": {**RESPONSE}}]
+    assistant, messages = _run(dispatcher, workspace, events)
+    assert [(m["type"], m["call_id"]) for m in messages] == [("custom_tool_call_output", "call_c"),
+                                                             ("function_call_output", "call_f")]
+    assert [i["type"] for i in assistant] == ["custom_tool_call", "function_call"]
+    check_messages("openai_responses", without_extensions(assistant) + messages)
