@@ -83,11 +83,17 @@ class Flower:
         from toolfleet.stack import _free_port
 
         self.url = f"http://127.0.0.1:{_free_port()}"
-        argv = [sys.executable, "-m", "celery", "--broker", settings.broker, "--result-backend",
-                settings.redis_url, "flower", f"--port={self.url.rsplit(':', 1)[1]}", "--address=127.0.0.1"]
+        # toolfleet.monitor, as `toolfleet up` and docker-compose.yml run it: the namespace's events only
+        argv = [sys.executable, "-m", "celery", "-A", "toolfleet.monitor", "flower",
+                f"--port={self.url.rsplit(':', 1)[1]}", "--address=127.0.0.1"]
         self.log = open(tmp_path / "flower.log", "wb")
+        env = {k: v for k, v in os.environ.items() if k not in ("TOOLFLEET_BROKER_URL", "TOOLFLEET_LEDGER_URL")}
+        env.update(FLOWER_UNAUTHENTICATED_API="true", REDIS_URL=settings.redis_url,
+                   TOOLFLEET_NAMESPACE=settings.namespace, PYTHONPATH=str(ROOT))
+        if settings.broker != settings.redis_url:
+            env["TOOLFLEET_BROKER_URL"] = settings.broker
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=dict(os.environ, FLOWER_UNAUTHENTICATED_API="true"))
+                                     env=env, cwd=ROOT)
 
     def tasks(self) -> dict:
         try:

@@ -45,7 +45,7 @@ def check_worker_access(client: redis.Redis, settings: Settings) -> None:
         pipe.execute()
         client.llen(keys.queue("default"))
         if settings.broker_is_redis and settings.broker == settings.redis_url:
-            client.exists(KOMBU_BINDINGS, f"access-check-{uuid.uuid4().hex}.celery.pidbox")
+            client.exists(KOMBU_BINDINGS, f"access-check-{uuid.uuid4().hex}.{settings.namespace}.celery.pidbox")
         pubsub = client.pubsub()
         try:
             pubsub.psubscribe(keys.cancel_pattern)

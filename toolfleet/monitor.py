@@ -14,7 +14,7 @@ from celery import Celery
 
 from .redis_tls import ssl_options
 from .settings import Settings
-from .worker.app import unacked_keys
+from .worker.app import control_exchange, event_exchange, unacked_keys
 
 
 def monitor_app(settings: Settings) -> Celery:
@@ -24,6 +24,8 @@ def monitor_app(settings: Settings) -> Celery:
         accept_content=["json"],
         result_accept_content=["json"],
         event_serializer="json",
+        event_exchange=event_exchange(settings.namespace),  # the namespace's events only
+        control_exchange=control_exchange(settings.namespace),  # and its workers for inspect
         task_default_queue=f"{settings.namespace}.default",
         broker_connection_retry_on_startup=True,
         # the namespace's unacked keys, as workers use them (kombu's defaults are outside the

@@ -98,6 +98,20 @@ def broker_transport_options(settings: Settings, registry: Registry) -> dict[str
             "socket_timeout": BROKER_SOCKET_TIMEOUT_S, "socket_connect_timeout": BROKER_CONNECT_TIMEOUT_S}
 
 
+def event_exchange(namespace: str) -> str:
+    """The exchange a namespace's task events go to (Celery's ``event_exchange``; default
+    ``celeryev``, shared by every app on the broker). On a Redis broker its fanout channel is
+    ``/<db>.<namespace>.celeryev/<event type>`` (docs/deploying.md)."""
+    return f"{namespace}.celeryev"
+
+
+def control_exchange(namespace: str) -> str:
+    """The name Celery's control mailbox is made from (``control_exchange``; default ``celery``,
+    shared by every app): broadcasts go to ``<namespace>.celery.pidbox``, a worker's queue is
+    ``<hostname>.<namespace>.celery.pidbox``, replies ``<id>.reply.<namespace>.celery.pidbox``."""
+    return f"{namespace}.celery"
+
+
 def unacked_keys(namespace: str) -> dict[str, str]:
     """kombu's unacknowledged-message keys (Redis broker), under ``namespace`` (Flower uses them too)."""
     return {"unacked_key": f"{namespace}.unacked", "unacked_index_key": f"{namespace}.unacked_index",
@@ -113,6 +127,12 @@ def celery_config(settings: Settings, registry: Registry | None = None) -> dict[
         "accept_content": ["json"],
         "result_accept_content": ["json"],
         "event_serializer": "json",
+        # task events on the namespace's own exchange: Flower (toolfleet.monitor) of one namespace shows
+        # that namespace's workers and tasks only, not every fleet sharing the broker's database
+        "event_exchange": event_exchange(settings.namespace),
+        # control messages (a cancel's revoke, Flower's inspect) on the namespace's own mailbox, so one
+        # fleet's dispatcher reaches its own workers only, and its Flower lists them only
+        "control_exchange": control_exchange(settings.namespace),
         "task_default_queue": f"{settings.namespace}.default",
         "worker_send_task_events": True,
         # task-sent events let Flower list queued calls (PENDING); ShadowedAMQP names them by the
