@@ -47,6 +47,9 @@ EXACT = [
      "curl -H 'x-api-key: ***' 'https://x/v1?access_token=***&page=2'"),
     ("curl -u alice:wonderland https://x", "curl -u alice:*** https://x"),
     ("sshpass -p 'pw with space' ssh host", "sshpass -p '***' ssh host"),
+    ("SSHPASS=Zq9pLm2xWv sshpass -e ssh host", "SSHPASS=*** sshpass -e ssh host"),
+    ("az login --service-principal -u app -p Zq9pLm2xWv --tenant t",
+     "az login --service-principal -u app -p *** --tenant t"),
     ("redis-cli -a s3cret ping", "redis-cli -a *** ping"),
     ("openssl rsa -passin pass:mypass -in k.pem", "openssl rsa -passin *** -in k.pem"),
     ("export SECRET_KEY=django-insecure-xyz", "export SECRET_KEY=***"),
@@ -292,3 +295,24 @@ print(consumer.dump_body(Message, Message.body))
     assert "connecting with --password=***" in out.stdout and "redis://:***@cache" in out.stdout
     assert "token=***" in out.stdout and "could not be formatted" in out.stdout
     assert "<message body of 26 bytes: not shown>" in out.stdout
+
+
+def test_the_process_own_secrets_are_masked_whatever_their_shape(monkeypatch):
+    """A fleet key is 43 random characters, no shape to recognise: the process's own secrets (its
+    fleet keys, the passwords of its Redis URLs) are masked in every shown text (found by a helper:
+    ``echo <key> > k`` showed the key in Flower's arguments)."""
+    from toolfleet.settings import Settings
+    from toolfleet.tools import redact
+
+    key = "q8ZyP0eiVVteuJyFDNb5RVKPisd2z9b4Q_OUkO5-NVc"
+    settings = Settings(redis_url="redis://app:R3dis%2Fpw-1234@db:6379/0", fleet_key=key,
+                        broker_url="amqp://guest:guest@mq:5672//")
+    assert settings.secret_values() == (key, "R3dis/pw-1234", "guest")
+    monkeypatch.setattr(redact, "_OWN", ())
+    redact.register_own_secrets(settings.secret_values())
+    assert redact._OWN == (key, "R3dis/pw-1234")  # "guest" is too short to mask everywhere
+    assert redact_text(f"echo {key} > k") == "echo *** > k"
+    assert redact_arguments({"text": "the pass phrase is R3dis/pw-1234, see"}) == {
+        "text": "the pass phrase is ***, see"}
+    assert redact_text("echo guest") == "echo guest"
+

@@ -30,7 +30,7 @@ from toolfleet.keys import Keys
 from toolfleet.signing import sign
 from toolfleet.worker.app import TASK_NAME
 
-from .conftest import READY_TIMEOUT_S, ROOT, TEST_TOOLS
+from .conftest import FLEET_KEY, READY_TIMEOUT_S, ROOT, TEST_TOOLS
 from .test_audit import Flower, TaskEvents
 
 WAIT_S = 60
@@ -61,7 +61,7 @@ ARGUMENT_SECRETS = {"pass": "PlainPass-6620", "password": "PlainPassword-1204", 
 OTHER_SECRETS = ["DsnPw-3390", "OpenDbPw-8830", "ShowKey-9921", "ShowBearer-4471", "Malformed-Pw-6021",
                  "MalformedBearer-77xy"]
 SECRETS = ([*ENV_SECRETS.values(), *(pw for _, pw in URL_SECRETS.values()), PEM_BODY, *COMMAND_SECRETS,
-            *ARGUMENT_SECRETS.values(), *OTHER_SECRETS])
+            *ARGUMENT_SECRETS.values(), *OTHER_SECRETS, FLEET_KEY])  # the fleet key has no shape: known
 
 
 def call(cid: str, name: str, index: int, **arguments) -> ToolCall:
@@ -139,6 +139,7 @@ def test_no_secret_in_flower_worker_log_or_audit(settings, tmp_path, workspace):
             call("login", "log_in", 3, user="alice", **ARGUMENT_SECRETS),
             call("db", "open_db", 4, dsn="mysql://root:DsnPw-3390@db/app", password="OpenDbPw-8830"),
             call("show", "show_config", 5, text="api_key: ShowKey-9921\nAuthorization: Bearer ShowBearer-4471"),
+            call("key", "run_command", 6, command=f"echo {FLEET_KEY} > fleet.txt"),  # a model handling the key
         ]
         with Dispatcher(settings, default_registry(TOOLS)) as d, TaskEvents(d.app) as events:
             warm = d.submit([call("warm", "read_file", 0, path="README.md")], workspace=str(workspace))

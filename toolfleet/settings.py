@@ -230,6 +230,21 @@ class Settings(BaseModel):
     def ledger_is_cluster(self) -> bool:
         return self.ledger.startswith(CLUSTER_SCHEMES)
 
+    def secret_values(self) -> tuple[str, ...]:
+        """The secrets these settings hold, as text: the fleet keys, and the passwords of the Redis,
+        ledger and broker URLs (masked wherever a shown text holds them: :mod:`toolfleet.tools.redact`)."""
+        from urllib.parse import unquote, urlsplit
+
+        found = [k.get_secret_value() for k in (self.fleet_key, *self.fleet_keys_previous) if k is not None]
+        for url in (self.redis_url, self.broker, self.ledger):
+            try:
+                password = urlsplit(url).password
+            except ValueError:
+                continue
+            if password:
+                found.append(unquote(password))
+        return tuple(dict.fromkeys(found))
+
     @property
     def broker_is_redis(self) -> bool:
         return self.broker.startswith(("redis://", "rediss://"))

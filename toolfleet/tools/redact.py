@@ -32,22 +32,38 @@ CACHED_TEXTS = 8192
 MAX_DEPTH = 64  # levels of a nested value that are shown (issue 12: inputs nested 900 deep)
 TOO_DEEP = f"<nested deeper than {MAX_DEPTH} levels: not shown>"
 
+OWN_SECRET_MIN_CHARS = 8  # shorter values are not masked everywhere (a password "redis" would eat words)
+_OWN: tuple[str, ...] = ()  # this process's own secrets: masked in every text, whatever its shape
+
 __all__ = ["GIVEN_MAX_CHARS", "MASK", "MAX_DEPTH", "TOO_DEEP", "is_secret_name", "kind_of", "mask_text",
-           "redact_arguments", "redact_text", "redact_value", "secret_values", "shorten", "show_given"]
+           "redact_arguments", "redact_text", "redact_value", "register_own_secrets", "secret_values", "shorten",
+           "show_given"]
+
+
+def register_own_secrets(values: Iterable[str]) -> None:
+    """Add this process's own secrets (its fleet keys, the passwords in its Redis URLs:
+    ``Settings.secret_values``), of ``OWN_SECRET_MIN_CHARS``+ characters, to what every
+    :func:`redact_text` masks wherever they appear: a fleet key has no shape to recognise (43
+    random characters), so a model's ``echo <key> > k`` would show it in Flower and the audit."""
+    global _OWN
+    _OWN = tuple(dict.fromkeys([*_OWN, *(v for v in values if isinstance(v, str)
+                                        and len(v) >= OWN_SECRET_MIN_CHARS)]))
 
 
 def redact_text(text: str, known: Iterable[str] = ()) -> str:
     """``text`` with every secret :mod:`.secret_shapes` recognises masked as ``***`` (the text
-    around it kept), and each of the ``known`` values (3+ characters) wherever it appears. Never
+    around it kept), and each of the ``known`` values (3+ characters) and of this process's own
+    secrets (:func:`register_own_secrets`) wherever it appears. Never
     raises: a text the patterns fail on comes back as ``<hidden: N chars>``. Non-strings are
     returned as given."""
     if not isinstance(text, str) or not text:
         return text
     try:
         known = known if isinstance(known, (tuple, list, set, frozenset)) else tuple(known)
-        if not known and len(text) <= CACHED_MAX_CHARS:
+        own = [secret for secret in _OWN if secret in text]
+        if not known and not own and len(text) <= CACHED_MAX_CHARS:
             return _mask_short(text)
-        return mask_secrets(text, known)
+        return mask_secrets(text, (*known, *own))
     except Exception:  # noqa: BLE001 - fail closed: hide it all rather than crash or leak
         return f"<hidden: {len(text)} chars>"
 

@@ -16,7 +16,8 @@ It recognises, in this order:
 5. ``Authorization``/``Proxy-Authorization`` header values (the scheme word kept), ``Cookie``/``Set-Cookie``
    values (the cookie names kept);
 6. secret arguments of well-known programs: ``mysql -p***``, ``sshpass -p ***``, ``redis-cli -a ***``,
-   ``mongosh -p ***``, ``ldapsearch -w ***``, ``docker login -p ***``, ``-u user:***`` (curl and others),
+   ``mongosh -p ***``, ``ldapsearch -w ***``, ``docker login -p ***``, ``az login -p ***``,
+   ``-u user:***`` (curl and others),
    ``smbclient -U user%***``, ``openssl -passin pass:***``;
 7. options and assignments whose name is a secret (:func:`is_secret_name`): ``--password=***``,
    ``--password ***``, ``-storepass ***``, ``PGPASSWORD=***``, ``export SECRET_KEY=***``,
@@ -46,7 +47,7 @@ _SECRET_PARTS = frozenset(
     {"password", "passwd", "passphrase", "pass", "pwd", "pw", "secret", "secrets", "token", "apikey", "credential",
      "credentials", "authorization", "auth", "cookie", "privatekey", "accesskey", "secretkey", "sessionid", "otp",
      "signature", "bearer", "storepass", "keypass", "srcstorepass", "deststorepass", "srckeypass", "destkeypass",
-     "passin", "passout", "apitoken", "privkey"}
+     "passin", "passout", "apitoken", "privkey", "sshpass"}
 )
 # a name part ending in one of these is a secret too: PGPASSWORD, csrftoken, clientsecret, dbpasswd
 _SECRET_SUFFIXES = ("password", "passwd", "passphrase", "secret", "token", "apikey", "privatekey", "secretkey",
@@ -159,7 +160,7 @@ _PROGRAM_SECRETS = [  # (words one of which the text must hold, pattern): the wo
         r"(\b(?:sshpass|mongo|mongosh|mongodump|mongorestore|mongoexport|mongoimport)\b" + _SEGMENT
         + r"\s-p\s*)" + _ARG + _VALUE)),
     (("login",), re.compile(
-        r"(\b(?:docker|podman|nerdctl|helm|buildah|skopeo)\s+(?:registry\s+)?login\b" + _SEGMENT
+        r"(\b(?:docker|podman|nerdctl|helm|buildah|skopeo|az)\s+(?:registry\s+|acr\s+)?login\b" + _SEGMENT
         + r"\s-p\s*)" + _ARG + _VALUE)),
     (("redis-cli",), re.compile(r"(\bredis-cli\b" + _SEGMENT + r"\s-a\s*)" + _ARG + _VALUE)),
     (("ldap",), re.compile(

@@ -37,6 +37,7 @@ from ..observe.results import result_recorded, running
 from ..policy.config import Policy
 from ..redis_tls import ssl_options
 from ..settings import Settings
+from ..tools.redact import register_own_secrets
 from ..tools.registry import Registry, default_registry
 from .affinity import connect_affinity
 from .authenticity import message_problem, report_drop
@@ -167,6 +168,7 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
     started from this app serves, ``policy`` (default: permissive) what it checks before running a
     call. ``app.toolfleet`` is the :class:`Runtime`."""
     registry = registry if registry is not None else default_registry()
+    register_own_secrets(settings.secret_values())  # masked in whatever this process shows
     runtime = Runtime(settings, registry, policy)
     app = Celery(f"toolfleet-{settings.namespace}", broker=settings.broker, backend=settings.redis_url,
                  amqp=ShadowedAMQP)
