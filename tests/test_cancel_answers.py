@@ -59,4 +59,30 @@ def test_a_call_claimed_but_not_yet_seen_started_is_not_answered_not_executed(se
         turn.cancel()
         turn._watch._settle_cancelled(["c"], {})  # as if the started event were not read yet
         result = d.ledger.results(turn.turn_id)["c"]
-        assert result.code is ErrorCode.OUTCOME_UNKNOWN and "a worker began it" in result.content, result.content
+        assert result.code is ErrorCode.OUTCOME_UNKNOWN and "while the call ran" in result.content, result.content
+
+
+def test_settling_a_cancel_kills_nothing_that_has_its_result_or_may_not_be_stopped(settings, workspace):
+    """A call whose result the driver has not read yet keeps it (no OUTCOME_UNKNOWN, no locks held
+    for its hard limit, no kill); a call declared not cancellable that a worker began runs to its
+    end (no kill), whether or not the driver saw it start."""
+    from toolfleet import Dispatcher
+    from toolfleet.models import ToolResult
+
+    from .conftest import make_registry
+
+    with Dispatcher(settings.model_copy(update={"require_live_worker": False}), make_registry()) as d:
+        turn = d.submit([call("done", "wait_read", label="x", seconds=5), call("keep", "settle_note", text="n")],
+                        workspace=str(workspace))
+        for call_id in ("done", "keep"):
+            assert d.ledger.claim_start(turn.turn_id, call_id, "worker-not-seen") == "ok"
+        worker_answer = ToolResult(call_id="done", name="wait_read", status="ok", content="read x")
+        assert d.ledger.record_result(turn.turn_id, worker_answer)
+        killed: list[list[str]] = []
+        turn._submitter.revoke = lambda task_ids, kill=False: killed.append(list(task_ids))
+        turn.cancel()
+        turn._watch._settle_cancelled(["done", "keep"], {})
+        turn._watch._settle_cancelled(["keep"], {"keep": 0.0})
+        results = d.ledger.results(turn.turn_id)
+        assert results["done"].ok and "keep" not in results
+        assert not any(killed), killed  # no task id was sent a kill

@@ -150,26 +150,35 @@ class Watchdog:
         again (its worker went silent); those, like the running ones, get ``OUTCOME_UNKNOWN``."""
         turn = self.turn
         stuck = []
+        grace_s = turn._settings.cancel_grace_s
         for call_id in pending:
             run = turn._runnable.get(call_id)
             resent = bool(turn._sender.resends.get(call_id))
-            if call_id not in started and not resent and turn._ledger.record_result(
-                    turn.turn_id, not_executed(call_id, turn._names[call_id]), unless_started=True):
-                continue  # never started: its message is revoked (Flower: REVOKED, it did not run)
-            if run is not None and not run.spec.cancellable and not resent:
-                continue  # declared not cancellable, and its execution holds it: it runs to its end
-            stuck.append(turn._submitted.get(call_id, ""))
-            ran = "ran" if call_id in started else "may have run (a worker began it)"
-            result = ToolResult.failure(
-                call_id, turn._names[call_id], ErrorCode.OUTCOME_UNKNOWN,
-                f"the turn was cancelled while the call {ran}; its worker did not confirm within "
-                f"{turn._settings.cancel_grace_s:g} s that it stopped, so it was sent a kill; whether it took "
-                "effect is unknown (a late step of it is refused by its fencing check)",
-                "check the real state before repeating it",
-            )
+            running = call_id in started
+            if not running and not resent:
+                if turn._ledger.record_result(turn.turn_id, not_executed(call_id, turn._names[call_id]),
+                                              unless_started=True):
+                    continue  # never started: its message is revoked (Flower: REVOKED, it did not run)
+                running = True  # refused: a claim began it (or it has a result: the record below is refused)
+            cancellable = run is None or run.spec.cancellable
+            if running and not cancellable:
+                continue  # declared not cancellable, and an execution holds it: it runs to its end
+            if running:
+                why = (f"the turn was cancelled while the call ran; its worker did not confirm within {grace_s:g} s "
+                       "that it stopped, so it was sent a kill; whether it took effect is unknown (a late step of "
+                       "it is refused by its fencing check)")
+            else:
+                why = ("the turn was cancelled after the call had been sent again (its worker went silent while "
+                       "running it); whether that first execution took effect is unknown (a late step of it is "
+                       "refused by its fencing check); the message sent again will not run")
+            result = ToolResult.failure(call_id, turn._names[call_id], ErrorCode.OUTCOME_UNKNOWN, why,
+                                        "check the real state before repeating it")
+            if not turn._ledger.record_result(turn.turn_id, result):
+                continue  # it has a result already (its worker's, read soon): nothing to hold or kill
             self._hold_locks(self._hard_s(call_id) + turn._settings.clock_skew_margin_s)
-            if turn._ledger.record_result(turn.turn_id, result):
-                self._failed_in_flower(call_id, ErrorCode.OUTCOME_UNKNOWN)
+            self._failed_in_flower(call_id, ErrorCode.OUTCOME_UNKNOWN)
+            if cancellable:
+                stuck.append(turn._submitted.get(call_id, ""))
         turn._submitter.revoke([t for t in stuck if t], kill=True)
 
     def _worker_gone(self, call_id: str, worker: str, started_at: float, now: float) -> None:
