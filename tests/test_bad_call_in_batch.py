@@ -114,3 +114,17 @@ def test_which_calls_the_token_limit_cut_off(format, payload, cut):
     results = cut_off_results(format, payload, get_adapter(format).parse(payload))
     assert list(results) == cut
     assert all(r.code is ErrorCode.INVALID_ARGUMENT for r in results.values())
+
+
+def test_a_failed_result_given_under_another_id_still_answers_its_call(worker, dispatcher, workspace):
+    """``submit(failed=...)``: the result is the call's whatever id it carries (a reviewer's case:
+    one under another id left the call without a result and ``results()`` waiting for ever)."""
+    from toolfleet.models import ToolCall, ToolResult
+
+    calls = [ToolCall(id="a", name="list_dir", arguments='{"path": "."}', index=0),
+             ToolCall(id="b", name="list_dir", arguments='{"path": "."}', index=1)]
+    wrong = ToolResult.failure("b", "other", ErrorCode.INVALID_ARGUMENT, "decided by the caller", "")
+    by_id = {r.call_id: r for r in dispatcher.submit(calls, failed={"a": wrong, "zzz": wrong},
+                                                     workspace=str(workspace)).results(timeout_s=60)}
+    assert by_id["a"].code is ErrorCode.INVALID_ARGUMENT and by_id["a"].name == "list_dir"
+    assert by_id["b"].ok

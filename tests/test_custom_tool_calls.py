@@ -75,3 +75,29 @@ def test_a_streamed_custom_tool_call_is_answered_with_its_own_output_type(worker
                                                              ("function_call_output", "call_f")]
     assert [i["type"] for i in assistant] == ["custom_tool_call", "function_call"]
     check_messages("openai_responses", without_extensions(assistant) + messages)
+
+
+def test_an_adapter_written_before_format_results_took_the_response_still_works(worker, dispatcher, workspace):
+    """A user's own adapter with ``format_results(self, results)`` (the protocol before ``response``)."""
+    chat = get_adapter("openai_chat")
+
+    class OldAdapter:
+        name = "old"
+        streamed = False
+
+        def parse(self, payload):
+            return chat.parse(payload)
+
+        def assistant_messages(self, payload):
+            return chat.assistant_messages(payload)
+
+        def format_results(self, results):
+            return [{"id": r.call_id, "text": r.content} for r in results]
+
+        def tools(self, source):
+            return []
+
+    payload = {"role": "assistant", "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "list_dir", "arguments": '{"path": "."}'}}]}
+    turn = dispatcher.submit(chat.parse(payload), adapter=OldAdapter(), response=payload, workspace=str(workspace))
+    assert [m["id"] for m in turn.messages(timeout_s=60)] == ["a"]

@@ -127,6 +127,7 @@ def run(
 
     from .dispatcher import Dispatcher
     from .dispatcher.adapters import detect, detect_event, get_adapter
+    from .dispatcher.adapters.base import results_for
     from .progress import live_progress
     from .tools.registry import Registry, default_registry
     from .view import print_results
@@ -209,7 +210,7 @@ def run(
             "format": turn.adapter.name,
             "results": [r.model_dump(mode="json") for r in results],
             "assistant": turn.assistant_messages(),
-            "messages": turn.adapter.format_results(results, response=turn.response),
+            "messages": results_for(turn.adapter, results, turn.response),
             "plan": {"waves": plan.waves(), "deps": {k: sorted(v) for k, v in plan.deps.items()}},
             "warnings": warnings,
             "elapsed_s": round(finished - started, 3),

@@ -136,11 +136,12 @@ class Dispatcher:
                **options: Any) -> Turn:
         """Start running ``calls`` (model order) and return the turn's handle at once.
 
-        ``failed`` maps call ids to error results decided by the caller: those calls get them and
-        do not run. ``options`` are those of :meth:`open_turn`. Raises
-        :class:`~toolfleet.errors.BatchRejected` (nothing runs) if two calls share an id or a call
-        has none, :class:`~toolfleet.errors.BrokerUnavailable` (naming the URL) if Redis or the
-        broker does not answer: then nothing of the batch runs, even the calls already sent.
+        ``failed`` maps call ids to error results decided by the caller: those calls get them (under
+        their own id and name) and do not run; ids of no call are ignored. ``options`` are those of
+        :meth:`open_turn`. Raises :class:`~toolfleet.errors.BatchRejected` (nothing runs) if two
+        calls share an id or a call has none, :class:`~toolfleet.errors.BrokerUnavailable` (naming
+        the URL) if Redis or the broker does not answer: then nothing of the batch runs, even the
+        calls already sent.
         """
         check_ids(calls)
         turn = self.open_turn(armed=False, _calls=calls, **options)

@@ -47,6 +47,7 @@ from ..tools.registry import Registry
 from ..tools.resources import resolve
 from ..tools.spec import ToolSpec
 from ..tools.state import session_resources
+from .adapters.base import results_for
 from .plan import Plan, PlanItem, Planner
 from .sending import Sender
 from .submit import Submitter
@@ -178,7 +179,7 @@ class Turn(TurnApprovals, TurnDriver):
         earlier calls, registered in the ledger and, when it waits for nothing unfinished,
         submitted before this returns. On a cancelled turn the calls get ``NOT_EXECUTED``.
         ``failed`` maps call ids to error results decided by the caller (a stream cut short):
-        those are recorded instead of checking the call.
+        those are recorded instead of checking the call, under the call's own id and name.
 
         Raises :class:`BatchRejected` (none of ``calls`` taken) if a call has no id or an id
         already used in this turn; :class:`ToolfleetError` if the turn is closed;
@@ -188,7 +189,7 @@ class Turn(TurnApprovals, TurnDriver):
         calls = [clean_call(call) for call in calls]
         failed = failed or {}
         check_ids(calls)
-        checked = [failed.get(call.id) or checked_call(self._registry, call) for call in calls]
+        checked = [_answer_of(call, failed.get(call.id)) or checked_call(self._registry, call) for call in calls]
         with self._intake:
             with self._lock:
                 if self._closed:
@@ -363,7 +364,7 @@ class Turn(TurnApprovals, TurnDriver):
         (waits for every result; a ``timeout_s`` that passes cancels the turn, as in :meth:`results`)."""
         if self.adapter is None:
             raise ToolfleetError("this turn was submitted without a provider format")
-        return self.adapter.format_results(self.results(timeout_s), response=self.response)
+        return results_for(self.adapter, self.results(timeout_s), self.response)
 
     def assistant_messages(self) -> list[dict[str, Any]]:
         """The model's own message (or output items) to put before :meth:`messages` in the next
@@ -413,6 +414,14 @@ def _cancel_live_turns() -> None:
                 turn.cancel("the dispatcher process exited")
             except Exception as exc:  # noqa: BLE001 - exiting anyway; the lease covers it
                 log.warning("turn %s: could not cancel at exit (%s)", turn.turn_id, exc)
+
+
+def _answer_of(call: ToolCall, result: ToolResult | None) -> ToolResult | None:
+    """``result`` as ``call``'s answer: paired by the call's id and name, whatever the caller put
+    in it (a result under another id would leave this call without one and the turn waiting)."""
+    if result is None or (result.call_id, result.name) == (call.id, call.name):
+        return result
+    return result.model_copy(update={"call_id": call.id, "name": call.name})
 
 
 def check_ids(calls: Iterable[ToolCall], taken: Iterable[str] = ()) -> None:

@@ -8,6 +8,7 @@ complete. Payloads are plain dicts or the official SDK objects (anything with py
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -64,6 +65,16 @@ class StreamParser(Protocol):
     def finish(self) -> list[ToolCall]: ...
 
     def response(self) -> dict[str, Any]: ...
+
+
+def results_for(adapter: Any, results: Sequence[ToolResult], response: Any = None) -> list[dict[str, Any]]:
+    """``adapter.format_results(results, response=response)``, or without ``response`` for an
+    adapter written before that parameter (a user's own, matching the older protocol)."""
+    try:
+        takes = "response" in inspect.signature(adapter.format_results).parameters
+    except (TypeError, ValueError):  # no signature to read: the older protocol
+        takes = False
+    return adapter.format_results(results, response=response) if takes else adapter.format_results(results)
 
 
 def as_dict(payload: Any) -> Any:
