@@ -56,7 +56,7 @@ def test_secret_files_and_toolfleet_home_are_covered_in_the_sandbox(place):
     environ = {"TOOLFLEET_HOME": str(home), "TOOLFLEET_FLEET_KEY_FILE": str(place / "keys" / "link-to-key"),
                "TOOLFLEET_REDIS_PASSWORD_FILE": str(password_file)}
     config = sandbox.SandboxConfig.from_settings(Settings(redis_key_file=str(inside)), environ)
-    assert {str(home), str(key_file), str(password_file), str(inside)} <= set(config.hidden)
+    assert {str(home), str(place / "keys" / "link-to-key"), str(password_file), str(inside)} <= set(config.hidden)
     script = (f"cat {home}/fleet.key {home}/stack.json {key_file} {place}/keys/link-to-key {password_file} "
               f"{inside} 2>&1; echo listing; ls -A {home}; echo written > out.txt && cat out.txt")
     done = _run(config, workspace, script)
@@ -78,6 +78,25 @@ def test_a_workspace_inside_toolfleet_home_stays_usable(place):
     done = _run(config, workspace, f"cat notes.txt; cat {home}/fleet.key 2>&1; echo more >> notes.txt")
     assert "hello" in done.stdout and KEY not in done.stdout, done.stdout
     assert (workspace / "notes.txt").read_text() == "hello\nmore\n"
+
+
+def test_a_secret_rotated_by_re_pointing_its_link_stays_covered(place):
+    """Kubernetes secret volumes: the named file is a link through ``..data`` to a dated
+    directory; a rotation re-points ``..data`` and deletes the old directory. The link is resolved
+    at each command, not once at start-up (a reviewer's case)."""
+    volume = place / "volume"
+    _secret(volume / "..2026_01" / "fleet.key")
+    os.symlink("..2026_01", volume / "..data")
+    os.symlink("..data/fleet.key", volume / "fleet.key")
+    workspace = place / "ws"
+    workspace.mkdir()
+    config = sandbox.SandboxConfig.from_settings(Settings(), {"TOOLFLEET_FLEET_KEY_FILE": str(volume / "fleet.key")})
+    _secret(volume / "..2026_02" / "fleet.key").write_text("rotated-" + KEY + "\n")
+    os.symlink("..2026_02", volume / "..data.new")
+    os.replace(volume / "..data.new", volume / "..data")
+    shutil.rmtree(volume / "..2026_01")
+    done = _run(config, workspace, f"cat {volume}/fleet.key 2>&1; echo end")
+    assert KEY not in done.stdout and done.stdout.endswith("end\n"), done.stdout
 
 
 def test_a_secret_file_removed_after_start_up_does_not_break_commands(place):

@@ -59,52 +59,59 @@ UNSANDBOXED_NOTE = '[unsandboxed: this worker runs commands without a sandbox (s
 @dataclass(frozen=True)
 class SandboxConfig:
     """``mode``: ``"bwrap"`` or ``"none"``; ``network``: ``"none"`` or ``"host"``; ``bwrap``: the binary
-    (a name looked up on ``PATH`` or a path). Source: :class:`toolfleet.settings.Settings`."""
+    (a name looked up on ``PATH`` or a path); ``hidden``: paths covered in every sandbox
+    (:func:`secret_paths`). Source: :class:`toolfleet.settings.Settings`."""
 
     mode: str = "bwrap"
     network: str = "none"
     bwrap: str = "bwrap"
-    hidden: tuple[str, ...] = ()  # paths covered in every sandbox: the worker's own secrets
+    hidden: tuple[str, ...] = ()  # absolute paths covered in every sandbox: the worker's own secrets
 
     @classmethod
     def from_settings(cls, settings: Any, environ: Mapping[str, str] | None = None) -> SandboxConfig:
+        """The sandbox ``settings`` describe; ``hidden`` from :func:`secret_paths` of ``environ``
+        (default: this process's environment)."""
         return cls(mode=settings.sandbox, network=settings.sandbox_network, bwrap=settings.bwrap_path,
                    hidden=secret_paths(settings, os.environ if environ is None else environ))
 
 
 SECRET_FILE_VARIABLES = ("TOOLFLEET_FLEET_KEY_FILE", "TOOLFLEET_REDIS_PASSWORD_FILE", "TOOLFLEET_REDIS_KEY_FILE")
 """Variables naming files of the worker's secrets (docs/signing.md, docs/secrets.md)."""
-DOCKER_SECRETS = "/run/secrets"
+SECRET_DIRECTORIES = ("/run/secrets", "/var/run/secrets")
+"""Docker's secrets and Kubernetes' (the service account token under ``/var/run/secrets``)."""
 
 
 def secret_paths(settings: Any, environ: Mapping[str, str]) -> tuple[str, ...]:
-    """Where this worker's secrets lie on its disk, resolved (symbolic links followed): the files
-    :data:`SECRET_FILE_VARIABLES` and ``settings.redis_key_file`` name, toolfleet's home
-    (``$TOOLFLEET_HOME``, default ``~/.toolfleet``: the local stack's fleet key and state, with
-    the Redis URL) and Docker's secrets directory. A sandboxed command sees none of them
-    (:func:`bwrap_argv`); other copies of a secret (a hard link elsewhere, a file the operator put
-    in a workspace) are the operator's to keep out of reach."""
+    """Where this worker's secrets lie on its disk, as absolute paths (symbolic links are resolved
+    by :func:`bwrap_argv` at each command, so a secret rotated by re-pointing a link, as Kubernetes
+    does with secret volumes, stays covered): the files :data:`SECRET_FILE_VARIABLES` and
+    ``settings.redis_key_file`` name, toolfleet's home (``$TOOLFLEET_HOME``, default
+    ``~/.toolfleet``: the local stack's fleet key and state, with the Redis URL) and the secrets
+    directories of Docker and Kubernetes (:data:`SECRET_DIRECTORIES`). A sandboxed command sees
+    none of them; the file tools are confined to the workspace, and a secret the operator put in
+    a workspace, or other copies of one (a hard link elsewhere), are the operator's to keep out of
+    reach."""
     named = [environ.get(name) for name in SECRET_FILE_VARIABLES]
-    named += [getattr(settings, "redis_key_file", None), DOCKER_SECRETS,
+    named += [getattr(settings, "redis_key_file", None), *SECRET_DIRECTORIES,
               environ.get("TOOLFLEET_HOME") or os.path.join(os.path.expanduser("~"), ".toolfleet")]
     out: list[str] = []
     for path in named:
         if path:
-            real = os.path.realpath(path)
-            if real != "/" and real not in out:
-                out.append(real)
+            absolute = os.path.abspath(path)
+            if absolute != "/" and absolute not in out:
+                out.append(absolute)
     return tuple(out)
 
 
 def _hide(paths: Sequence[str], root: str) -> tuple[list[str], list[str]]:
-    """bwrap arguments that cover ``paths`` (those that exist now), split into those that go before
-    the workspace's bind (a directory holding the workspace: the workspace is bound again inside
-    the empty tmpfs) and those after it (everything else, so a secret inside the workspace stays
-    covered). The workspace itself is never covered."""
+    """bwrap arguments that cover ``paths`` (resolved now, those that exist), split into those
+    that go before the workspace's bind (a directory holding the workspace: the workspace is bound
+    again inside the empty tmpfs) and those after it (everything else, so a secret inside the
+    workspace stays covered). The workspace itself and ``/`` are never covered."""
     before: list[str] = []
     after: list[str] = []
-    for path in paths:
-        if path == root or not os.path.lexists(path):
+    for path in dict.fromkeys(os.path.realpath(p) for p in paths):
+        if path in (root, "/") or not os.path.lexists(path):
             continue
         if os.path.isdir(path):
             (before if root.startswith(path.rstrip("/") + "/") else after).extend(["--tmpfs", path])
