@@ -83,7 +83,7 @@ def test_calls_cut_off_at_the_token_limit_do_not_run(worker, dispatcher, workspa
     by_id = {r.call_id: r for r in turn.results(timeout_s=60)}
     assert by_id["call_ok"].ok
     cut = by_id["call_cut"]
-    assert cut.code is ErrorCode.INVALID_ARGUMENT and "token limit" in cut.content and cut.attempts == 0, cut
+    assert cut.code is ErrorCode.INVALID_ARGUMENT and "output token limit" in cut.content and cut.attempts == 0, cut
     (answer,) = turn.messages()
     assert [b["tool_use_id"] for b in answer["content"]] == ["call_ok", "call_cut"]
 
@@ -92,6 +92,8 @@ def test_calls_cut_off_at_the_token_limit_do_not_run(worker, dispatcher, workspa
     ("anthropic", _cut_anthropic(), ["call_cut"]),
     ("anthropic", {**_cut_anthropic(), "stop_reason": "tool_use"}, []),
     ("anthropic", {**_cut_anthropic(), "stop_reason": "model_context_window_exceeded"}, ["call_cut"]),
+    ("anthropic", {**_cut_anthropic(), "content": [*_cut_anthropic()["content"], {"type": "text", "text": "x"}]},
+     []),  # text after the last call: that call was finished
     ("openai_chat", {"choices": [{"finish_reason": "length", "message": {"role": "assistant", "tool_calls": [
         {"id": "a", "type": "function", "function": {"name": "list_dir", "arguments": "{}"}},
         {"id": "b", "type": "function", "function": {"name": "grep", "arguments": '{"pattern": "x"}'}}]}}]}, ["b"]),
@@ -106,6 +108,10 @@ def test_calls_cut_off_at_the_token_limit_do_not_run(worker, dispatcher, workspa
     ("openai_responses", {"status": "incomplete", "output": [
         {"type": "function_call", "call_id": "a", "name": "list_dir", "arguments": "{}", "status": "completed"},
         {"type": "message", "role": "assistant", "content": []}]}, []),
+    ("openai_responses", {"status": "incomplete", "incomplete_details": {"reason": "content_filter"}, "output": [
+        {"type": "function_call", "call_id": "b", "name": "grep", "arguments": '{"pattern": "x"}'}]}, []),
+    ("openai_responses", {"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}, "output": [
+        {"type": "function_call", "call_id": "b", "name": "grep", "arguments": '{"pattern": "x"}'}]}, ["b"]),
 ])
 def test_which_calls_the_token_limit_cut_off(format, payload, cut):
     from toolfleet.dispatcher.adapters import get_adapter

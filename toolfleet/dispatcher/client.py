@@ -174,7 +174,7 @@ class Dispatcher:
             adapter.replay(payload)
             return self.submit_stream(as_dict(payload), format=adapter.name, **options)
         calls = adapter.parse(payload)
-        failed = {**custom_call_results(adapter, payload, calls), **cut_off_results(adapter.name, payload, calls)}
+        failed = {**cut_off_results(adapter.name, payload, calls), **custom_call_results(adapter, payload, calls)}
         return self.submit(calls, failed=failed, adapter=adapter, response=payload, **options)
 
     def open_stream(self, *, format: str | None = None, **options: Any) -> TurnStream:

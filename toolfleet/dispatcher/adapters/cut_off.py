@@ -8,11 +8,12 @@ Such a call may validate and run with an optional argument missing (a ``grep`` o
 workspace instead of one folder), so it gets ``INVALID_ARGUMENT`` instead:
 
 - Anthropic Messages: ``stop_reason`` ``max_tokens`` (or ``model_context_window_exceeded``): the
-  last ``tool_use`` block;
+  last ``tool_use`` block, when it is the message's last block (text after it means it was
+  finished);
 - OpenAI Chat Completions: ``finish_reason: "length"``: the last tool call;
 - OpenAI Responses: a ``function_call`` item whose ``status`` is ``"incomplete"``, and the last
-  output item of a response whose ``status`` is ``"incomplete"`` when it is a ``function_call`` not
-  marked ``"completed"``.
+  output item of a response whose ``status`` is ``"incomplete"`` for ``max_output_tokens`` when it
+  is a ``function_call`` not marked ``"completed"``.
 
 Streams are not covered here: a streamed call runs the moment its arguments are complete, before
 the stop reason arrives; arguments cut mid-JSON never complete and get ``INVALID_ARGUMENT`` from
@@ -39,7 +40,10 @@ def cut_off_results(adapter_name: str, payload: Any, calls: Sequence[ToolCall]) 
     names = {c.id: c.name for c in calls}
     cut: list[tuple[str, str]] = []  # (call id, what said so)
     if adapter_name == "anthropic" and data.get("stop_reason") in ANTHROPIC_CUT:
-        cut.append((calls[-1].id, f"stop_reason {data['stop_reason']}"))
+        blocks = data.get("content")
+        last = as_dict(blocks[-1]) if isinstance(blocks, list) and blocks else None
+        if isinstance(last, dict) and last.get("type") == "tool_use" and last.get("id") == calls[-1].id:
+            cut.append((calls[-1].id, f"stop_reason {data['stop_reason']}"))
     elif adapter_name == "openai_chat":
         choices = data.get("choices")
         first = as_dict(choices[0]) if isinstance(choices, list) and choices else None
@@ -50,13 +54,15 @@ def cut_off_results(adapter_name: str, payload: Any, calls: Sequence[ToolCall]) 
         for n, item in enumerate(items):
             if item.get("type") != "function_call" or item.get("call_id") not in names:
                 continue
+            reason = as_dict(data.get("incomplete_details") or {})
+            reason = reason.get("reason") if isinstance(reason, dict) else None
             last_of_incomplete = (n == len(items) - 1 and data.get("status") == "incomplete"
-                                  and item.get("status") != "completed")
+                                  and reason in (None, "max_output_tokens") and item.get("status") != "completed")
             if item.get("status") == "incomplete" or last_of_incomplete:
                 cut.append((item["call_id"], "status incomplete"))
     return {call_id: ToolResult.failure(
         call_id, names[call_id], ErrorCode.INVALID_ARGUMENT,
-        f"the response was cut off at the model's output token limit ({why}) while this call was being "
-        "written; its arguments may be incomplete, so it did not run",
-        "raise the request's output token limit (max_tokens) and have the model make the call again",
+        f"the response was cut off ({why}: the output token limit) while this call was being written; its "
+        "arguments may be incomplete, so it did not run",
+        "make the call again with all of its arguments (fewer or shorter calls per response fit the limit)",
     ) for call_id, why in cut}
