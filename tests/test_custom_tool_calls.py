@@ -101,3 +101,36 @@ def test_an_adapter_written_before_format_results_took_the_response_still_works(
         {"id": "a", "type": "function", "function": {"name": "list_dir", "arguments": '{"path": "."}'}}]}
     turn = dispatcher.submit(chat.parse(payload), adapter=OldAdapter(), response=payload, workspace=str(workspace))
     assert [m["id"] for m in turn.messages(timeout_s=60)] == ["a"]
+
+
+def _chat_chunk(tool_calls=None, finish=None) -> dict:
+    return {"id": "s", "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {"tool_calls": tool_calls} if tool_calls else {}, "finish_reason": finish}]}
+
+
+def test_a_streamed_chat_custom_tool_call_is_joined_and_answered(worker, dispatcher, workspace):
+    """A reviewer's case: the Chat stream read a custom call as a function call with no name, kept
+    only the last input fragment and added a function beside custom."""
+    events = [
+        _chat_chunk([{"index": 0, "id": "call_c", "type": "custom", "custom": {"name": "apply_patch", "input": ""}}]),
+        _chat_chunk([{"index": 0, "custom": {"input": "*** Begin"}}]),
+        _chat_chunk([{"index": 0, "custom": {"input": " Patch"}}]),
+        _chat_chunk([{"index": 1, "id": "call_f", "type": "function",
+                      "function": {"name": "list_dir", "arguments": '{"path": "."}'}}]),
+        _chat_chunk(finish="tool_calls")]
+    assistant, messages = _run(dispatcher, workspace, events)
+    assert assistant[0]["tool_calls"][0] == CHAT["choices"][0]["message"]["tool_calls"][0]
+    assert [m["tool_call_id"] for m in messages] == ["call_c", "call_f"]
+    check_messages("openai_chat", without_extensions(assistant) + messages)
+
+
+def test_a_streamed_responses_custom_call_cut_off_still_gets_its_answer(worker, dispatcher, workspace):
+    custom = RESPONSE["output"][0]
+    events = [
+        {"type": "response.created", "response": {"id": "resp_1", "object": "response", "status": "in_progress",
+                                                  "output": []}},
+        {"type": "response.output_item.added", "output_index": 0, "item": {**custom, "input": ""}}]
+    turn = dispatcher.submit_response(events, workspace=str(workspace))
+    [result] = turn.results(timeout_s=60)
+    assert result.call_id == "call_c" and result.code in (ErrorCode.UNKNOWN_TOOL, ErrorCode.INVALID_ARGUMENT)
+    assert [(m["type"], m["call_id"]) for m in turn.messages()] == [("custom_tool_call_output", "call_c")]

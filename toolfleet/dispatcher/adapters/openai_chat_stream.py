@@ -39,7 +39,7 @@ from .openai_chat import OpenAIChatAdapter, for_chat_wire
 from .wire import at, join_surrogates, kind, need_index, need_list, need_object, need_text
 
 _DELTA_READ = frozenset({"role", "content", "refusal", "tool_calls"})
-_CALL_READ = frozenset({"index", "id", "type", "function"})
+_CALL_READ = frozenset({"index", "id", "type", "function", "custom"})
 _META = ("id", "created", "model", "system_fingerprint", "service_tier")
 
 
@@ -47,6 +47,7 @@ class OpenAIChatStreamParser:
     def __init__(self) -> None:
         self.calls = CallAssembler()
         self.cut_off: list[str] = []
+        self.custom: set[str] = set()  # ids of custom tool calls (type "custom": name and free-form input)
         self.warnings: list[str] = []
         self._meta: dict[str, Any] = {}
         self._content: list[str] = []
@@ -97,17 +98,28 @@ class OpenAIChatStreamParser:
             self._fragment(need_object(fragment, here, "a tool call fragment"), here)
 
     def _fragment(self, fragment: dict[str, Any], where: str) -> None:
-        function = need_object(fragment.get("function"), at(where, "function"), "function", optional=True)
         call_id = need_text(fragment.get("id"), at(where, "id"), "a call id")
-        name = need_text(function.get("name"), at(at(where, "function"), "name"), "a function name")
-        text = function.get("arguments")
-        if isinstance(text, dict):  # a whole call as an object (some servers)
-            text = json.dumps(text, ensure_ascii=False)
-        text = need_text(text, at(at(where, "function"), "arguments"), "arguments")
+        custom = fragment.get("type") == "custom" or fragment.get("custom") is not None
+        if custom:  # a custom tool's call: its free-form input streams in custom.input
+            function = need_object(fragment.get("custom"), at(where, "custom"), "custom", optional=True)
+            name = need_text(function.get("name"), at(at(where, "custom"), "name"), "a tool name")
+            text = need_text(function.get("input"), at(at(where, "custom"), "input"), "input")
+        else:
+            function = need_object(fragment.get("function"), at(where, "function"), "function", optional=True)
+            name = need_text(function.get("name"), at(at(where, "function"), "name"), "a function name")
+            text = function.get("arguments")
+            if isinstance(text, dict):  # a whole call as an object (some servers)
+                text = json.dumps(text, ensure_ascii=False)
+            text = need_text(text, at(at(where, "function"), "arguments"), "arguments")
         index = need_index(fragment.get("index"), at(where, "index"))
         slot = self._slot(index, call_id, name)
         slot.id = slot.id or call_id
         slot.name = slot.name or name
+        if custom or slot.id in self.custom:
+            self.custom.add(slot.id)
+            if text and not slot.done:
+                slot.parts.append(text)  # complete at the stream's finish_reason: free text never closes
+            return
         extra = self._call_extra.setdefault(slot.index, {})
         for key, value in fragment.items():
             if key not in _CALL_READ and value is not None:
@@ -164,6 +176,10 @@ class OpenAIChatStreamParser:
         tool_calls = []
         for slot in self.calls.slots():
             extra = dict(self._call_extra.get(slot.index, {}))
+            if slot.id in self.custom:
+                tool_calls.append({"id": slot.id, "type": "custom",
+                                   "custom": {"name": slot.name, "input": join_surrogates("".join(slot.parts))}})
+                continue
             function = {**extra.pop("function", {}), "name": slot.name, "arguments": slot.arguments()}
             tool_calls.append({"id": slot.id, "type": extra.pop("type", "function"), "function": function, **extra})
         if tool_calls:

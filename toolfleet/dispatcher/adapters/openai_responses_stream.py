@@ -8,9 +8,9 @@ opens an output item (for a call: ``type: "function_call"`` with ``call_id`` and
 
 A call is complete at its ``function_call_arguments.done`` (or, if that is missing, its
 ``output_item.done``, or ``response.completed``); the arguments given there win over the joined
-fragments. A ``custom_tool_call`` item is a call complete at its ``output_item.done`` (its whole
-``input``), listed in :attr:`OpenAIResponsesStreamParser.custom` (it gets ``UNKNOWN_TOOL``:
-:mod:`.custom_calls`).
+fragments. A ``custom_tool_call`` item is a call from its ``output_item.added``, complete at its
+``output_item.done`` (its whole ``input``; a stream ending before it cuts it off), listed in
+:attr:`OpenAIResponsesStreamParser.custom` (it gets ``UNKNOWN_TOOL``: :mod:`.custom_calls`).
 """
 
 from __future__ import annotations
@@ -102,11 +102,13 @@ class OpenAIResponsesStreamParser:
             self._items[position] = {**known, **item}
         if item_id:
             self._keys[item_id] = position
-        if item.get("type") == "custom_tool_call" and done:  # its whole input is in the done item
+        if item.get("type") == "custom_tool_call":  # a call from its added item; its whole input at done
             call_id = need_text(item.get("call_id"), at(here, "call_id"), "a call_id")
-            self.calls.start(position, call_id, need_text(item.get("name"), at(here, "name"), "a tool name"))
-            self.custom.add(call_id)
-            self.calls.complete(position, {"input": item.get("input")})
+            slot = self.calls.start(position, call_id, need_text(item.get("name"), at(here, "name"), "a tool name"))
+            slot.id = slot.id or call_id
+            self.custom.add(slot.id)
+            if done:
+                self.calls.complete(position, {"input": item.get("input")})
             return
         if item.get("type") != "function_call":
             return
