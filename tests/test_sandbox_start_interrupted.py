@@ -77,3 +77,36 @@ def test_an_interrupt_while_a_slow_bwrap_starts_leaves_nothing(tmp_path, monkeyp
         sandbox.install(previous)
     # the wrapper (it would exec bwrap after its sleep) and all it started are gone
     assert wait_gone(str(slow), timeout_s=2) == [] and wait_gone(seconds, timeout_s=5) == []
+
+
+def test_a_live_shell_interrupted_while_its_sandbox_starts_leaves_nothing(real_sandbox, tmp_path, monkeypatch):
+    """The live shell (``shell`` tool) starts its sandbox the same way (a reviewer's find)."""
+    import os
+    import select
+
+    from toolfleet.worker import live_shell
+
+    read = command._SandboxInit.read
+    inits: list[int | None] = []
+
+    def read_then_interrupted(fd: int):
+        inits.append(read(fd).pid)  # the sandbox's init is up, running the shell
+        raise CallCancelled("cancelled while the shell's sandbox started")
+
+    monkeypatch.setattr(live_shell._SandboxInit, "read", staticmethod(read_then_interrupted))
+    with pytest.raises(CallCancelled):
+        live_shell.Shell(tmp_path)
+    assert inits and inits[0] is not None
+    try:
+        fd = os.pidfd_open(inits[0])
+    except ProcessLookupError:
+        return  # gone already
+    try:  # join on the init's exit (its pidfd becomes readable), 5 s at most
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        gone = bool(poller.poll(5000))
+        if not gone:
+            os.kill(inits[0], 9)
+        assert gone, "the shell's sandbox init outlived the interrupted start"
+    finally:
+        os.close(fd)

@@ -87,9 +87,11 @@ def run_command(
             init = _SandboxInit.read(fd)
         reader.start()
         exited = _exit_watch(proc)
-    except BaseException:  # bwrap killed takes the sandbox down with it (--die-with-parent)
+    except BaseException:
         if info_r is not None:
             os.close(info_r)
+        if init is None and not box.unsandboxed:  # its init not reported yet: bwrap's child, if forked
+            init = _SandboxInit.child_of(proc.pid)
         _stop_group(proc, init)
         if init is not None:
             init.close()
@@ -249,6 +251,18 @@ class _SandboxInit:
         except (ValueError, KeyError, TypeError):
             pid = None
         return cls(pid)
+
+    @classmethod
+    def child_of(cls, bwrap_pid: int) -> _SandboxInit | None:
+        """The sandbox's init found as ``bwrap``'s child (``/proc/<pid>/task/<tid>/children``), for
+        a start interrupted before bwrap reported it; ``None`` when bwrap has not forked it (then
+        killing bwrap is enough: the child it forks later is killed with it, --die-with-parent)."""
+        try:
+            children = [int(pid) for task in os.listdir(f"/proc/{bwrap_pid}/task")
+                        for pid in open(f"/proc/{bwrap_pid}/task/{task}/children").read().split()]
+        except (OSError, ValueError):
+            return None
+        return cls(children[0]) if children else None
 
     def kill(self) -> None:
         if self._fd is not None:

@@ -101,7 +101,14 @@ class Shell:
         finally:
             if info_w is not None:
                 os.close(info_w)
-        self.init = _SandboxInit.read(info_r) if info_r is not None else _SandboxInit(None)
+        self.init = None
+        try:  # a cancel or soft time limit landing while bwrap starts must not leave its sandbox behind
+            self.init = _SandboxInit.read(info_r) if info_r is not None else _SandboxInit(None)
+        except BaseException:
+            if info_r is not None and self.proc is not None:  # its init not reported yet: bwrap's child
+                self.init = _SandboxInit.child_of(self.proc.pid)
+            self.close()  # the init killed, or bwrap before it forked one
+            raise
         self._shell_pid: int | None = None
         try:  # USR1 ends the running command: the trap's `return` leaves the function the command runs in
             self.proc.stdin.write(BOOTSTRAP)  # type: ignore[union-attr]
