@@ -75,3 +75,32 @@ def test_through_a_worker(dispatcher, worker, workspace):
     [result] = dispatcher.run([call("r", "read_file", path="big.log", limit=1)], workspace=str(workspace),
                               timeout_s=60)
     assert result.code is ErrorCode.INVALID_ARGUMENT and "larger than" in result.content, result
+
+
+def test_appending_to_a_file_past_the_bound_copies_it_without_holding_it(tmp_path):
+    """``ctx.open(path, "a")`` (custom tools appending to a log): the old content is copied by the
+    kernel in chunks, not read whole (a reviewer's case: the bound refused appends to big files)."""
+    size = 3 * MAX_TEXT_FILE_BYTES
+    big = tmp_path / "big.log"
+    with open(big, "wb") as out:
+        out.write(b"first line\n")
+        out.truncate(size)
+    ctx = ToolContext(call_id="c", turn_id="t", tool_name="append", workspace=tmp_path)
+
+    def append() -> object:
+        with ctx.open("big.log", "a") as out:
+            out.write("appended\n")
+        return out.result
+
+    outcome, peak = _peak_bytes(append)
+    assert isinstance(outcome, dict) and outcome["bytes"] == size + len("appended\n"), outcome
+    assert peak < 8 * 1024 * 1024, peak
+    with open(big, "rb") as handle:
+        assert handle.read(11) == b"first line\n"
+        handle.seek(size)
+        assert handle.read() == b"appended\n"
+    small = tmp_path / "small.txt"
+    small.write_text("a\n")
+    with ctx.open("small.txt", "a") as out:
+        out.write("b\n")
+    assert small.read_text() == "a\nb\n"

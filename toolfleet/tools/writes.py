@@ -38,12 +38,14 @@ NAME_MAX = 255
 
 
 def replace_file(ctx: ToolContext, path: str, produce: Callable[[bytes | None], bytes], *,
-                 create_parents: bool = True, needs_old: bool = True) -> dict[str, Any]:
+                 create_parents: bool = True, needs_old: bool = True, after_old: bool = False) -> dict[str, Any]:
     """Replace the file ``path`` with ``produce(old)`` (``old`` is its content, ``None`` when it
     does not exist; with ``needs_old=False``, always ``None``: the old content is not read),
     atomically, as the module docstring says. Missing parents are created (with
     ``create_parents=False`` they give ``file not found``). An old content over
     :data:`~.workspace.MAX_TEXT_FILE_BYTES` is not read: ToolFailure (``INVALID_ARGUMENT``).
+    With ``after_old=True`` (and ``needs_old=False``) the new file is the old content, copied by
+    the kernel in chunks whatever its size, then ``produce(None)``: an append.
 
     Returns ``{"path": canonical path relative to the root, "bytes": size written, "other_links":
     how many other hard links the replaced file had (they keep the old content)}``. Raises
@@ -65,13 +67,13 @@ def replace_file(ctx: ToolContext, path: str, produce: Callable[[bytes | None], 
     finally:
         os.close(root_fd)
     try:
-        return _replace_in(ctx, parent, parts, path, produce, needs_old)
+        return _replace_in(ctx, parent, parts, path, produce, needs_old, after_old)
     finally:
         os.close(parent)
 
 
 def _replace_in(ctx: ToolContext, parent: int, parts: list[str], path: str,
-                produce: Callable[[bytes | None], bytes], needs_old: bool) -> dict[str, Any]:
+                produce: Callable[[bytes | None], bytes], needs_old: bool, after_old: bool = False) -> dict[str, Any]:
     name = parts[-1]
     try:
         st: os.stat_result | None = os.stat(name, dir_fd=parent, follow_symlinks=False)
@@ -88,15 +90,32 @@ def _replace_in(ctx: ToolContext, parent: int, parts: list[str], path: str,
         if not stat.S_ISREG(st.st_mode):
             raise ToolFailure(f"{path} is not a regular file (a FIFO, device or socket)", "give a regular file")
     old = None
+    old_fd = None
     if st is not None and needs_old:
         fd = open_regular(parent, name, path, follow=False)  # a link swapped in since is refused
         with os.fdopen(fd, "rb") as handle:
             old = read_whole(handle, path)
-    data = produce(old)
+    elif st is not None and after_old:
+        old_fd = open_regular(parent, name, path, follow=False)
+    try:
+        data = produce(old)
+    except BaseException:
+        if old_fd is not None:
+            os.close(old_fd)
+        raise
     tmp = _temp_name(name)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=parent)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=parent)
+    except BaseException:
+        if old_fd is not None:
+            os.close(old_fd)
+        raise
+    copied = 0
     try:
         try:
+            if old_fd is not None:  # the old content first, in kernel-sized chunks: never all in memory
+                while chunk := os.sendfile(fd, old_fd, None, 1 << 20):
+                    copied += chunk
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
@@ -109,6 +128,8 @@ def _replace_in(ctx: ToolContext, parent: int, parts: list[str], path: str,
                         pass
         finally:
             os.close(fd)
+            if old_fd is not None:
+                os.close(old_fd)
         ctx.check_fence()
         os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
     except BaseException as exc:
@@ -119,7 +140,7 @@ def _replace_in(ctx: ToolContext, parent: int, parts: list[str], path: str,
         if isinstance(exc, OSError):
             raise os_failure(exc, path) from exc
         raise
-    return {"path": "/".join(parts), "bytes": len(data), "other_links": (st.st_nlink - 1) if st else 0}
+    return {"path": "/".join(parts), "bytes": copied + len(data), "other_links": (st.st_nlink - 1) if st else 0}
 
 
 def _temp_name(name: str) -> str:
@@ -191,8 +212,8 @@ class AtomicFile(io.IOBase):
             self._text.flush()
         data = self._raw.getvalue()
         try:
-            self.result = replace_file(self._ctx, self._path, lambda old: (old or b"") + data if self._append else data,
-                                       needs_old=self._append)
+            self.result = replace_file(self._ctx, self._path, lambda old: data, needs_old=False,
+                                       after_old=self._append)
         finally:
             super().close()
 
