@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import traceback
 import unicodedata
 from typing import Any
 
@@ -79,6 +80,7 @@ def checked_call(registry: Registry, call: ToolCall) -> tuple[ToolSpec, dict[str
         # the exception's text may quote the arguments (secrets): its type only
         log.warning("call %s: its arguments could not be checked (%s); INVALID_ARGUMENT", call.id,
                     type(exc).__name__)
+        log.debug("where the check of call %s failed:\n%s", call.id, "".join(traceback.format_tb(exc.__traceback__)))
         return ToolResult.failure(
             call.id, call.name, ErrorCode.INVALID_ARGUMENT,
             f"the call's arguments could not be checked ({type(exc).__name__}); nothing ran",

@@ -52,7 +52,8 @@ def run_command(
     """Run a shell command (bash) in the workspace and return what it printed (stdout and stderr).
 
     It runs in a sandbox: only the workspace (and a private /tmp) is writable, no network unless the
-    worker allows it, and every process it starts ends when the command ends.
+    worker allows it, and every process it starts ends when the command ends. Of a very long output
+    the first and last 2 MiB are kept.
     A non-zero exit status makes the call an error whose content still holds the output.
 
     Args:

@@ -52,7 +52,7 @@ def read_file(
     offset: Annotated[int, Field(ge=1)] = 1,
     limit: Annotated[int, Field(ge=1, le=10_000)] = 2000,
 ) -> str:
-    """Read a text file of the workspace.
+    """Read a text file of the workspace (up to 20 MiB; read parts of a larger one with run_command).
 
     Args:
         path: File path relative to the workspace root.

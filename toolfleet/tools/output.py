@@ -28,6 +28,8 @@ class HeadTail:
         self._lock = threading.Lock()
 
     def add(self, chunk: bytes) -> None:
+        """Keep ``chunk`` (the next bytes printed): the head fills first, then the tail keeps the
+        newest bytes; what leaves the tail is counted in :attr:`dropped`."""
         half = self.max_bytes // 2
         with self._lock:
             if len(self._head) < half:

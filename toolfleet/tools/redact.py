@@ -43,7 +43,8 @@ __all__ = ["GIVEN_MAX_CHARS", "MASK", "MAX_DEPTH", "TOO_DEEP", "is_secret_name",
 def register_own_secrets(values: Iterable[str]) -> None:
     """Add this process's own secrets (its fleet keys, the passwords in its Redis URLs:
     ``Settings.secret_values``), of ``OWN_SECRET_MIN_CHARS``+ characters, to what every
-    :func:`redact_text` masks wherever they appear: a fleet key has no shape to recognise (43
+    :func:`redact_text` masks wherever they appear (process-wide, only ever added to: every app
+    made in the process adds its settings' secrets): a fleet key has no shape to recognise (43
     random characters), so a model's ``echo <key> > k`` would show it in Flower and the audit."""
     global _OWN
     _OWN = tuple(dict.fromkeys([*_OWN, *(v for v in values if isinstance(v, str)

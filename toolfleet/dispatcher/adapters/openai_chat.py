@@ -45,7 +45,8 @@ class OpenAIChatAdapter:
         return calls
 
     def custom_call_ids(self, payload: Any) -> set[str]:
-        """The ids of the completion's tool calls of ``type: "custom"``."""
+        """The ids of the completion's tool calls of ``type: "custom"``; BatchRejected (with the
+        pointer) for a payload that cannot be read, as :meth:`parse`."""
         message, _ = self._message(payload)
         return {str(as_dict(c).get("id")) for c in message.get("tool_calls") or []
                 if isinstance(as_dict(c), dict) and as_dict(c).get("type") == "custom"}

@@ -57,7 +57,8 @@ class OpenAIResponsesAdapter:
         return calls
 
     def custom_call_ids(self, payload: Any) -> set[str]:
-        """The call ids of the response's ``custom_tool_call`` items."""
+        """The call ids of the response's ``custom_tool_call`` items; BatchRejected (with the
+        pointer) for a payload that cannot be read, as :meth:`parse`."""
         return {str(i.get("call_id")) for i in self.output_items(payload) if i.get("type") == "custom_tool_call"}
 
     def _items(self, payload: Any) -> tuple[list[dict[str, Any]], str]:
