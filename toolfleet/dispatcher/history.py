@@ -271,13 +271,13 @@ def _chat(items: list[Any], repairs: list[Repair]) -> list[Any]:
 def _responses(items: list[Any], repairs: list[Repair]) -> list[Any]:
     results = _Results()
     calls: dict[str, int] = {}
-    answers = tuple(OUTPUT_OF.values())  # compared, not hashed: a type may be any JSON value
+    kinds, answers = tuple(OUTPUT_OF), tuple(OUTPUT_OF.values())  # compared, not hashed: a type may be any JSON value
     for position, item in enumerate(items):
         if not isinstance(item, dict):
             continue
         if item.get("type") in answers:
             results.add(str(item.get("call_id") or ""), position, item)
-        elif item.get("type") in tuple(OUTPUT_OF):
+        elif item.get("type") in kinds:
             calls.setdefault(str(item.get("call_id") or ""), position)
     placed: dict[int, Any] = {}  # position of a call -> the result to put right after it
     in_place: set[int] = set()

@@ -50,14 +50,14 @@ def cut_off_results(adapter_name: str, payload: Any, calls: Sequence[ToolCall]) 
         if isinstance(first, dict) and first.get("finish_reason") == "length":
             cut.append((calls[-1].id, "finish_reason length"))
     elif adapter_name == "openai_responses":
-        items = [as_dict(i) for i in data.get("output") or [] if isinstance(as_dict(i), dict)]
+        items = [i for i in map(as_dict, data.get("output") or []) if isinstance(i, dict)]
+        details = as_dict(data.get("incomplete_details") or {})
+        reason = details.get("reason") if isinstance(details, dict) else None
+        cut_at_limit = data.get("status") == "incomplete" and reason in (None, "max_output_tokens")
         for n, item in enumerate(items):
             if item.get("type") != "function_call" or item.get("call_id") not in names:
                 continue
-            reason = as_dict(data.get("incomplete_details") or {})
-            reason = reason.get("reason") if isinstance(reason, dict) else None
-            last_of_incomplete = (n == len(items) - 1 and data.get("status") == "incomplete"
-                                  and reason in (None, "max_output_tokens") and item.get("status") != "completed")
+            last_of_incomplete = cut_at_limit and n == len(items) - 1 and item.get("status") != "completed"
             if item.get("status") == "incomplete" or last_of_incomplete:
                 cut.append((item["call_id"], "status incomplete"))
     return {call_id: ToolResult.failure(

@@ -48,8 +48,8 @@ class OpenAIChatAdapter:
         """The ids of the completion's tool calls of ``type: "custom"``; BatchRejected (with the
         pointer) for a payload that cannot be read, as :meth:`parse`."""
         message, _ = self._message(payload)
-        return {str(as_dict(c).get("id")) for c in message.get("tool_calls") or []
-                if isinstance(as_dict(c), dict) and as_dict(c).get("type") == "custom"}
+        calls = [as_dict(c) for c in message.get("tool_calls") or []]
+        return {str(c.get("id")) for c in calls if isinstance(c, dict) and c.get("type") == "custom"}
 
     def _message(self, payload: Any) -> tuple[dict[str, Any], str]:
         data = as_dict(payload)
