@@ -8,7 +8,10 @@ time as each call's arguments complete (:meth:`Dispatcher.open_stream`).
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import suppress
 from typing import Any
@@ -36,6 +39,11 @@ from .submit import Submitter
 from .turn import Turn, check_ids
 from .wire import clean_call, encodable
 
+log = logging.getLogger(__name__)
+# close(): after cancelling its live turns, how long (beyond cancel_grace_s) their drivers get to record
+# the final results and mark the turns ended before the connections close (docs/guarantees.md, E1)
+CLOSE_WAIT_S = 3.0
+
 
 class Dispatcher:
     """Runs batches of tool calls on the workers of ``settings.namespace``.
@@ -58,6 +66,7 @@ class Dispatcher:
         self.registry = registry if registry is not None else \
             catalog_registry(self.settings, default_registry(), self.ledger.redis)
         self.app = create_app(self.settings, self.registry)
+        self._turns: weakref.WeakSet[Turn] = weakref.WeakSet()
         self.submitter = Submitter(self.app, self.settings, self.ledger.audit)
         self.rules = RuleStore(self.ledger.redis, self.ledger.keys, self.settings.redis_url)
         self.approvals = Approvals(self.ledger, self.rules)
@@ -130,6 +139,7 @@ class Dispatcher:
             events_after=opened,
             registered=registered,
         )
+        self._turns.add(turn)
         return turn.start()
 
     def submit(self, calls: Sequence[ToolCall], *, failed: Mapping[str, ToolResult] | None = None,
@@ -225,6 +235,24 @@ class Dispatcher:
         return self.approvals.deny(turn_id, call_id, reason, by=by, remember=remember)
 
     def close(self) -> None:
+        """Close the dispatcher's connections. Its turns end first: one still running is cancelled
+        (reason "the dispatcher was closed": calls not started never start, running ones stop), and
+        every turn's driver gets up to ``cancel_grace_s`` + :data:`CLOSE_WAIT_S` seconds in all to record
+        the final results and mark its turn ended in the ledger (a driver still at it then is logged;
+        its turn's lease lapses within ``turn_lease_s``, E1). Idempotent; raises nothing."""
+        turns = list(self._turns)
+        for turn in turns:
+            if not turn.done:
+                try:
+                    turn.cancel("the dispatcher was closed")
+                    turn.close()
+                except Exception as exc:  # noqa: BLE001 - closing anyway; the lease covers it
+                    log.warning("turn %s: could not cancel it on close (%s)", turn.turn_id, exc)
+        deadline = time.monotonic() + self.settings.cancel_grace_s + CLOSE_WAIT_S
+        for turn in turns:
+            if not turn.join_driver(deadline - time.monotonic()):
+                log.warning("turn %s: its driver still runs as the dispatcher closes; its lease lapses "
+                            "within %g s", turn.turn_id, self.settings.turn_lease_s)
         self.submitter.close()
         self.app.close()
         self.ledger.redis.close()

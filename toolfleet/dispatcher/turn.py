@@ -387,6 +387,13 @@ class Turn(TurnApprovals, TurnDriver):
             self._ledger.cancel(self.turn_id, reason)
             self._submitter.revoke(waiting)
 
+    def join_driver(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for the driver thread to end (after the turn is done
+        it still frees its locks and marks the turn ended in the ledger). True if it ended."""
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(timeout_s, 0.0))
+        return not self._thread.is_alive()
+
     # ---- driver ----
     def start(self) -> Turn:
         """Start the driver thread (calls are submitted as they are added)."""
