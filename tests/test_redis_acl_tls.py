@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from toolfleet import BrokerRefused, Dispatcher, ErrorCode, Settings
+from toolfleet.access import check_worker_access
 from toolfleet.ledger import Ledger
 from toolfleet.worker.catalog import live_catalog
 
@@ -311,3 +312,33 @@ def test_password_file_logs_the_urls_in(tmp_path: Path):
     assert Settings.from_env({**env, "REDIS_URL": "redis://u:own@h/0"}).redis_url == "redis://u:own@h/0"
     with pytest.raises(ValueError, match="TOOLFLEET_REDIS_PASSWORD_FILE"):
         Settings.from_env({"TOOLFLEET_REDIS_PASSWORD_FILE": str(tmp_path / "missing")})
+
+
+def test_worker_with_the_acl_of_before_the_namespaces_own_exchanges_is_refused_at_start(fleet):
+    """A worker user whose ACL still names Celery's shared channels (``&/0.celeryev/*``,
+    ``&/0.celery.pidbox``: the rules before the namespace got its own exchanges) is told so at
+    start-up, naming the channel, not left to fail inside Celery (docs/deploying.md, upgrading)."""
+    server, namespace = fleet
+    old = documented_rules()["worker"].removeprefix("user worker ")
+    old = old.replace(">WORKER_PASSWORD", ">old-worker-pw").replace("toolfleet:", f"{namespace}:")
+    old = old.replace("&/0.toolfleet.celeryev/*", "&/0.celeryev/*").replace("&/0.toolfleet.celery.pidbox",
+                                                                            "&/0.celery.pidbox")
+    old = old.replace("toolfleet.", f"{namespace}.")
+    admin = server.client("admin", server.admin_password)  # type: ignore[attr-defined]
+    admin.execute_command("ACL", "SETUSER", "oldworker", "reset", *old.split())
+    settings = role_settings(server, namespace, "worker").model_copy(
+        update={"redis_url": server.url("oldworker", "old-worker-pw")})
+    client = server.client("oldworker", "old-worker-pw")
+    try:
+        with pytest.raises(BrokerRefused) as info:
+            check_worker_access(client, settings)
+    finally:
+        client.close()
+        admin.execute_command("ACL", "DELUSER", "oldworker")
+    assert f"{namespace}.celeryev" in str(info.value) and "old-worker-pw" not in str(info.value), str(info.value)
+    current = role_settings(server, namespace, "worker")  # the documented rules pass the same check
+    client = server.client("worker", PASSWORDS["worker"])
+    try:
+        check_worker_access(client, current)
+    finally:
+        client.close()

@@ -33,9 +33,13 @@ def refused(exc: BaseException) -> bool:
 def check_worker_access(client: redis.Redis, settings: Settings) -> None:
     """Try what a worker does first, harmlessly: write and delete a key of the namespace, read a
     queue, kombu's bindings and a control (pidbox) queue, take and drop a pattern subscription to
-    the namespace's cancels. Raises :class:`BrokerRefused` (URL with the password masked, Redis's
-    reason) when Redis refuses one; other Redis errors pass through. Rights it cannot try without
-    side effects (publishing task events, writing kombu's keys) are found by Celery when it starts."""
+    the namespace's cancels, and (broker and ledger on one Redis) subscribe to the channels of the
+    namespace's own Celery exchanges: task events ``/<db>.<ns>.celeryev/*`` and control broadcasts
+    ``/<db>.<ns>.celery.pidbox`` (Redis's ACL grants a channel to publish and subscribe alike, so
+    this tries the right to publish without sending anything; docs/deploying.md). Raises
+    :class:`BrokerRefused` (URL with the password masked, Redis's reason, and the channel refused)
+    when Redis refuses one; other Redis errors pass through. Rights it cannot try without side
+    effects (writing kombu's keys) are found by Celery when it starts."""
     keys = Keys(settings.namespace)
     probe = f"{settings.namespace}:access-check:{uuid.uuid4().hex}"
     try:
@@ -52,7 +56,28 @@ def check_worker_access(client: redis.Redis, settings: Settings) -> None:
             pubsub.get_message(timeout=1.0)
         finally:
             pubsub.close()
+        if settings.broker_is_redis and settings.broker == settings.redis_url:
+            db = client.connection_pool.connection_kwargs.get("db", 0)
+            for channel in celery_channels(settings.namespace, db):
+                pubsub = client.pubsub()
+                try:
+                    pubsub.subscribe(channel)
+                    pubsub.get_message(timeout=1.0)
+                except redis.RedisError as exc:
+                    if refused(exc):
+                        raise BrokerRefused(settings.redis_url, f"{exc} (channel {channel}: docs/deploying.md, "
+                                                                "the namespace's own Celery exchanges)") from exc
+                    raise
+                finally:
+                    pubsub.close()
     except redis.RedisError as exc:
         if refused(exc):
             raise BrokerRefused(settings.redis_url, str(exc)) from exc
         raise
+
+
+def celery_channels(namespace: str, db: int) -> tuple[str, str]:
+    """The Redis channels kombu publishes a namespace's task events and control broadcasts on
+    (its fanout ``/<db>.<exchange>/<routing key>``): one task event's, and the control mailbox's."""
+    from .worker.app import control_exchange, event_exchange  # the app module imports Celery
+    return f"/{db}.{event_exchange(namespace)}/task.started", f"/{db}.{control_exchange(namespace)}.pidbox"
