@@ -51,6 +51,15 @@ EXACT = [
     ("az login --service-principal -u app -p Zq9pLm2xWv --tenant t",
      "az login --service-principal -u app -p *** --tenant t"),
     ("redis-cli -a s3cret ping", "redis-cli -a *** ping"),
+    ("echo Zq9pLm2x | docker login -u bob --password-stdin reg.io",
+     "echo *** | docker login -u bob --password-stdin reg.io"),
+    ("echo 'my pass' | sudo -S apt-get update", "echo '***' | sudo -S apt-get update"),
+    ("printf '%s\\n' hunter2 | podman login --password-stdin -u me q.io",
+     "printf '%s\\n' *** | podman login --password-stdin -u me q.io"),
+    ("echo -n \"bob:Zq9pLm\" | chpasswd", "echo -n \"***\" | chpasswd"),
+    ("echo s3cret | passwd --stdin bob", "echo *** | passwd --stdin bob"),
+    ("db.example.com:5432:shop:app:Zq9p:Lm2x\n*:*:*:postgres:hunter2",
+     "db.example.com:5432:shop:app:***\n*:*:*:postgres:***"),
     ("openssl rsa -passin pass:mypass -in k.pem", "openssl rsa -passin *** -in k.pem"),
     ("export SECRET_KEY=django-insecure-xyz", "export SECRET_KEY=***"),
     ('{"password": "s3 cret", "max_tokens": 1024}', '{"password": "***", "max_tokens": 1024}'),
@@ -79,7 +88,8 @@ ORDINARY = [
     "This is a basic introduction to Basic Authentication", "risk-assessment-document-2024",
     "password_file=/run/secrets/db", "token_count: 42", "cd $PWD && ls", "PWD=/home/me", "bypass=true",
     "commit 3f2a9c1d8e7b6a5f4c3d2e1f0a9b8c7d6e5f4a3b", "http://localhost:8080/health", "git@github.com:org/r.git",
-    "password: is required", "sort_key=name", "the author: Jane",
+    "password: is required", "sort_key=name", "the author: Jane", "echo hello | sudo tee /x",
+    "echo done | cat", "root:x:0:0:root:/root:/bin/bash", "12:30:45 started", "a:b:c:d:e",
 ]
 
 

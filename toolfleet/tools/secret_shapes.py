@@ -18,7 +18,10 @@ It recognises, in this order:
 6. secret arguments of well-known programs: ``mysql -p***``, ``sshpass -p ***``, ``redis-cli -a ***``,
    ``mongosh -p ***``, ``ldapsearch -w ***``, ``docker login -p ***``, ``az login -p ***``,
    ``-u user:***`` (curl and others),
-   ``smbclient -U user%***``, ``openssl -passin pass:***``;
+   ``smbclient -U user%***``, ``openssl -passin pass:***``; a value echoed into a program that
+   reads a password from its input (``echo *** | docker login --password-stdin``, ``| sudo -S``,
+   ``| chpasswd``, ``| passwd --stdin``); the password field of a ``.pgpass`` line
+   (``host:5432:db:user:***``);
 7. options and assignments whose name is a secret (:func:`is_secret_name`): ``--password=***``,
    ``--password ***``, ``-storepass ***``, ``PGPASSWORD=***``, ``export SECRET_KEY=***``,
    ``"password": "***"``, ``'token': '***'``, ``api_key: ***``, ``X-Api-Key: ***``, ``?access_token=***&``;
@@ -173,7 +176,17 @@ _PROGRAM_SECRETS = [  # (words one of which the text must hold, pattern): the wo
     (("smbclient",), re.compile(
         r"(\bsmbclient\b" + _SEGMENT + r"\s(?:-U|--user)(?:\s+|=)?[\"']?[^\s\"'%]*%)" + _ARG + r"([^\s\"']+)")),
     (("-pass",), re.compile(r"(\s-pass(?:in|out)?\s+[\"']?pass:)" + _ARG + r"([^\s\"']+)")),
+    # a password echoed into a program that reads it from standard input
+    (("-stdin", "sudo", "chpasswd", "--passphrase-fd"), re.compile(
+        r"(\b(?:echo(?:[ \t]+-[neE]{1,3})?|printf(?:[ \t]+(?:'%s[^'\n]*'|\"%s[^\"\n]*\"|%s\S*))?)[ \t]+)"
+        + _ARG + _VALUE
+        + r"(?=[ \t]*\|[^|;&\n]*(?:--password-stdin|--passphrase-stdin|--passphrase-fd|\bsudo\b[^|;&\n]*\s-S\b"
+        r"|\bchpasswd\b|\bpasswd\b[^|;&\n]*--stdin))")),
 ]
+# a line of a PostgreSQL password file (~/.pgpass: hostname:port:database:username:password; the
+# PostgreSQL docs, "The Password File"), the port a number or *: its last field goes
+_PGPASS_LINE = re.compile(r"(?m)^((?:[^:\s\\]|\\.)+:(?:\d{1,5}|\*):(?:[^:\s\\]|\\.)+:(?:[^:\s\\]|\\.)+:)"
+                          r"(?!\*\*\*$)((?:[^\s\\]|\\.)+)[ \t]*$")
 
 _HINT = re.compile(_HINT_WORDS)  # in ASCII-lowered text: a line without one of these names no secret
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")  # keeps every index
@@ -242,8 +255,8 @@ def _assignment(match: re.Match[str]) -> bool:
 
 
 def _bare(match: re.Match[str]) -> bool:
-    if match.group("q") is None and not looks_like_credential(match.group("v")):
-        return False
+    if match.group("q") is None and (match.group("v").startswith("-") or not looks_like_credential(match.group("v"))):
+        return False  # passwd --stdin: an option follows the name, not its value
     return _maskable(match)
 
 
@@ -324,6 +337,8 @@ def mask_secrets(text: str, known: Iterable[str] = ()) -> str:
                 if masked == text:
                     break
                 text = masked
+    if ":" in text:
+        text = _PGPASS_LINE.sub(r"\1" + MASK, text)
     text = _mask_named(text, _lowered(text))
     if "bearer" not in lower and "basic" not in lower:
         return text
