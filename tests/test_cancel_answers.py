@@ -86,3 +86,20 @@ def test_settling_a_cancel_kills_nothing_that_has_its_result_or_may_not_be_stopp
         results = d.ledger.results(turn.turn_id)
         assert results["done"].ok and "keep" not in results
         assert not any(killed), killed  # no task id was sent a kill
+
+
+@pytest.mark.parametrize("other_worker", [True, False], ids=["another worker serves it", "no other worker"])
+def test_a_call_not_cancellable_whose_worker_dies_after_the_cancel_still_gets_its_answer(
+        dispatcher, start_worker, workspace, settings, other_worker):
+    """A cancel lets a call declared not cancellable run to its end; if its worker then dies, the
+    call still gets an answer within the liveness bound (it used to get none: the turn waited for
+    ever, its driver thread alive even after the dispatcher closed). Found by a helper."""
+    workers = [start_worker(concurrency=1) for _ in range(2 if other_worker else 1)]
+    turn = dispatcher.submit([call("n", "settle_note", text="late", seconds=8)], workspace=str(workspace))
+    record = wait_started(dispatcher, turn.turn_id, "n")
+    victim = next(w for w in workers if w.name == record["worker"])
+    turn.cancel()
+    victim.kill()
+    [result] = turn.results(timeout_s=settings.heartbeat_s * 4 + 12)
+    assert result.code is ErrorCode.WORKER_LOST, result.content
+    assert "not cancellable" in result.content

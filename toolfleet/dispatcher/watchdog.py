@@ -67,6 +67,7 @@ class Watchdog:
         if cancelled_at is not None:
             if now >= cancelled_at + turn._settings.cancel_grace_s + CANCEL_SLACK_S:
                 self._settle_cancelled(pending, started)
+            self._check_uncancellable(pending, started, workers, now)
             return
         sent_at = turn._sender.sent_at
         bound_s = liveness_bound_s(turn._settings)
@@ -180,6 +181,29 @@ class Watchdog:
             if cancellable:
                 stuck.append(turn._submitted.get(call_id, ""))
         turn._submitter.revoke([t for t in stuck if t], kill=True)
+
+    def _check_uncancellable(self, pending: list[str], started: dict[str, float], workers: dict[str, str],
+                             now: float) -> None:
+        """A cancelled turn's running calls declared not cancellable run to their end, so the
+        cancel does not answer them; their worker may still die or go silent. Such a call gets
+        ``WORKER_LOST`` (``OUTCOME_UNKNOWN`` for a journaled write) once its worker stopped sending
+        heartbeats or it is silent past its hard limit + ``WATCHDOG_SLACK_S``; it is never sent
+        again (its turn is over)."""
+        turn = self.turn
+        for call_id in pending:
+            run = turn._runnable.get(call_id)
+            if run is None or run.spec.cancellable or call_id not in started:
+                continue
+            hard_s = self._hard_s(call_id)
+            until_s = started[call_id] + hard_s + turn._settings.clock_skew_margin_s - now
+            code = ErrorCode.OUTCOME_UNKNOWN if run.spec.journal and not run.spec.idempotent else None
+            worker = workers.get(call_id, "")
+            if worker and self.availability is not None and self.availability.worker_dead(worker):
+                self._lost(call_id, f"its worker {worker} stopped sending heartbeats while it ran (the turn was "
+                           "cancelled; a call declared not cancellable is not sent again)", until_s=until_s, code=code)
+            elif now >= started[call_id] + hard_s + WATCHDOG_SLACK_S:
+                self._lost(call_id, f"no result {hard_s + WATCHDOG_SLACK_S:g} s after the call started; its worker "
+                           "is presumed lost", until_s=turn._settings.clock_skew_margin_s, code=code)
 
     def _worker_gone(self, call_id: str, worker: str, started_at: float, now: float) -> None:
         turn = self.turn
