@@ -160,3 +160,19 @@ def test_pending_table_keeps_ids_and_tools_whole(settings, workspace):
     lines = shown.stdout.splitlines()
     at = next(i for i, line in enumerate(lines) if LONG_ID in line)
     assert "wait_write" in lines[at + 1] and "[bold]k[/bold]" in shown.stdout  # model text is not markup
+
+
+def test_trace_says_who_waited_for_whom(dispatcher, worker, settings, workspace):
+    """The README's `toolfleet trace TURN_ID  # who waited for whom`: each call's row names the
+    calls it waited for in the plan, by their #, at any width (a newcomer found no such column)."""
+    turn = dispatcher.submit([ToolCall(id="r1", name="wait_read", arguments={"label": "a"}),
+                              ToolCall(id="r2", name="wait_read", arguments={"label": "b"}),
+                              ToolCall(id="w1", name="wait_write", arguments={"label": "a"})],
+                             workspace=str(workspace))
+    turn.results(timeout_s=30)
+    timeline = build_timeline(turn.turn_id, trail(settings, turn.turn_id))
+    assert [r.after for r in timeline.rows] == [[], [], ["r1"]]
+    index = {r.call_id: r.index for r in timeline.rows}
+    wide = next(line for line in rendered(timeline, 160).splitlines() if "w1" in line and "wait_write" in line)
+    assert f"#{index['r1']}" in wide, wide
+    assert f"after #{index['r1']}" in rendered(timeline, 80)

@@ -41,6 +41,7 @@ class CallRow:
     queued_ms: float | None = None
     run_ms: float | None = None
     notes: list[str] = field(default_factory=list)
+    after: list[str] = field(default_factory=list)  # the call ids it waited for (the plan's deps)
 
 
 @dataclass
@@ -74,6 +75,9 @@ def build_timeline(turn_id: str, events: list[AuditEvent]) -> Timeline:
                 row.index = call.get("index", row.index)
                 row.tool = call.get("tool", row.tool)
                 row.verdict = call.get("verdict", "")
+            for call_id, waits in (data.get("deps") or {}).items():
+                if str(call_id) in rows and isinstance(waits, list):
+                    rows[str(call_id)].after = [str(w) for w in waits]
             continue
         if event.type == "cancelled":
             cancelled = data.get("reason", "cancelled")
@@ -155,7 +159,8 @@ def result_text(row: CallRow) -> Text:
 
 
 def print_timeline(console: Console, timeline: Timeline, width: int = BAR_WIDTH) -> None:
-    """Print the turn: a table of its calls (id and tool whole, up to ``ID_MAX_CHARS``), then the
+    """Print the turn: a table of its calls (id and tool whole, up to ``ID_MAX_CHARS``; *after*:
+    the calls, by ``#``, each waited for in the plan: who waited for whom), then the
     chart (``#``, call id, the time axis at most ``width`` characters, narrowed to fit the console),
     a legend, the cancel and the notes. Readable at 80 columns and wider, and in a pipe."""
     if not timeline.rows:
@@ -167,7 +172,7 @@ def print_timeline(console: Console, timeline: Timeline, width: int = BAR_WIDTH)
     id_chars = min(max(len(r.call_id) for r in timeline.rows), ID_MAX_CHARS)
     tool_chars = min(max(len(r.tool) for r in timeline.rows), ID_MAX_CHARS)
     index_chars = len(str(max(r.index for r in timeline.rows)))
-    wide = console.width >= id_chars + tool_chars + 75  # id, tool and worker side by side
+    wide = console.width >= id_chars + tool_chars + 85  # id, tool, worker and after side by side
     console.print(Text(title, style="bold"))  # its own line: a table's title wraps at the table's width
     table = Table(show_lines=not wide)
     table.add_column("#", justify="right", no_wrap=True)
@@ -177,6 +182,7 @@ def print_timeline(console: Console, timeline: Timeline, width: int = BAR_WIDTH)
         table.add_column("result", overflow="fold")
         table.add_column("policy", overflow="fold")
         table.add_column("worker", overflow="fold")
+        table.add_column("after", overflow="fold")
         table.add_column("wait ms", justify="right", no_wrap=True)
         table.add_column("run ms", justify="right", no_wrap=True)
     else:  # narrow: the id on its own line, the tool and the worker under it
@@ -184,14 +190,19 @@ def print_timeline(console: Console, timeline: Timeline, width: int = BAR_WIDTH)
         table.add_column("call id / tool / worker", overflow="fold", width=min(max(id_chars, tool_chars, 23), room))
         table.add_column("result / policy", overflow="fold")
         table.add_column("ms", justify="right", no_wrap=True)
+    number = {r.call_id: r.index for r in timeline.rows}
     for row in timeline.rows:
         policy = row.verdict + (f"\n{row.decision}" if row.decision else "")
+        after = " ".join(f"#{number[c]}" if c in number else c for c in row.after)
         if wide:
-            cells = [Text(row.call_id), Text(row.tool), result_text(row), Text(policy), Text(row.worker or "")]
+            cells = [Text(row.call_id), Text(row.tool), result_text(row), Text(policy), Text(row.worker or ""),
+                     Text(after)]
         else:
             names = Text(row.call_id) + Text("\n" + row.tool, style="bold")
             if row.worker:
                 names += Text("\n" + row.worker, style="dim")
+            if after:
+                names += Text("\nafter " + after, style="dim")
             cells = [names, result_text(row) + Text("\n" + policy)]
         if wide:
             cells += [_ms(row.queued_ms), _ms(row.run_ms)]
