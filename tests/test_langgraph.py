@@ -22,7 +22,7 @@ from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
 from langgraph.prebuilt import tools_condition  # noqa: E402
 from langgraph.types import Command  # noqa: E402
 
-from toolfleet import Dispatcher, Policy  # noqa: E402
+from toolfleet import Dispatcher, Policy, ToolCall  # noqa: E402
 from toolfleet.audit import AuditLog  # noqa: E402
 from toolfleet.integrations.langgraph import FleetToolNode  # noqa: E402
 from toolfleet.keys import Keys  # noqa: E402
@@ -323,3 +323,43 @@ def test_a_last_message_that_is_not_an_ai_message_is_a_clear_error_and_no_calls_
             node.invoke({"messages": [HumanMessage("hi")]})
         assert node.invoke({"messages": [AIMessage(content="no tools")]}) == {"messages": []}
         assert node.invoke([AIMessage(content="no tools")]) == []
+
+
+def test_a_message_without_an_id_whose_call_ids_repeat_runs_its_own_calls(fleet, settings, workspace):
+    """Local OpenAI-compatible servers number call ids ``call_0``, ``call_1`` in every turn, and a state
+    without ``add_messages`` (or a direct invoke) leaves the AIMessage without an id: each batch is still
+    its own (the turn id is seeded with each call's name and arguments, and, without a message id, the
+    messages before it), and a recorded turn of other calls under the batch's id is never taken for it."""
+    (workspace / "README.md").write_text("the readme\n")
+    (workspace / "pkg").mkdir()
+    (workspace / "pkg" / "main.py").write_text("print(1)\n")
+    node = FleetToolNode(fleet, workspace=str(workspace), timeout_s=WAIT_S)
+    config = {"configurable": {"thread_id": "thread-7"}}
+    read = AIMessage(content="", tool_calls=[tc("call_0", "read_file", path="README.md")])
+    listing = AIMessage(content="", tool_calls=[tc("call_0", "list_dir", path="pkg")])
+    [first] = node.invoke({"messages": [read]}, config)["messages"]
+    [second] = node.invoke({"messages": [listing]}, config)["messages"]
+    assert "the readme" in first.content
+    assert "main.py" in second.content and "the readme" not in second.content  # list_dir ran: its own answer
+    assert second.artifact["turn_id"] != first.artifact["turn_id"]
+    # the same call after a write in the same thread: the messages before it differ, so it runs again
+    wrote = AIMessage(content="", tool_calls=[tc("call_0", "write_file", path="README.md", content="changed\n")])
+    history = [HumanMessage(content="read it"), read, first]
+    [done] = node.invoke({"messages": [*history, wrote]}, config)["messages"]
+    assert done.status == "success", done.content
+    [reread] = node.invoke({"messages": [*history, wrote, done, read]}, config)["messages"]
+    assert "changed" in reread.content and reread.artifact["turn_id"] != first.artifact["turn_id"]
+    # a genuine replay (same messages, same calls) still returns the recorded result, running nothing
+    replayed_ms = redis_now_ms(settings)
+    [again] = node.invoke({"messages": [listing]}, config)["messages"]
+    assert again.content == second.content and again.artifact["turn_id"] == second.artifact["turn_id"]
+    assert max(starts(settings, second.artifact["turn_id"])["call_0"]) < replayed_ms
+    # a turn recorded under this batch's id with other calls (e.g. left by an older seed) is not reused
+    other = AIMessage(content="", tool_calls=[tc("call_0", "read_file", path="pkg/main.py")])
+    state = {"messages": [other]}
+    parts = node._calls(state)
+    squatter = fleet.submit([ToolCall(id="call_0", name="list_dir", arguments={"path": "pkg"})],
+                            turn_id=node._batch_id(config, *parts, state), workspace=str(workspace))
+    squatter.results(WAIT_S)
+    [own] = node.invoke(state, config)["messages"]
+    assert "print(1)" in own.content and own.artifact["turn_id"] != squatter.turn_id

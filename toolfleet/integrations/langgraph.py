@@ -29,17 +29,22 @@ not mention stays pending and is asked about again (a second interrupt). An answ
 understood is a denial (fail closed), whose reason says so.
 
 **Resume never re-runs a call.** LangGraph re-executes an interrupted node from its start. The
-node's first turn id is derived from the thread id, the AIMessage's id and its call ids, so every
-run of the node finds its batch again: in the process that started it, the node takes its live turn
-back (nothing is submitted again; finished calls keep their results) and applies the answer by call
-id. In another process (a server whose resumes land anywhere), the node takes the turn over
-(:mod:`.takeover`): it cancels the old turn (atomically, calls not started get ``NOT_EXECUTED``,
-i.e. never ran), keeps every other result, and submits only the calls that never ran, with their call
-ids and model order, as a new turn, where the held ones are held again and answered by the same
-resume value. A batch whose calls all ran (a replayed checkpoint) returns the recorded results; calls
-that never ran (``NOT_EXECUTED``: e.g. the process holding the turn exited, and its exit hook
-cancelled it) are submitted again, as in a takeover. This holds while the ledger keeps the turn
-(``result_ttl_s``, a day by default).
+node's first turn id is derived from the thread id, the AIMessage's id and each call's id, name and
+arguments (canonical JSON), plus, for an AIMessage without an id, the messages before it, so every
+run of the node finds its batch again, and another batch (call ids such as ``call_0`` repeat across
+turns) never maps to it; a recorded turn whose calls are not this batch's (ids and names, what the
+ledger keeps) is never reused either: the batch then runs as a turn of its own. Without an AIMessage
+id and a thread id, two batches with the same calls and the same messages before them are the same
+batch (give the AIMessage an id, as ``add_messages`` does, or a thread id). In the process that
+started it, the node takes its live turn back (nothing is submitted again; finished calls keep their
+results) and applies the answer by call id. In another process (a server whose resumes land
+anywhere), the node takes the turn over (:mod:`.takeover`): it cancels the old turn (atomically,
+calls not started get ``NOT_EXECUTED``, i.e. never ran), keeps every other result, and submits only
+the calls that never ran, with their call ids and model order, as a new turn, where the held ones
+are held again and answered by the same resume value. A batch whose calls all ran (a replayed
+checkpoint) returns the recorded results; calls that never ran (``NOT_EXECUTED``: e.g. the process
+holding the turn exited, and its exit hook cancelled it) are submitted again, as in a takeover. This
+holds while the ledger keeps the turn (``result_ttl_s``, a day by default).
 
 The thread id is also the turn's ``session_id`` (loop detection across the turns of one
 conversation), unless ``session_id`` is given. Needs ``pip install 'toolfleet[langgraph]'``.
@@ -69,6 +74,7 @@ from ..aio import AsyncTurn, _in_thread
 from ..dispatcher.approvals import PendingCall
 from ..dispatcher.client import Dispatcher
 from ..dispatcher.turn import Turn
+from ..dispatcher.wire import clean_call
 from ..errors import BrokerUnavailable, NotPending, ToolfleetError
 from ..models import ErrorCode, ToolCall, ToolResult
 from . import takeover
@@ -135,7 +141,7 @@ class FleetToolNode(RunnableLambda):
         message, calls = self._calls(state)
         if not calls:
             return self._output(state, [])
-        batch = self._batch_id(config, message, calls)
+        batch = self._batch_id(config, message, calls, state)
         live = self._attach(batch, calls, config)
         if isinstance(live, list):  # ran before: its recorded results, nothing runs again
             return self._output(state, live)
@@ -160,7 +166,7 @@ class FleetToolNode(RunnableLambda):
         message, calls = self._calls(state)
         if not calls:
             return self._output(state, [])
-        batch = self._batch_id(config, message, calls)
+        batch = self._batch_id(config, message, calls, state)
         live = await _in_thread(lambda: self._attach(batch, calls, config), on_cancel=lambda: self._doom(batch))
         if isinstance(live, list):
             return self._output(state, live)
@@ -208,18 +214,25 @@ class FleetToolNode(RunnableLambda):
                                   arguments=bad.get("args") or "", index=len(calls)))
         return message, calls
 
-    def _batch_id(self, config: RunnableConfig, message: AIMessage | None, calls: list[ToolCall]) -> str:
+    def _batch_id(self, config: RunnableConfig, message: AIMessage | None, calls: list[ToolCall],
+                  state: Any = None) -> str:
         """The id of this batch, the same every time the node runs for it (also on resume): the
-        first turn's id."""
+        first turn's id. Seeded with the thread id, the AIMessage's id, each call's id, name and
+        canonical arguments, and (an AIMessage without an id) the messages before it: a batch that
+        differs in any of them gets another id."""
         thread = str((config.get("configurable") or {}).get("thread_id") or "")
-        seed = json.dumps([thread, getattr(message, "id", None) or "", [c.id for c in calls]])
+        message_id = getattr(message, "id", None) or ""
+        before = "" if message_id else _history_digest(_messages(state, self.messages_key)[:-1])
+        seed = json.dumps([thread, message_id, before, [[c.id, c.name, _canonical(c.arguments)] for c in calls]])
         return "lg-" + hashlib.sha256(seed.encode("utf-8", "backslashreplace")).hexdigest()[:32]
 
     def _attach(self, batch: str, calls: list[ToolCall], config: RunnableConfig
                 ) -> _Live | list[tuple[str, ToolResult]]:
         """The live turn of ``batch``: held by this node (an interrupted run), submitted now (first
         run), or taken over from the process that started it (:mod:`.takeover`); or, when every call
-        already has its result, those results."""
+        already has its result, those results. A recorded turn under the batch's id whose calls are
+        not this batch's (:func:`_same_calls`) is left alone: the batch runs under the next id of
+        its line (``<batch>-n1``, ``-n2``, ...), found again the same way on resume."""
         with self._lock:
             live = self._turns.get(batch)
         if live is not None:
@@ -227,21 +240,36 @@ class FleetToolNode(RunnableLambda):
                 return live
             with self._lock:  # another process took it over meanwhile: follow the chain
                 self._turns.pop(batch, None)
+        for n in range(_MAX_OTHERS + 1):
+            first = batch if n == 0 else f"{batch}-n{n}"
+            attached = self._attach_chain(batch, first, calls, config)
+            if attached is not None:
+                return attached
+        raise ToolfleetError(f"the tool calls of batch {batch} could not be attached to a turn (the ledger holds "
+                             f"{_MAX_OTHERS + 1} other batches under its ids)")
+
+    def _attach_chain(self, batch: str, first: str, calls: list[ToolCall], config: RunnableConfig
+                      ) -> _Live | list[tuple[str, ToolResult]] | None:
+        """:meth:`_attach` for the chain of turns that starts at ``first``; ``None`` when its first
+        turn recorded other calls than ``calls`` (another batch)."""
         ledger = self.dispatcher.ledger
         for _ in range(takeover.MAX_CHAIN):
-            tail, standing = takeover.follow(self.dispatcher, batch)
+            tail, standing = takeover.follow(self.dispatcher, first)
             try:
                 taken = ledger.calls(tail)
+                opened = taken if tail == first else ledger.calls(first)
                 recorded = ledger.results(tail) if taken else {}
             except redis.RedisError as exc:
                 raise BrokerUnavailable(self.dispatcher.settings.redis_url, str(exc)) from exc
+            if opened and not _same_calls(opened, calls):
+                return None  # not a replay: another batch's turn under this id
             if taken:
                 ran = {cid for cid, r in recorded.items() if r.code != ErrorCode.NOT_EXECUTED}
                 if all(c.id in standing or c.id in ran for c in calls):
                     return [standing.get(c.id) or (tail, recorded[c.id]) for c in calls]
                 # Live elsewhere, or over with calls that never ran (its process cancelled it on exit,
                 # or it was cancelled while held): the resume runs those, in a turn of its own.
-                successor = f"{batch}-{uuid.uuid4().hex[:8]}"
+                successor = f"{first}-{uuid.uuid4().hex[:8]}"
                 if not takeover.claim(self.dispatcher, tail, successor):
                     continue  # another process took it over first: follow the chain again
                 ended = takeover.end(self.dispatcher, tail, [c for c in calls if c.id in taken])
@@ -325,6 +353,41 @@ def to_tool_messages(results: Sequence[ToolResult], turn_ids: Sequence[str | Non
         out.append(ToolMessage(content=r.content, tool_call_id=r.call_id, name=r.name,
                                status="error" if r.status == "error" else "success", artifact=artifact))
     return out
+
+
+_MAX_OTHERS = 8  # other batches recorded under one batch id's line before the node gives up
+
+
+def _canonical(arguments: Any) -> str:
+    """A call's arguments as canonical JSON (keys sorted, no spaces): the same arguments, however
+    written, give the same text; arguments that are not JSON (an invalid call's text) as given."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            return arguments
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=lambda value: f"<{type(value).__name__}>")
+
+
+def _history_digest(messages: Sequence[Any]) -> str:
+    """A digest of the messages before the AIMessage (type, id, content, tool calls, tool call id
+    of each): the same state gives the same digest on every run of the node."""
+    digest = hashlib.sha256()
+    for m in messages:
+        part = [getattr(m, "type", type(m).__name__), getattr(m, "id", None), getattr(m, "content", None),
+                [[c.get("id"), c.get("name"), c.get("args")] for c in getattr(m, "tool_calls", None) or []],
+                getattr(m, "tool_call_id", None)]
+        digest.update(json.dumps(part, sort_keys=True, ensure_ascii=False,
+                                 default=lambda value: f"<{type(value).__name__}>").encode("utf-8", "backslashreplace"))
+        digest.update(b"\n")
+    return digest.hexdigest() if messages else ""
+
+
+def _same_calls(recorded: dict[str, str], calls: Sequence[ToolCall]) -> bool:
+    """Whether a turn's recorded calls (call id -> tool name, what the ledger keeps) are exactly
+    ``calls`` (the arguments are in the turn's id)."""
+    return recorded == {c.id: clean_call(c).name for c in calls}
 
 
 def _messages(state: Any, key: str) -> list[Any]:
