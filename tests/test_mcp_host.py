@@ -4,7 +4,10 @@ tools called through the fleet as ``NAME__tool``."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import time
 
 import pytest
 
@@ -99,3 +102,81 @@ def test_a_worker_whose_mcp_server_cannot_start_says_why(settings):
     )
     assert proc.returncode != 0
     assert "--mcp gone" in proc.stderr and "cannot start" in proc.stderr
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (gone, or a zombie waiting for its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def _wait_gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _gone(pid)
+
+
+def test_a_cancelled_hosted_call_stops_its_server_and_a_server_dies_with_its_pool_process(settings, start_worker,
+                                                                                          tmp_path):
+    """A sync MCP tool runs on in its server when only the request is cancelled: the cancel stops the
+    server before CANCELLED is answered, so its late write never lands; and a server blocked in a call
+    (it would not exit on the end of its input) dies with the pool process that hosts it."""
+    host = start_worker(concurrency=1, name="host", args=["--mcp", TINY])
+    with Dispatcher(settings, with_live_tools(make_registry(), settings)) as dispatcher:
+        [who] = dispatcher.run([call("who", "tiny__whoami")], timeout_s=90)
+        pid, parent = map(int, who.content.split())
+        target = tmp_path / "late.txt"
+        turn = dispatcher.submit([call("slow", "tiny__note", path=str(target), text="late", seconds=4)])
+        time.sleep(1.5)
+        turn.cancel("the test cancels it")
+        [cancelled] = turn.results(30)
+        assert cancelled.code == ErrorCode.CANCELLED, cancelled.content
+        assert _gone(pid), "CANCELLED was answered while the server still ran the call"
+        time.sleep(4)
+        assert not target.exists()  # the server's work did not go on after CANCELLED
+        assert "MCP server tiny was stopped" in cancelled.content
+        [again] = dispatcher.run([call("who2", "tiny__whoami")], timeout_s=90)  # started again
+        pid2, parent2 = map(int, again.content.split())
+        assert again.ok and pid2 != pid and parent2 == parent
+
+        blocked = dispatcher.submit([call("stuck", "tiny__note", path=str(target), text="never", seconds=600)])
+        time.sleep(1.5)
+        os.kill(parent2, signal.SIGKILL)  # the pool process dies at once: no exit hook runs
+        try:
+            assert _wait_gone(pid2, 10), f"the MCP server {pid2} outlived its pool process {parent2}"
+        finally:
+            blocked.cancel("the test is over")
+            if not _gone(pid2):
+                os.kill(pid2, signal.SIGKILL)  # the test's own leftover (the old code leaks it)
+    assert host.proc.poll() is None
+
+
+def test_a_hosted_call_past_its_bound_stops_the_server_and_an_unconfirmed_stop_is_outcome_unknown(tmp_path,
+                                                                                                 monkeypatch):
+    from toolfleet.errors import ToolFailure
+    from toolfleet.integrations import mcp_host
+
+    server = mcp_host.HostedServer("tiny", [sys.executable, str(ROOT / "tests" / "mcp_tiny_server.py")])
+    try:
+        assert server.call("add", {"a": 1, "b": 2}, 30).content[0].text == "3"
+        [first] = [t.get_pid() for t in server._loop.processes if t.get_returncode() is None]
+        target = tmp_path / "late.txt"
+        with pytest.raises(ToolFailure) as timed_out:
+            server.call("note", {"path": str(target), "text": "late", "seconds": 3}, 1.0)
+        assert timed_out.value.code == "TIMEOUT"
+        assert _gone(first)
+        time.sleep(3)
+        assert not target.exists()
+        assert server.call("add", {"a": 2, "b": 2}, 30).content[0].text == "4" and server.starts == 2
+
+        monkeypatch.setattr(mcp_host, "_group_alive", lambda pgid: True)  # a stop that cannot be confirmed
+        monkeypatch.setattr(mcp_host, "KILL_WAIT_S", 0.2)
+        with pytest.raises(ToolFailure) as unknown:
+            server.call("note", {"path": str(target), "text": "late", "seconds": 3}, 1.0)
+        assert unknown.value.code == "OUTCOME_UNKNOWN" and "unknown" in unknown.value.message
+    finally:
+        server.close()

@@ -13,26 +13,45 @@ it (a stdio session on a background event loop). Before each call it is pinged (
 :data:`PING_TIMEOUT_S`); a server that died is started again, so the call runs on a fresh copy. A server
 that dies *during* a call makes that call an ``EXECUTION_ERROR`` saying so (not re-run: its effect is
 unknown); the next call restarts it.
+
+A call that is cancelled (its turn), or reaches its time limit, while the server runs it stops the server:
+its process group gets SIGTERM, SIGKILL :data:`TERM_GRACE_S` later, and the answer (``CANCELLED``,
+``TIMEOUT``) is given only once the group is gone (an MCP server may act outside the sandbox, and a
+server's sync tool runs on when only the request is cancelled). A group still there
+:data:`KILL_WAIT_S` after the SIGKILL makes the call ``OUTCOME_UNKNOWN``. The next call starts the server
+again. On Linux a server is started with ``PR_SET_PDEATHSIG`` (SIGKILL): it dies with the pool process
+that hosts it, however that ends (a warm shutdown, SIGKILL, a crash), also when a call still blocks it
+and it would not exit on the end of its input. (The death signal reaches the server process only, not
+processes it started itself.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
+import ctypes
 import os
 import re
 import shlex
+import signal
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ..errors import ConfigurationError, ToolFailure
+from ..errors import CallCancelled, ConfigurationError, ToolFailure
+from ..tools.context import ToolContext
 from ..tools.registry import Registry
 from ..tools.spec import ToolSpec, tool_from_schema
 
 START_TIMEOUT_S = 30.0  # start + initialize + list tools of one server, at worker start
 PING_TIMEOUT_S = 5.0  # liveness check before each call
+TERM_GRACE_S = 0.1  # an interrupted call's server: between SIGTERM and SIGKILL of its process group (s)
+KILL_WAIT_S = 2.0  # after the SIGKILL: how long the group may take to be gone before the call is OUTCOME_UNKNOWN
+POLL_S = 0.02  # how often a call's wait looks at its cancel signal (s)
+_PR_SET_PDEATHSIG = 1
 SEPARATOR = "__"
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,40}$")
 
@@ -53,13 +72,70 @@ def parse_option(text: str) -> tuple[str, list[str]]:
     return name, argv
 
 
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` (Linux), loaded before any fork; ``None`` elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl()
+
+
+def _dying_with(parent: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when the thread that started it (the
+    server's event-loop thread, which lives as long as its pool process) ends; a child whose parent
+    is already gone kills itself."""
+    prctl = _PRCTL
+    if prctl is None:
+        return None
+
+    def die_with_parent() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent ended before the death signal was set
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return die_with_parent
+
+
+class _ServerLoop(asyncio.SelectorEventLoop):
+    """The event loop of a :class:`HostedServer`: it keeps the transports of the processes it
+    starts (the server's, started by the SDK's stdio client), and starts each so that it dies
+    with this process (:func:`_dying_with`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.processes: list[Any] = []  # subprocess transports, oldest first
+
+    async def subprocess_exec(self, protocol_factory: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("preexec_fn") is None:
+            kwargs["preexec_fn"] = _dying_with(os.getpid())
+        transport, protocol = await super().subprocess_exec(protocol_factory, *args, **kwargs)
+        self.processes = [t for t in self.processes if t.get_returncode() is None] + [transport]
+        return transport, protocol
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` has a member (an unreaped one included); only ESRCH says no."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 class HostedServer:
     """One MCP server process over stdio, driven from any thread through a private event loop."""
 
     def __init__(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
         self.name, self.argv, self.env = name, argv, dict(env or {})
         self.starts = 0
-        self._loop = asyncio.new_event_loop()
+        self._loop = _ServerLoop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name=f"mcp-{name}")
         self._thread.start()
         self._client: Any = None
@@ -74,6 +150,73 @@ class HostedServer:
         except BaseException:  # a time limit or signal in the calling thread: stop the coroutine too
             future.cancel()
             raise
+
+    def call(self, tool: str, arguments: Mapping[str, Any], timeout_s: float, ctx: ToolContext | None = None) -> Any:
+        """Call the MCP tool ``tool`` and return its MCP result, waiting at most ``timeout_s`` seconds.
+
+        Interrupted while the server runs it (``ctx`` cancelled, a signal's exception in this thread:
+        the soft time limit, the cancel watcher's :class:`~toolfleet.errors.CallCancelled`; or
+        ``timeout_s`` over), the server process is stopped (:meth:`stop_processes`) before this
+        answers: :class:`~toolfleet.errors.CallCancelled` for a cancel, the signal's exception as it
+        came, :class:`ToolFailure` ``TIMEOUT`` for ``timeout_s``; the next call starts the server
+        again. When the process cannot be confirmed gone, :class:`ToolFailure` ``OUTCOME_UNKNOWN``
+        (for a shutdown's ``SystemExit``/``KeyboardInterrupt``: that exception). Raises
+        :class:`ToolFailure` ``EXECUTION_ERROR`` when the session fails during the call."""
+        future = asyncio.run_coroutine_threadsafe(self.call_tool(tool, arguments), self._loop)
+        deadline = time.monotonic() + timeout_s
+        interrupted: BaseException | None = None
+        try:
+            while interrupted is None:
+                try:
+                    return future.result(POLL_S)
+                except concurrent.futures.TimeoutError:
+                    if future.done():
+                        raise  # the call's own outcome
+                if ctx is not None and ctx.cancelled.is_set():
+                    interrupted = CallCancelled(ctx.cancel_reason or "the turn was cancelled")
+                elif time.monotonic() >= deadline:
+                    interrupted = ToolFailure(f"MCP server {self.name}: no answer within {timeout_s:g} s",
+                                              "ask for less work per call", code="TIMEOUT")
+        except BaseException as exc:
+            if future.done() and not future.cancelled():
+                raise
+            interrupted = exc
+        future.cancel()
+        if not self.stop_processes():
+            if not isinstance(interrupted, CallCancelled | Exception):
+                raise interrupted
+            raise ToolFailure(
+                f"MCP server {self.name}: the call was interrupted ({type(interrupted).__name__}: {interrupted}) "
+                f"while the server ran it, and its process did not end within {KILL_WAIT_S:g} s of SIGKILL; "
+                "whether the call took effect, or still will, is unknown",
+                "check the real state before repeating it", code="OUTCOME_UNKNOWN") from None
+        asyncio.run_coroutine_threadsafe(self._reset(), self._loop)  # the next call starts it again
+        if isinstance(interrupted, CallCancelled):
+            raise CallCancelled(f"{interrupted}; the MCP server {self.name} was stopped (its process ended) and "
+                                "is started again for the next call", output=interrupted.output) from None
+        raise interrupted
+
+    def stop_processes(self) -> bool:
+        """Stop this server's processes still running (each one's process group): SIGTERM, then
+        SIGKILL :data:`TERM_GRACE_S` later. Returns whether every group is gone (waited for up to
+        :data:`KILL_WAIT_S` after the SIGKILL). Safe from any thread."""
+        groups = [t.get_pid() for t in list(self._loop.processes) if t.get_returncode() is None]
+        for sig, wait_s in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, KILL_WAIT_S)):
+            for pgid in groups:
+                try:
+                    os.killpg(pgid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            until = time.monotonic() + wait_s
+            while (groups := [g for g in groups if _group_alive(g)]) and time.monotonic() < until:
+                time.sleep(0.01)
+            if not groups:
+                return True
+        return False
+
+    async def _reset(self) -> None:
+        async with self._lock:
+            await self._close()
 
     async def _open(self) -> None:
         from mcp import Client, StdioServerParameters
@@ -187,9 +330,9 @@ def spec_for(server: str, argv: list[str], tool: Any, timeout_s: float = 60.0) -
     idempotent = read or bool(annotations and getattr(annotations, "idempotent_hint", None))
     mcp_name = tool.name
 
-    def handler(**arguments: Any) -> Any:
+    def handler(_toolfleet_ctx: ToolContext, **arguments: Any) -> Any:
         host = hosted(server, argv)
-        return _content(host.run(host.call_tool(mcp_name, arguments), timeout_s + PING_TIMEOUT_S + START_TIMEOUT_S))
+        return _content(host.call(mcp_name, arguments, timeout_s + PING_TIMEOUT_S + START_TIMEOUT_S, _toolfleet_ctx))
 
     return tool_from_schema(f"{server}{SEPARATOR}{mcp_name}", tool.input_schema or {"type": "object"},
                             description=tool.description or "", handler=handler,
