@@ -13,10 +13,11 @@ import time
 import pytest
 
 from toolfleet import ErrorCode
-from toolfleet.dispatcher.locks import ResourceLocks, lock_names
+from toolfleet.dispatcher.locks import LAPSED, ResourceLocks, lease_s, lock_names
+from toolfleet.dispatcher.submit import SOFT_LIMIT_MARGIN_S
 
 from .conftest import ROOT
-from .faults import call
+from .faults import call, wait_started
 
 WRITES_PER_TURN = 50
 
@@ -60,21 +61,56 @@ def test_two_processes_writing_the_same_file_do_not_interleave(settings, start_w
 
 @pytest.fixture
 def settings(settings):
-    return settings.model_copy(update={"lock_lease_s": 2.0})
+    return settings.model_copy(update={"lock_lease_s": 2.0, "turn_lease_s": 3.0})
+
+
+def append_hard_s(settings) -> float:
+    """The hard time limit of an ``append_line`` call (its 10 s limit + margin + kill grace)."""
+    return 10 + SOFT_LIMIT_MARGIN_S + settings.kill_grace_s
 
 
 def test_dead_holder_does_not_block_forever(settings, start_worker, dispatcher, workspace):
+    """A dead holder's locks lapse, but not before a write it sent can no longer act: its in-flight
+    write lands first (it used to land after the next turn's, the lock gone after lock_lease_s)."""
     start_worker(concurrency=2)
-    holder = spawn_turn(settings, workspace, [call("h1", "wait_write", label="x", seconds=30)])
+    holder = spawn_turn(settings, workspace, [call("h1", "append_line", path="order.txt", line="old", seconds=4)])
     line = holder.stdout.readline()
     assert line.startswith("started")
+    wait_started(dispatcher, line.split()[1], "h1")
     os.killpg(holder.pid, signal.SIGKILL)  # the holding dispatcher dies; its lease is not renewed
     holder.wait()
     began = time.monotonic()
-    result = dispatcher.run([call("w1", "wait_write", label="x")], workspace=str(workspace), timeout_s=60)[0]
+    result = dispatcher.run([call("w1", "append_line", path="order.txt", line="new")], workspace=str(workspace),
+                            timeout_s=60)[0]
     assert result.ok, result.content
-    assert time.monotonic() - began < settings.lock_lease_s + 5
-    dispatcher.cancel(line.split()[1])  # stop the orphaned call, so the worker shuts down at once
+    assert (workspace / "order.txt").read_text().splitlines() == ["old", "new"]
+    assert time.monotonic() - began < lease_s(settings, append_hard_s(settings)) + 5
+
+
+def test_a_paused_holder_writes_nothing_after_another_turn_took_its_lapsed_locks(settings, start_worker,
+                                                                                  dispatcher, workspace):
+    """Frozen is not dead: a dispatcher paused (SIGSTOP) past its locks' lease, whose locks another
+    turn then took and used, must not go on writing when it resumes; its next write is answered
+    NOT_EXECUTED (it used to run: the file read A1, B1, A2, every call ok). A helper's find."""
+    start_worker(concurrency=2)
+    holder = spawn_turn(settings, workspace, [call("a1", "append_line", path="order.txt", line="A1", seconds=1),
+                                              call("a2", "append_line", path="order.txt", line="A2")])
+    line = holder.stdout.readline()
+    assert line.startswith("started")
+    wait_started(dispatcher, line.split()[1], "a1")
+    os.killpg(holder.pid, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        [b1] = dispatcher.run([call("b1", "append_line", path="order.txt", line="B1")], workspace=str(workspace),
+                              timeout_s=120)
+        assert b1.ok, b1.content
+        assert time.monotonic() - began >= lease_s(settings, append_hard_s(settings)) - 1
+    finally:
+        os.killpg(holder.pid, signal.SIGCONT)
+    a1, a2 = finish(holder)["results"]
+    assert a1["status"] == "ok"
+    assert a2["error"]["code"] == "NOT_EXECUTED" and "lost its locks" in a2["content"], a2
+    assert (workspace / "order.txt").read_text().splitlines() == ["A1", "B1"]
 
 
 def test_waiting_too_long_for_a_lock_gives_tool_unavailable(settings, start_worker, dispatcher, workspace):
@@ -105,3 +141,19 @@ def test_lock_conflicts_follow_the_planner_rule(settings):
     assert locks.acquire("A", lock_names("/ws", ["fs:notes"])) is None  # re-entrant: renews
     assert locks.release("A") == 1
     assert locks.acquire("C", lock_names("/ws", ["*"])) == "B"
+
+
+def test_a_holder_whose_lapsed_lock_another_turn_removed_is_told_so(settings):
+    from toolfleet.redis_client import connect
+
+    client = connect(settings.ledger)
+    locks = ResourceLocks(settings, client)
+    assert locks.acquire("A", lock_names("/ws", ["fs:a"]), lease_s=0.05) is None
+    assert locks.acquire("A", lock_names("/ws", ["fs:a"])) is None  # its own: renewed, lapsed or not
+    client.hset(locks.key, "/ws\nfs:a", "A 1")  # lapsed long ago
+    assert locks.acquire("B", lock_names("/ws", ["fs:a"])) is None
+    assert locks.acquire("A", lock_names("/ws", ["fs:a"])) == LAPSED + "B"  # never again
+    assert locks.release("B") == 1
+    assert locks.acquire("A", lock_names("/ws", ["fs:zzz"])) == LAPSED + "B"
+    locks.release("A")  # its turn ends: the mark goes with it
+    assert locks.acquire("A", lock_names("/ws", ["fs:a"])) is None

@@ -98,15 +98,19 @@ def structured(n: int) -> dict:
 
 
 @tool(access="write", resources=lambda a: [path_resource(a["path"])], timeout_s=10)
-def append_line(ctx: ToolContext, path: str, line: str) -> str:
+def append_line(ctx: ToolContext, path: str, line: str, seconds: float = 0.0) -> str:
     """Append one line to a workspace file (read-modify-write, to expose interleaving).
 
     Args:
         path: File path relative to the workspace.
         line: The line to append.
+        seconds: How long to wait (cooperatively) first.
     """
     from toolfleet.tools.workspace import resolve_path
 
+    if seconds:
+        ctx.cancelled.wait(seconds)
+        ctx.check_cancelled()
     target = resolve_path(ctx, path)
     before = target.read_text() if target.exists() else ""
     time.sleep(0.01)

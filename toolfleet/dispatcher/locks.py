@@ -11,7 +11,13 @@ planner's rule (:func:`toolfleet.tools.overlaps`: by path prefix, ``*`` is every
 workspace. Paths are canonical (links resolved beneath the workspace, see
 :mod:`toolfleet.tools.resources`), so two spellings of one file take one lock.
 Each lock has a lease on the Redis clock, renewed by the holding dispatcher while its
-turn runs; a dead holder's locks lapse after one lease.
+turn runs; a dead holder's locks lapse after one lease. The lease is long enough that a holder
+frozen (not dead) cannot lose its locks while a write it sent may still act: ``lock_lease_s`` +
+``turn_lease_s`` (after which workers refuse the turn's calls) + the longest hard time limit of its
+writes + ``clock_skew_margin_s`` (:func:`lease_s`). A holder whose lease lapsed and whose lock
+another turn then removed is *lapsed*: its next acquire is refused with the name of that turn
+(``LAPSED`` prefix), so it never takes the lock again and sends no more writes (they would
+interleave with the other turn's).
 
 A turn whose dispatcher answered a call that may still act (its worker went silent, or a cancel it
 could not confirm: ``WORKER_LOST``, ``OUTCOME_UNKNOWN``) is *held* (:meth:`ResourceLocks.hold`)
@@ -32,7 +38,10 @@ from ..redis_client import translated
 from ..settings import Settings
 
 _ACQUIRE = """
--- KEYS: locks ; ARGV: owner, lease_ms, name...   (name = workspace .. '\\n' .. resource)
+-- KEYS: locks, lapsed ; ARGV: owner, lease_ms, name...   (name = workspace .. '\\n' .. resource)
+-- lapsed: owner -> the owner that removed its expired lock (a holder whose lease lapsed is told so)
+local gone = redis.call('HGET', KEYS[2], ARGV[1])
+if gone then return '!' .. gone end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function split(s)
@@ -62,6 +71,10 @@ for i = 1, #held, 2 do
   local owner, until_ms = string.sub(val, 1, sp - 1), tonumber(string.sub(val, sp + 1))
   if until_ms <= now then
     redis.call('HDEL', KEYS[1], name)
+    if owner ~= ARGV[1] then
+      redis.call('HSET', KEYS[2], owner, ARGV[1])
+      redis.call('PEXPIRE', KEYS[2], 86400000)
+    end
   elseif owner ~= ARGV[1] then
     for j = 3, #ARGV do
       if overlap(name, ARGV[j]) then return owner end
@@ -76,7 +89,7 @@ return ''
 """
 
 _RELEASE = """
--- KEYS: locks, holds ; ARGV: owner
+-- KEYS: locks, holds, lapsed ; ARGV: owner
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local hold = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
@@ -97,6 +110,7 @@ if hold > now then
 else
   redis.call('HDEL', KEYS[2], ARGV[1])
 end
+redis.call('HDEL', KEYS[3], ARGV[1])
 return n
 """
 
@@ -133,6 +147,18 @@ def canonical_workspace(workspace: str | None) -> str:
         return workspace
 
 
+LAPSED = "!"  # acquire's answer to an owner whose lapsed lock another turn removed: "!" + that turn
+
+
+def lease_s(settings: Settings, write_hard_s: float) -> float:
+    """The lease (s) of a turn's locks whose writes have hard time limits up to ``write_hard_s``:
+    ``lock_lease_s`` + ``turn_lease_s`` + ``write_hard_s`` + ``clock_skew_margin_s``. A holder that
+    froze right after a renewal kept its turn's lease up to ``turn_lease_s`` longer (workers claim
+    its calls until then), and a call claimed then may act until its hard limit: the locks outlive
+    every effect of a holder that stopped renewing them."""
+    return settings.lock_lease_s + settings.turn_lease_s + write_hard_s + settings.clock_skew_margin_s
+
+
 class ResourceLocks:
     """Lock table of one namespace (thread-safe: redis-py pools its connections)."""
 
@@ -143,20 +169,24 @@ class ResourceLocks:
         self._release = client.register_script(_RELEASE)
         self._hold = client.register_script(_HOLD)
         self.holds_key = f"{self.key}:hold"
+        self.lapsed_key = f"{self.key}:lapsed"
 
     @property
     def lease_ms(self) -> int:
         return int(self.settings.lock_lease_s * 1000)
 
-    def acquire(self, owner: str, names: Iterable[str]) -> str | None:
-        """Take every lock in ``names`` for ``owner``, or none. Returns ``None`` on success, else
-        the owner holding a conflicting lock. Taking them again renews the lease (and restores
-        locks Redis lost). Raises :class:`~toolfleet.errors.BrokerUnavailable` if Redis is away."""
+    def acquire(self, owner: str, names: Iterable[str], lease_s: float | None = None) -> str | None:
+        """Take every lock in ``names`` for ``owner``, or none, for ``lease_s`` seconds (Redis
+        clock; default ``lock_lease_s``). Returns ``None`` on success, else the owner holding a
+        conflicting lock, or :data:`LAPSED` + the turn that removed ``owner``'s lapsed lock (then
+        nothing is taken, now or later). Taking them again renews the lease (and restores locks
+        Redis lost). Raises :class:`~toolfleet.errors.BrokerUnavailable` if Redis is away."""
         names = sorted(names)
         if not names:
             return None
+        lease_ms = self.lease_ms if lease_s is None else max(int(lease_s * 1000), 1)
         with translated(self.settings.redis_url):
-            holder = self._acquire(keys=[self.key], args=[owner, self.lease_ms, *names])
+            holder = self._acquire(keys=[self.key, self.lapsed_key], args=[owner, lease_ms, *names])
         holder = holder.decode() if isinstance(holder, bytes) else str(holder or "")
         return holder or None
 
@@ -164,7 +194,7 @@ class ResourceLocks:
         """Drop every lock ``owner`` holds; returns how many. Locks under a :meth:`hold` stay until
         the hold ends (their lease is set to it)."""
         with translated(self.settings.redis_url):
-            return int(self._release(keys=[self.key, self.holds_key], args=[owner]))
+            return int(self._release(keys=[self.key, self.holds_key, self.lapsed_key], args=[owner]))
 
     def hold(self, owner: str, seconds: float) -> None:
         """Keep ``owner``'s locks at least ``seconds`` from now (Redis clock), even past their

@@ -50,7 +50,7 @@ from ..tools.state import session_resources
 from .adapters.base import results_for
 from .plan import Plan, PlanItem, Planner
 from .sending import Sender
-from .submit import Submitter
+from .submit import SOFT_LIMIT_MARGIN_S, Submitter
 from .turn_approvals import TurnApprovals
 from .turn_driver import _WAKE, TurnDriver
 from .watchdog import Watchdog
@@ -243,7 +243,8 @@ class Turn(TurnApprovals, TurnDriver):
                                 resolve(spec.resources, arguments, self._workspace)
                                 | session_resources(spec, self._session_id))
                 if item.access == "write":
-                    self._sender.note_writes(item.resources)
+                    self._sender.note_writes(item.resources, spec.time_limit_s(arguments) + SOFT_LIMIT_MARGIN_S
+                                             + self._settings.kill_grace_s)
                 with self._lock:
                     self._runnable[call.id] = Runnable(spec, arguments)
                     deps = planned[call.id] = self._planner.add(item)

@@ -74,6 +74,9 @@ class TurnDriver:
                     if trouble_since is not None or self._sender.redis_lost_the_turn():
                         self._sender.reconcile()
                     if time.monotonic() - lease_renewed_at >= self._settings.turn_lease_s / 6:
+                        # locks first: a turn that lost them (paused past their lease) answers its
+                        # writes not started before its renewed lease lets a worker claim one
+                        self._sender.renew_locks()
                         self._ledger.renew_lease(self.turn_id)
                         lease_renewed_at = self._ttl_set_at = time.monotonic()
                     self._sender.pump()
