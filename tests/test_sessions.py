@@ -224,7 +224,7 @@ def test_builtins_left_out_or_replaced_explicitly() -> None:
     replaced = default_registry(["tests.tools_user_grep"], replace=["grep"])
     assert replaced.get("grep").handler(pattern="x") == "user grep: x" and "read_file" in replaced
     bare = default_registry(["tests.tools_user_grep", "tests.tools_for_sessions"], builtins=False)
-    assert sorted(bare.names()) == ["bump", "crash_bump", "grep", "slow_bump", "whoami"]
+    assert sorted(bare.names()) == ["bump", "crash_bump", "grep", "meter_add", "meter_get", "slow_bump", "whoami"]
     with pytest.raises(ConfigurationError, match="no tool module"):
         default_registry(["examples.vfs"], replace=["read_file"])
     assert bare.get("whoami").context_param == "ctx"

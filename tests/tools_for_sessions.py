@@ -1,10 +1,12 @@
-"""Tools for tests/test_sessions.py: a tool_from_schema
-handler taking ctx, and a function tool with a declared session state and its own formatter."""
+"""Tools for tests/test_sessions.py and tests/test_session_state_json.py: a tool_from_schema
+handler taking ctx, a function tool with a declared session state and its own formatter, and a
+second state (a float meter) for sessions with two states."""
 
 from __future__ import annotations
 
 import os
 import signal
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
@@ -59,3 +61,30 @@ def slow_bump(ctx: ToolContext) -> str:
     ctx.cancelled.wait(30)
     ctx.check_cancelled()
     return "not cancelled"
+
+
+@dataclass
+class Meter:
+    total: float = 0.0
+    log: list[str] = field(default_factory=list)
+
+
+METER = SessionState("meter", Meter)
+
+
+@tool(state=METER, resources=(), loop_check=False)
+def meter_add(ctx: ToolContext, x: str) -> str:
+    """Add float(x) to the session's meter.
+
+    Args:
+        x: a number as text ("nan" and "inf" too).
+    """
+    ctx.session.total += float(x)
+    ctx.session.log.append(x)
+    return repr(ctx.session.total)
+
+
+@tool(state=METER, access="read", resources=(), loop_check=False)
+def meter_get(ctx: ToolContext) -> str:
+    """The session's meter as text: its total (repr) and log."""
+    return f"{ctx.session.total!r} {ctx.session.log}"

@@ -11,10 +11,15 @@ Declare it with :class:`SessionState` (a name and a type) on ``@tool(state=...)`
   caller, :meth:`Dispatcher.open_session`) and the worker's save after a *write* call.
 - **JSON, never pickle** (docs/design.md, "Not negotiable"): the state is dumped and validated by a
   pydantic ``TypeAdapter`` of the declared type (pydantic models, dataclasses, TypedDicts, dicts,
-  lists, sets, tuples, datetimes, ... round-trip). A random generator is kept as
-  :data:`JsonRandom` (``random.Random.getstate()`` as JSON lists). Loading validates against the
-  declared type, so a value that is not a valid state is refused, and no loaded value runs code.
-  Cyclic object graphs are not supported (keep ids instead of references).
+  lists, sets, tuples, datetimes, ... round-trip; NaN and infinities as the constants ``NaN``,
+  ``Infinity``). A random generator is kept as :data:`JsonRandom` (``random.Random.getstate()``
+  as JSON lists). Loading validates against the declared type, so a value that is not a valid
+  state is refused, and no loaded value runs code. Cyclic object graphs are not supported (keep
+  ids instead of references).
+- **Never stored unless it loads back**: before storing, the JSON is validated back and compared
+  with the value (:mod:`toolfleet.tools.state_json`); a value that would not load, or would load
+  as something else (a set in an untyped field comes back a list), fails the call (or the open)
+  with ``EXECUTION_ERROR`` naming the path, and the previous state is kept.
 - **Size limit**: ``max_bytes`` of JSON (default 256 KiB); a write call that grows the state past
   it keeps nothing and fails with ``EXECUTION_ERROR`` saying the size.
 - **Versioned saves**: a save is a compare-and-set on the version it loaded (one Lua script), so a
@@ -45,6 +50,7 @@ from pydantic import PlainSerializer, PlainValidator, TypeAdapter
 
 from ..errors import BrokerUnavailable, ToolFailure, ToolfleetError
 from ..keys import Keys
+from .state_json import difference, json_writer, to_json, validation_text
 
 DEFAULT_MAX_BYTES = 256 * 1024
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
@@ -83,6 +89,7 @@ class SessionState:
     default: Any = None
     max_bytes: int = DEFAULT_MAX_BYTES
     adapter: TypeAdapter = field(init=False, repr=False, compare=False)  # type: ignore[type-arg]
+    writer: TypeAdapter | None = field(init=False, repr=False, compare=False)  # type: ignore[type-arg]
 
     def __post_init__(self) -> None:
         from ..errors import ConfigurationError
@@ -93,22 +100,34 @@ class SessionState:
             object.__setattr__(self, "adapter", TypeAdapter(self.type))
         except Exception as exc:
             raise ConfigurationError(f"session state {self.name}: {self.type!r} has no JSON form: {exc}") from exc
+        object.__setattr__(self, "writer", json_writer(self.type))
 
     def initial(self) -> Any:
         """A fresh state: ``default()`` or ``type()``."""
         return (self.default or self.type)()
 
     def dump(self, value: Any) -> bytes:
-        """The JSON of ``value``. Raises :class:`ToolFailure` when it cannot be dumped or is too big."""
+        """The JSON of ``value`` (bytes; NaN and infinities as ``NaN``/``Infinity``), checked to load
+        back as ``value`` (:mod:`toolfleet.tools.state_json`). Raises :class:`ToolFailure` when it
+        cannot be dumped, is over ``max_bytes``, or would not load back as it is (nothing is stored)."""
         try:
-            raw = self.adapter.dump_json(value)
+            raw = to_json(self.adapter, self.writer, value)
         except Exception as exc:
-            raise ToolFailure(f"the session state {self.name!r} cannot be stored as JSON: {exc}",
-                              "keep the state to JSON-able fields (see toolfleet.tools.state)") from exc
+            raise ToolFailure(f"the session state {self.name!r} cannot be stored as JSON: {validation_text(exc)}; "
+                              "it was not stored", "keep the state to JSON-able fields (see toolfleet.tools.state)"
+                              ) from exc
         if len(raw) > self.max_bytes:
             raise ToolFailure(
                 f"the session state {self.name!r} grew to {len(raw)} bytes, over its limit of {self.max_bytes}; "
                 "the changes of this call were not kept", "make the state smaller (delete what is not needed)")
+        try:
+            problem = difference(value, self.adapter.validate_json(raw))
+        except Exception as exc:
+            problem = f"its JSON does not validate as {self.type!r}: {validation_text(exc)}"
+        if problem:
+            raise ToolFailure(f"the session state {self.name!r} would not load back as it is ({problem}); it was "
+                              "not stored, the state stays as before",
+                              "give the field a type that round-trips through JSON (a set[...], a datetime, ...)")
         return raw
 
     def load(self, raw: bytes | str) -> Any:
