@@ -4,6 +4,10 @@ A tester's find: a NaN in a float field was saved as JSON null, and every later 
 failed ("not a valid ..."): the state was lost. Now NaN and the infinities round-trip, and a value
 whose JSON form would not load back (or would load back as something else) is refused at the save,
 the previous state kept: the properties below hold for any value of the state types tried.
+
+Second find: in a session with two states, writing one let the other's key expire on its own, and
+the next call got a fresh default while the session was open. Now a save renews every key of the
+session, and a state the session lists whose key is gone is "not open ... expired", never a default.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import datetime
 import json
 import math
 import random
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
@@ -28,7 +33,7 @@ from toolfleet.errors import ToolFailure
 from toolfleet.keys import Keys
 from toolfleet.tools.state import JsonRandom, SessionState, SessionStore
 
-from .tools_for_sessions import METER, Meter
+from .tools_for_sessions import COUNTER, METER, Counter, Meter
 
 # ---- state types: ones that always round-trip, and the siblings of the NaN case ----
 
@@ -181,7 +186,7 @@ def test_the_refusal_says_where_and_why(value: Any, reason: str) -> None:
     assert reason in caught.value.message, caught.value.message
 
 
-# ---- the store: a refused save keeps the previous state ----
+# ---- the store: a refused save keeps the previous state; every key of a session lives as long ----
 
 
 @pytest.fixture
@@ -208,6 +213,36 @@ def test_a_save_that_would_not_load_back_keeps_the_previous_state(store: Session
     store.close("keep")
 
 
+def test_saving_one_state_renews_every_key_of_the_session(store: SessionStore) -> None:
+    """ttl_s=2: the counter is saved every 0.4 s for 3.2 s; the meter, never written, is still what
+    the session was opened with (it used to expire and load as a fresh Meter at version 0)."""
+    store.open("two", {COUNTER: Counter(count=100), METER: Meter(total=5.0, log=["opened"])}, ttl_s=2)
+    for _ in range(8):
+        loaded = store.load(COUNTER, "two")
+        loaded.value.count += 1
+        store.save(COUNTER, "two", loaded, loaded.value)
+        time.sleep(0.4)
+    meter = store.load(METER, "two")
+    assert (meter.version, meter.value) == (1, Meter(total=5.0, log=["opened"]))
+    assert store.sessions()[0]["states"]["meter"]["version"] == 1
+    time.sleep(2.5)  # no save: the whole session expires, every key of it
+    with pytest.raises(ToolFailure, match="not open"):
+        store.load(METER, "two")
+    assert not store.redis.exists(store.state_key("two", "meter"), store.state_key("two", "counter"))
+
+
+def test_a_listed_state_whose_key_is_gone_is_not_loaded_as_a_default(store: SessionStore) -> None:
+    store.open("gone", {COUNTER: None, METER: Meter(total=2.0)}, ttl_s=60)
+    store.redis.delete(store.state_key("gone", "meter"))  # as if it had expired on its own
+    with pytest.raises(ToolFailure, match="not open.*'meter' expired"):
+        store.load(METER, "gone")
+    assert store.load(COUNTER, "gone").version == 1  # the other state is untouched
+    store.close("gone")
+    store.open("late", {COUNTER: None}, ttl_s=60)  # a state the session was opened without: its default
+    assert store.load(METER, "late").version == 0
+    store.close("late")
+
+
 # ---- through real workers ----
 
 
@@ -227,4 +262,23 @@ def test_nan_through_a_worker(settings: Settings, start_worker) -> None:
         assert run("c", "meter_add", {"x": "-inf"}).content == "nan"
         got = run("d", "meter_get", {})
         assert got.ok and got.content == "nan ['nan', '-inf']", got.content
+        d.close_session(sid)
+
+
+def test_a_second_state_outlives_writes_to_the_first_through_a_worker(settings: Settings, start_worker) -> None:
+    """ttl_s=3 and 4 s of writes to the counter only: the meter used to expire and load as a fresh
+    Meter (0.0) while the session was open."""
+    start_worker(args=["--tools", "tests.tools_for_sessions"])
+    with Dispatcher(settings, default_registry(["tests.tools_for_sessions"])) as d:
+        sid = d.open_session(state={"meter": {"total": 5.0, "log": ["opened"]}, "counter": {"count": 100}}, ttl_s=3)
+
+        def run(turn: str, name: str, args: dict) -> Any:
+            call = ToolCall(id=f"{turn}c", name=name, arguments=json.dumps(args), index=0)
+            return d.submit([call], session_id=sid).results(timeout_s=90)[0]
+
+        for i in range(8):
+            assert run(f"b{i}", "bump", {}).content == f"count={101 + i}"
+            time.sleep(0.5)
+        got = run("m", "meter_get", {})
+        assert got.ok and got.content == "5.0 ['opened']", got.content
         d.close_session(sid)

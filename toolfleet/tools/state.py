@@ -32,9 +32,10 @@ Declare it with :class:`SessionState` (a name and a type) on ``@tool(state=...)`
   when the worker was killed under it or the execution no longer holds its call
   (``ctx.check_fence()``: stale, or its turn cancelled); then the state stays as before the call.
 - **Lifetime**: every key of a session expires ``ttl_s`` after it was opened or last saved (sliding; default
-  the settings' ``result_ttl_s``); :meth:`SessionStore.close` deletes them at once. A call on a
-  session that is not open (never opened, closed or expired) fails with ``EXECUTION_ERROR``
-  before the handler runs.
+  the settings' ``result_ttl_s``): a save of one state renews the keys of all the session's states,
+  so they expire together; :meth:`SessionStore.close` deletes them at once. A call on a session
+  that is not open (never opened, closed or expired, also a listed state whose key is gone) fails
+  with ``EXECUTION_ERROR`` before the handler runs, never with a fresh default.
 """
 
 from __future__ import annotations
@@ -171,8 +172,9 @@ def loop_epochs(store: SessionStore | None, session_id: str | None, calls: list[
 
 
 _SAVE = """
--- KEYS: state, meta ; ARGV: expected version, data, default ttl_s, now, state name ;
--- -1 session gone, -2 stale, else the new version
+-- KEYS: state, meta ; ARGV: expected version, data, default ttl_s, now, state name, state key prefix ;
+-- -1 session gone, -2 stale, else the new version. Every key of the session is renewed: the other
+-- states' keys are the prefix + a listed name (same {id} hash tag as KEYS, so the same cluster slot).
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
 local v = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
 if v ~= tonumber(ARGV[1]) then return -2 end
@@ -181,14 +183,30 @@ local ttl = tonumber(redis.call('HGET', KEYS[2], 'ttl_s') or ARGV[3])
 redis.call('EXPIRE', KEYS[1], ttl)
 redis.call('EXPIRE', KEYS[2], ttl)
 redis.call('HSET', KEYS[2], 'touched_at', ARGV[4])
-if v == 0 then  -- a state the session was opened without: list it, so close() finds it
-  local names = cjson.decode(redis.call('HGET', KEYS[2], 'states') or '[]')
-  if type(names) ~= 'table' then names = {} end
+local ok, names = pcall(cjson.decode, redis.call('HGET', KEYS[2], 'states') or '[]')
+if not ok or type(names) ~= 'table' then names = {} end
+local listed = false
+for _, name in ipairs(names) do
+  if name == ARGV[5] then listed = true
+  elseif type(name) == 'string' and name ~= '' then redis.call('EXPIRE', ARGV[6] .. name, ttl) end
+end
+if not listed then  -- a state the session was opened without: list it, so close() finds it
   names[#names + 1] = ARGV[5]
   redis.call('HSET', KEYS[2], 'states', cjson.encode(names))
 end
 return v + 1
 """
+
+
+def _listed(raw: bytes | str | None) -> list[str]:
+    """The state names of a session record's ``states`` (JSON list); unreadable entries skipped."""
+    try:
+        names = json.loads(raw) if raw else []
+    except ValueError:
+        return []
+    if not isinstance(names, list):
+        return []
+    return [n for n in names if isinstance(n, str) and n and set(n) <= _NAME_CHARS]
 
 
 @dataclass
@@ -269,12 +287,7 @@ class SessionStore:
 
     def _state_names(self, session_id: str) -> list[str]:
         """The states the session record lists (no key scan: ids may hold any character)."""
-        raw = self.redis.hget(self.meta_key(session_id), "states")
-        try:
-            names = json.loads(raw) if raw else []
-        except ValueError:
-            return []
-        return [n for n in names if isinstance(n, str) and n and set(n) <= _NAME_CHARS]
+        return _listed(self.redis.hget(self.meta_key(session_id), "states"))
 
     def sessions(self) -> list[dict[str, Any]]:
         """The open sessions: ``[{"session_id", "opened_at", "touched_at", "ttl_s", "expires_in_s",
@@ -321,18 +334,22 @@ class SessionStore:
 
     def load(self, state: SessionState, session_id: str | None) -> Loaded:
         """The state of ``session_id`` (its ``initial()`` at version 0 if the session was opened
-        without it). Raises :class:`ToolFailure` when there is no session id or it is not open."""
+        without it and never saved it). Raises :class:`ToolFailure` when there is no session id,
+        the session is not open, or a state the session lists has expired (its key is gone)."""
         if not session_id:
             raise ToolFailure(f"this tool keeps session state ({state.name!r}) and the turn has no session id; "
                               "it did not run", "open a session (Dispatcher.open_session) and pass its session_id")
         pipe = self.redis.pipeline(transaction=False)  # one round trip
-        pipe.exists(self.meta_key(session_id))
+        pipe.hmget(self.meta_key(session_id), "opened_at", "states")
         pipe.hmget(self.state_key(session_id, state.name), "data", "version")
-        meta, (raw, version) = pipe.execute()
-        if not meta:
+        (opened, names), (raw, version) = pipe.execute()
+        if opened is None:
             raise ToolFailure(f"session {session_id!r} is not open (never opened, closed, or expired); the call did "
                               "not run", "open it with Dispatcher.open_session (or `toolfleet sessions`)")
         if raw is None:
+            if state.name in _listed(names):  # it was stored, and its key is gone: never a fresh default
+                raise ToolFailure(f"session {session_id!r} is not open: its state {state.name!r} expired; the call "
+                                  "did not run", "close the session and open it again")
             return Loaded(state.initial(), 0)
         return Loaded(state.load(raw), int(version or 0))
 
@@ -343,7 +360,8 @@ class SessionStore:
         execution saved in between (nothing is stored then)."""
         raw = state.dump(value)
         result = int(self._save(keys=[self.state_key(session_id, state.name), self.meta_key(session_id)],
-                                args=[loaded.version, raw, self.default_ttl_s, time.time(), state.name]))
+                                args=[loaded.version, raw, self.default_ttl_s, time.time(), state.name,
+                                      self.state_key(session_id, "")]))
         if result == -1:
             raise ToolFailure(f"session {session_id!r} was closed or expired while the call ran; its changes to "
                               f"{state.name!r} were not kept", "open the session again")
