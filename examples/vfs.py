@@ -1,7 +1,7 @@
 """A simulated file system whose methods are tools, one per session (README, "Stateful tools").
 
 Serve it: ``toolfleet worker --tools examples.vfs``. Open a session for it:
-``dispatcher.open_session(state={"vfs": VirtualFS(seed=7)})``.
+``dispatcher.open_session(state={"vfs": VirtualFS(rng=random.Random(7))})``.
 """
 
 from __future__ import annotations

@@ -8,18 +8,27 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
+from examples.vfs import TOOLS as VFS_TOOLS
+from examples.vfs import VirtualFS
 from toolfleet import Dispatcher, ToolCall
+from toolfleet.dispatcher.sessions import initial_value, open_session
+from toolfleet.errors import ToolfleetError
 from toolfleet.models import ErrorCode
 from toolfleet.tools.published import describe, spec_from_description, version_conflicts
 from toolfleet.tools.registry import Registry, default_registry
 from toolfleet.tools.resources import EVERYTHING, resolve
+from toolfleet.tools.state import SessionState
 
 from .conftest import ROOT
 
@@ -188,8 +197,83 @@ def test_session_state_of_a_live_tool_from_the_catalog(settings, start_worker) -
         results = d.submit(calls, session_id=sid).results(60)
         fresh = d.open_session()  # the published initial value
         [pwd] = d.submit([ToolCall(id="p", name="fs_pwd", arguments={})], session_id=fresh).results(60)
+        # the README's example: an instance (a generator inside), dumped by its own class
+        seeded = d.open_session(state={"vfs": VirtualFS(rng=random.Random(7))})
+        rolls = d.submit([ToolCall(id=f"r{i}", name="fs_roll", arguments={"sides": 20}, index=i) for i in range(3)],
+                         session_id=seeded).results(60)
+        with pytest.raises(ToolfleetError, match=r"'vfs' does not match .* at \$\.cwd: 5 is not of type 'string'"):
+            d.open_session(state={"vfs": {"cwd": 5, "dirs": "nope"}})
     assert [r.content for r in results] == ["/home", "/home"], results
     assert pwd.ok and pwd.content == "/", pwd.content
+    local = VirtualFS(rng=random.Random(7))
+    assert [r.content for r in rolls] == [str(local.roll(20)) for _ in range(3)], rolls
+
+
+def catalog_only_vfs() -> tuple[SessionState, SessionState]:
+    """(the real vfs state, the one a dispatcher builds from examples.vfs's published description)."""
+    real = VFS_TOOLS[0].state
+    published = json.loads(json.dumps(describe(VFS_TOOLS[0])))
+    return real, spec_from_description(published).state
+
+
+def test_a_catalog_state_is_checked_against_its_published_schema(settings) -> None:
+    """An initial state given to a dispatcher that knows the state only from the catalog: an instance
+    is stored as its own class dumps it (the worker loads the same generator); a JSON form that is
+    not the type is refused at open naming the state and the path; a catalog without a schema (an
+    older worker) still opens; an object without a JSON form is refused saying what to pass."""
+    import redis
+
+    from toolfleet.keys import Keys
+    from toolfleet.tools.state import SessionStore
+
+    real, catalog = catalog_only_vfs()
+    assert catalog.type is object and catalog.json_schema["properties"]["cwd"]["type"] == "string"
+    registry = Registry()
+    registry.add(spec_from_description(json.loads(json.dumps(describe(VFS_TOOLS[0])))))
+    store = SessionStore(redis.Redis.from_url(settings.redis_url), Keys(settings.namespace))
+    sid = open_session(store, registry, state={"vfs": VirtualFS(cwd="/", rng=random.Random(7))})
+    assert store.load(real, sid).value.rng.getstate() == random.Random(7).getstate()
+    for bad, where in [({"cwd": 5, "dirs": "nope"}, r"\$\.cwd: 5 is not"), ({"files": {"/a": 1}}, r"\$\.files\./a"),
+                       ([1], r"at \$: \[1\] is not of type 'object'")]:
+        with pytest.raises(ToolfleetError, match=f"initial state 'vfs' does not match .*{where}"):
+            open_session(store, registry, state={"vfs": bad})
+    with pytest.raises(ToolfleetError, match="pass its JSON form, or give the Dispatcher the tools' registry"):
+        open_session(store, registry, state={"vfs": random.Random(1)})
+    old = Registry()  # a catalog from before state_schema: no check at open, as before
+    description = {k: v for k, v in describe(VFS_TOOLS[0]).items() if k != "state_schema"}
+    old.add(spec_from_description(json.loads(json.dumps(description))))
+    assert open_session(store, old, state={"vfs": {"cwd": 5}})
+    assert store.load(real, open_session(store, old, state={"vfs": VirtualFS(cwd="/x")})).value.cwd == "/x"
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=3),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                                                       max_size=3), max_leaves=6)
+vfs_forms = st.fixed_dictionaries({}, optional={
+    "cwd": st.text(max_size=3) | json_values,
+    "dirs": st.lists(st.sampled_from(["/", "/a", "/b"]), max_size=4) | json_values,
+    "files": st.dictionaries(st.sampled_from(["/a", "/b"]), st.text(max_size=3) | json_values, max_size=2)
+    | json_values})
+
+
+@given(vfs_forms)
+@hsettings(max_examples=300, deadline=None)
+def test_a_json_form_is_accepted_at_open_exactly_when_the_worker_could_load_it(form: dict) -> None:
+    """Bad input: the catalog dispatcher's check at open agrees with the real type's validation
+    (what the worker does on load), for any JSON value of the fields it can describe."""
+    real, catalog = catalog_only_vfs()
+    try:
+        real.adapter.validate_python(form)
+        valid = True
+    except ValueError:
+        valid = False
+    try:
+        initial_value("vfs", catalog, form)
+        accepted = True
+    except ToolfleetError as exc:
+        assert "initial state 'vfs'" in str(exc) and "at $" in str(exc)
+        accepted = False
+    assert accepted == valid, form
 
 
 def test_a_catalog_this_version_cannot_read_is_skipped_not_a_crash(settings) -> None:

@@ -5,12 +5,15 @@ opened or last saved)."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ToolfleetError
 from ..tools.registry import Registry
 from ..tools.state import SessionState, SessionStore
+from ..tools.state_json import json_writer, validation_text
 from .wire import encodable
 
 
@@ -50,11 +53,66 @@ def open_session(store: SessionStore, registry: Registry, session_id: str | None
     values: dict[SessionState, Any] = {}
     for name, decl in declared.items():
         given = (state or {}).get(name)
-        if given is not None and not isinstance(given, decl.type if isinstance(decl.type, type) else object):
-            try:
-                given = decl.adapter.validate_python(given)
-            except Exception as exc:
-                raise ToolfleetError(f"initial state {name!r} is not a valid {decl.type!r}: {exc}") from exc
-        values[decl] = given
+        values[decl] = None if given is None else initial_value(name, decl, given)
     store.open(session_id, values, ttl_s=ttl_s, replace=replace)
     return session_id
+
+
+def initial_value(name: str, decl: SessionState, given: Any) -> Any:
+    """The value to store for a state given at open. With the state's own type (the tools
+    imported): ``given`` itself, or its JSON form validated into the type. Known only from the
+    workers' catalog (type ``object``): the JSON form of ``given`` (an instance is dumped by its own
+    class: a pydantic model's ``model_dump(mode="json")``, a dataclass's pydantic adapter, so a
+    :data:`~toolfleet.tools.state.JsonRandom` field keeps its generator), checked against the
+    published ``json_schema`` when there is one. Raises :class:`ToolfleetError` naming the state
+    and the path of what is wrong, or saying to pass the JSON form (or the tools' registry)."""
+    if decl.type is not object:
+        if isinstance(given, decl.type if isinstance(decl.type, type) else object):
+            return given
+        try:
+            return decl.adapter.validate_python(given)
+        except Exception as exc:
+            raise ToolfleetError(f"initial state {name!r} is not a valid {decl.type!r}: {exc}") from exc
+    form = _json_form(name, given)
+    if decl.json_schema is not None:
+        _check_schema(name, decl.json_schema, form)
+    return form
+
+
+def _json_form(name: str, given: Any) -> Any:
+    try:
+        if hasattr(given, "model_dump") and hasattr(type(given), "model_fields"):
+            return given.model_dump(mode="json", round_trip=True)
+        writer = json_writer(type(given) if dataclasses.is_dataclass(given) and not isinstance(given, type) else Any)
+        if writer is None:
+            raise TypeError(f"pydantic has no JSON form of {type(given).__name__}")
+        return writer.dump_python((given,), mode="json", round_trip=True, warnings=False)[0]
+    except Exception as exc:
+        raise ToolfleetError(
+            f"initial state {name!r}: this dispatcher knows the state only from the workers' catalog and cannot "
+            f"make the JSON form of the {type(given).__name__} given ({validation_text(exc)}); pass its JSON form, "
+            "or give the Dispatcher the tools' registry (Dispatcher(settings, default_registry([\"your.tools\"])))"
+        ) from exc
+
+
+def _check_schema(name: str, schema: Mapping[str, Any], form: Any) -> None:
+    import jsonschema
+
+    found = []
+    for error in jsonschema.Draft202012Validator(_lenient(schema)).iter_errors(form):
+        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        found.append(f"at {path}: {error.message if len(error.message) <= 160 else error.message[:160] + '...'}")
+    if found:
+        found.sort()
+        more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+        raise ToolfleetError(f"initial state {name!r} does not match the JSON Schema the workers publish for it: "
+                             f"{'; '.join(found[:3])}{more}")
+
+
+def _lenient(schema: Any) -> Any:
+    """``schema`` without ``uniqueItems`` (pydantic's mark of a set, whose input may repeat items)."""
+    if isinstance(schema, Mapping):
+        return {k: _lenient(v) for k, v in schema.items() if not (k == "uniqueItems" and isinstance(v, bool))}
+    if isinstance(schema, list):
+        return [_lenient(v) for v in schema]
+    return schema

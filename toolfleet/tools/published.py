@@ -11,7 +11,11 @@ access is a function of the arguments: ``access_per_call: "code"``), ``resources
 ``queue``, ``timeout_s``, ``timeout_arg``, ``max_timeout_s``, ``max_output_chars``,
 ``cancellable``, ``idempotent``, ``journal``, ``idempotency_key`` (``"code"`` or ``None``),
 ``risk``, ``sensitive``, ``command_arg``, ``pollable``, ``poll_interval_s``, ``loop_check``,
-``state`` (name, or ``None``), ``state_initial`` (its initial JSON value) and ``version``.
+``state`` (name, or ``None``), ``state_initial`` (its initial JSON value), ``state_schema`` (the
+JSON Schema of the state's type, pydantic's serialization mode, or ``None`` when pydantic cannot
+make one; a catalog without it, from an older worker, is read as ``None``) and ``version``. A
+dispatcher that knows a state only from here validates a JSON-form initial value against
+``state_schema`` when a session is opened (:mod:`toolfleet.dispatcher.sessions`).
 
 Resources, the planning rule, are published declaratively where they can be:
 
@@ -82,6 +86,28 @@ def _state_initial(state: Any) -> Any:
         return None
 
 
+def _state_schema(state: Any) -> Any:
+    try:
+        schema = state.adapter.json_schema(mode="serialization")
+        json.dumps(schema)
+        return schema
+    except Exception:  # a type pydantic has no schema for: the dispatcher checks nothing at open
+        return None
+
+
+def _readable_schema(schema: Any) -> Any:
+    """A published state schema this dispatcher can use, else ``None`` (no check at open)."""
+    if not isinstance(schema, Mapping):
+        return None
+    import jsonschema
+
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError:
+        return None
+    return dict(schema)
+
+
 def describe(spec: ToolSpec) -> dict[str, Any]:
     """The full published description of ``spec`` (module docstring), ``version`` included."""
     cached = spec.__dict__.get("_published")
@@ -111,6 +137,7 @@ def describe(spec: ToolSpec) -> dict[str, Any]:
         "loop_check": spec.loop_check,
         "state": None if spec.state is None else spec.state.name,
         "state_initial": None if spec.state is None else _state_initial(spec.state),
+        "state_schema": None if spec.state is None else _state_schema(spec.state),
     }
     entry["version"] = spec.__dict__.get("_published_version") or _version(entry, spec)
     object.__setattr__(spec, "_published", entry)  # frozen dataclass: cache beside the fields
@@ -152,8 +179,10 @@ def spec_from_description(entry: Mapping[str, Any]) -> ToolSpec:
             from .state import SessionState
 
             initial = entry.get("state_initial")
-            # type `object`: any JSON; the worker validates the stored value against the real type on load
-            options["state"] = SessionState(str(entry["state"]), object, default=lambda: copy.deepcopy(initial))
+            # type `object`: any JSON, checked at open against the published schema (if any); the worker
+            # validates the stored value against the real type on load
+            options["state"] = SessionState(str(entry["state"]), object, default=lambda: copy.deepcopy(initial),
+                                            json_schema=_readable_schema(entry.get("state_schema")))
         access = "write" if entry.get("access_per_call") else entry.get("access", "write")
         spec = tool_from_schema(str(entry["name"]), entry["parameters"], description=str(entry.get("description", "")),
                                 access=access, resources=resources_from_form(entry.get("resources", "*")), **options)

@@ -82,13 +82,15 @@ class SessionState:
     """A declared piece of session state: ``name`` (letters, digits, ``_-.``; the resource and key
     name), ``type`` (anything pydantic can dump to JSON and validate back), ``default`` (a
     function making the state of a session opened without one; default: ``type()``),
-    ``max_bytes`` (limit of its JSON). Raises :class:`ConfigurationError` when the type has no
-    JSON form."""
+    ``max_bytes`` (limit of its JSON), ``json_schema`` (for a state a dispatcher knows only from
+    the workers' catalog, type ``object``: the JSON Schema they publish for it, or ``None``).
+    Raises :class:`ConfigurationError` when the type has no JSON form."""
 
     name: str
     type: Any
     default: Any = None
     max_bytes: int = DEFAULT_MAX_BYTES
+    json_schema: Any = field(default=None, compare=False)  # a state known from the catalog: its published schema
     adapter: TypeAdapter = field(init=False, repr=False, compare=False)  # type: ignore[type-arg]
     writer: TypeAdapter | None = field(init=False, repr=False, compare=False)  # type: ignore[type-arg]
 
