@@ -180,3 +180,29 @@ def test_no_process_is_left_after_worker_stop(start_worker, fast, live, workspac
     assert b.ok and processes_with(kept)
     worker.stop()  # warm shutdown
     assert wait_gone(kept, 5.0) == []
+
+
+def test_calls_answered_timeout_or_cancelled_never_run_later(start_worker, fast, live, workspace):
+    """Defect 1: the shell stops reading (it stopped itself; it resumes 6 s later). A command larger
+    than the pipe buffer is answered TIMEOUT, and a call waiting behind it is cancelled: neither runs
+    when the shell would read again (the half-written one restarted the shell)."""
+    start_worker(args=ARGS, settings=fast)
+    [a] = sh(live, workspace, "w", "(sleep 0.3; kill -STOP $$; touch stopped; sleep 6; kill -CONT $$) & echo ok")
+    assert a.ok, a.content
+    wait_until(lambda: (workspace / "stopped").exists(), 10, "the shell stopping itself")
+    big = "cat > /dev/null <<'EOF'\n" + ("x" * 99 + "\n") * 3000 + "EOF\ntouch b-ran"  # 1.2 MB encoded
+    b = live.submit([call("b", "shell", command=big, timeout_s=2)], workspace=str(workspace), session_id="w")
+    wait_started(live, b.turn_id, "b")
+    c = live.submit([call("c", "shell", command="touch c-ran", timeout_s=60)], workspace=str(workspace),
+                    session_id="w")
+    wait_started(live, c.turn_id, "c")
+    c.cancel()
+    [cancelled] = c.results(timeout_s=15)
+    assert cancelled.code is ErrorCode.CANCELLED, cancelled
+    [timed_out] = b.results(timeout_s=20)
+    assert timed_out.code is ErrorCode.TIMEOUT, timed_out
+    started = time.monotonic()
+    [after] = sh(live, workspace, "w", "sleep 7; ls", timeout_s=30)  # past the old shell's resume
+    assert after.ok and "c-ran" not in after.content and "b-ran" not in after.content, after.content
+    assert time.monotonic() - started < 15
+    assert not (workspace / "c-ran").exists() and not (workspace / "b-ran").exists()

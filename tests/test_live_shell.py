@@ -3,7 +3,10 @@ marker and exit status, state kept, stops that keep the shell, exit and restart,
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +27,7 @@ def shell(tmp_path: Path):
 
 
 def run(shell: Shell, command: str, timeout_s: float = 20.0, cancel: threading.Event | None = None):
-    return shell.run(command, timeout_s, cancel or threading.Event())
+    return shell.run(command, time.monotonic() + timeout_s, cancel or threading.Event())
 
 
 def test_output_status_and_state(shell, tmp_path):
@@ -90,3 +93,55 @@ def test_a_worker_without_a_sandbox_does_not_serve_the_shell(settings):
         assert "shell" not in registry.names() and "run_command" not in registry.names() and message
     finally:
         sandbox.install(before)
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _stop_the_shell_itself(shell: Shell) -> int:
+    """Make the shell stop itself (SIGSTOP) just after its command ended: it reads no more input."""
+    run(shell, "(sleep 0.2; kill -STOP $$) & echo ok")
+    shell._descendants()
+    pid = shell._shell_pid or shell.proc.pid
+    deadline = time.monotonic() + 10
+    while _state(pid) != "T" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _state(pid) == "T"
+    return pid
+
+
+def test_a_command_the_shell_does_not_read_in_time_never_runs_later(shell, tmp_path):
+    """Defect 1/2: the write of a command larger than the pipe buffer is bounded by the deadline;
+    the half-written command is never run (the shell is restarted), and the call returns in time."""
+    pid = _stop_the_shell_itself(shell)
+    big = "cat > /dev/null <<'EOF'\n" + ("x" * 99 + "\n") * 3000 + "EOF\ntouch b-ran"  # 300 KB: 1.2 MB encoded
+    done: list = []
+    worker = threading.Thread(target=lambda: done.append(run(shell, big, timeout_s=1.0)), daemon=True)
+    started = time.monotonic()
+    worker.start()
+    worker.join(8)
+    try:
+        assert done, "the call blocked writing its command"
+        assert time.monotonic() - started < 8
+        out = done[0]
+        assert out.stopped == "timeout" and out.restarted, out
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)  # the old shell, if still there, reads again
+        except ProcessLookupError:
+            pass
+        worker.join(10)
+    assert run(shell, "echo hi").output == "hi\n"
+    assert not (tmp_path / "b-ran").exists()
+
+
+def test_a_command_cancelled_or_out_of_time_before_it_is_written_does_not_run(shell, tmp_path):
+    cancel = threading.Event()
+    cancel.set()
+    out = run(shell, "touch c-ran", cancel=cancel)
+    assert out.stopped == "cancelled" and "not run" in out.note
+    out = shell.run("touch t-ran", time.monotonic() - 1, threading.Event())
+    assert out.stopped == "timeout" and "not run" in out.note
+    assert run(shell, "ls").output == ""

@@ -63,6 +63,7 @@ from .live_shell import Shell
 log = logging.getLogger(__name__)
 LIVE_TOOLS = frozenset({"shell"})
 """Tools whose calls go to the worker that holds their session's process."""
+LOCK_POLL_S = 0.05  # how often a call waiting for its session's lock looks at its cancel and deadline (s)
 PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")  # kombu's Redis priority queues
 _host: SessionHost | None = None  # in the main process; its socket path is inherited by pool processes
 socket_path: str | None = None
@@ -169,15 +170,24 @@ class SessionHost:
                     "message": f"this session's shell runs in the workspace {str(session.shell.workspace)!r}, "
                                f"not {str(workspace)!r}",
                     "hint": "use the session's first workspace, or another session id"}
+        deadline = time.monotonic() + max(float(request["timeout_s"]), 0.001)
         cancelled = threading.Event()
         threading.Thread(target=_watch_cancel, args=(rfile, cancelled), daemon=True).start()
-        if not session.lock.acquire(timeout=max(float(request["timeout_s"]), 0.001)):
-            return {"code": "TIMEOUT", "message": "another call of this session ran for the whole time limit"}
+        while not session.lock.acquire(timeout=LOCK_POLL_S):  # the call's cancel and deadline hold meanwhile
+            if session.closed:
+                return lost_reply(self.worker, closed=True)
+            if cancelled.is_set():
+                return {"output": "", "status": None, "stopped": "cancelled", "restarted": False,
+                        "note": "[the command was not run: cancelled while another call of this session ran]",
+                        "unsandboxed": session.shell.unsandboxed}
+            if time.monotonic() >= deadline:
+                return {"code": "TIMEOUT", "message": "another call of this session ran for the whole time limit; "
+                                                      "this command was not run"}
         try:
             if session.closed:
                 return lost_reply(self.worker, closed=True)
             session.running = cancelled
-            outcome = session.shell.run(str(request["command"]), float(request["timeout_s"]), cancelled)
+            outcome = session.shell.run(str(request["command"]), deadline, cancelled)  # what is left of its time
         finally:
             session.running = None
             session.used_at = time.monotonic()

@@ -11,6 +11,12 @@ The end marker holds a random nonce made for that command, so the output of the 
 it early by accident. stdout and stderr share one pipe, so the output is in the order printed.
 A command reads ``/dev/null`` as its stdin: it cannot eat the blocks that follow it.
 
+Every write to the shell is non-blocking and bounded by the call's deadline (an absolute
+:func:`time.monotonic` time, so a call that waited for its session's lock has only what is left): a
+command cancelled or out of time before it is written is not run, and a block that could not be
+written whole (the shell does not read: it stopped itself, say) restarts the shell, so half a
+command never waits in the pipe to run later.
+
 Stopping the current command (time limit, cancel): the processes the command started (descendants
 of the sandbox's init that were not there before it) get TERM, then KILL after ``TERM_GRACE_S``;
 the shell then ends the ``eval`` and prints the end marker, and the session goes on with its cwd
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import select
 import signal
 import subprocess
 import threading
@@ -44,6 +51,7 @@ from ..tools.command import _SandboxInit
 TERM_GRACE_S = 0.25  # between TERM and KILL of the command's processes (s)
 STOP_WAIT_S = 0.75  # after KILL, how long the end marker may take before the shell is restarted (s)
 POLL_S = 0.05  # how often a waiting command looks at its cancel signal (s)
+BOOTSTRAP_WRITE_S = 5.0  # how long the new shell may take to accept its bootstrap (s)
 MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # kept per command: head and tail, the middle dropped (said)
 SHELL_ARGV = ("bash", "--noprofile", "--norc", "-s")
 BOOTSTRAP = b"trap 'return 143 2>/dev/null' USR1\n__tf_run() { eval \"$__tf_c\"; }\n"
@@ -110,11 +118,11 @@ class Shell:
             self.close()  # the init killed, or bwrap before it forked one
             raise
         self._shell_pid: int | None = None
-        try:  # USR1 ends the running command: the trap's `return` leaves the function the command runs in
-            self.proc.stdin.write(BOOTSTRAP)  # type: ignore[union-attr]
-            self.proc.stdin.flush()  # type: ignore[union-attr]
-        except OSError:
-            pass  # seen at the first command as the shell's end
+        assert self.proc.stdin is not None
+        os.set_blocking(self.proc.stdin.fileno(), False)  # every write is bounded (_write)
+        # USR1 ends the running command: the trap's `return` leaves the function the command runs in;
+        # not taken in time: seen at the first command (the shell is restarted when its block cannot be)
+        self._write(BOOTSTRAP, time.monotonic() + BOOTSTRAP_WRITE_S, threading.Event())
         with self._cond:
             self._buf.clear()
             self._eof = False
@@ -171,15 +179,19 @@ class Shell:
         self._start()
 
     # ---- one command ----
-    def run(self, command: str, timeout_s: float, cancelled: threading.Event) -> Outcome:
-        """Run ``command`` in the shell; wait at most ``timeout_s`` (then stop it: ``stopped =
-        "timeout"``) or until ``cancelled`` is set (``"cancelled"``). Raises ``ValueError`` for a
-        NUL in ``command``."""
+    def run(self, command: str, deadline: float, cancelled: threading.Event) -> Outcome:
+        """Run ``command`` in the shell until ``deadline`` (a :func:`time.monotonic` time, s), then
+        stop it (``stopped = "timeout"``), or until ``cancelled`` is set (``"cancelled"``). A command
+        whose time is up or that is cancelled before it is written does not run; one that cannot be
+        written whole in time (the shell does not read) is never run: the shell is restarted
+        (``restarted``). Raises ``ValueError`` for a NUL in ``command``."""
         script = encode(command)
         note = ""
         if not self.alive:
             self.restart()
             note = "[a new shell was started: the previous one had ended; cwd and environment are reset]"
+        if cancelled.is_set() or time.monotonic() >= deadline:
+            return self._not_run(cancelled, note)
         mark = f"__toolfleet_end_{secrets.token_hex(12)}__".encode()
         assert self.proc is not None and self.proc.stdin is not None
         before = self._descendants()
@@ -187,12 +199,14 @@ class Shell:
             start = len(self._buf)
             self._dropped = 0
         block = f"__tf_c={script}\n__tf_run </dev/null\nprintf '\\n%s %d\\n' '{mark.decode()}' \"$?\"\n"
-        try:
-            self.proc.stdin.write(block.encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass  # the shell is gone: seen below as its end
-        deadline = time.monotonic() + max(timeout_s, 0.0)
+        written = self._write(block.encode(), deadline, cancelled)
+        if written == 0 and not self._eof_seen():
+            return self._not_run(cancelled, note)
+        if written < len(block.encode()) and not self._eof_seen():  # half a command in the pipe: never run it
+            text = self._take()
+            self.restart()
+            return Outcome(text, None, stopped="cancelled" if cancelled.is_set() else "timeout", restarted=True,
+                           note=_join(note, "[the shell did not read the command in time: it was not run]"))
         while True:
             found = self._wait_mark(mark, start, min(POLL_S, max(deadline - time.monotonic(), 0.001)))
             if found is not None:
@@ -202,6 +216,32 @@ class Shell:
             if cancelled.is_set() or time.monotonic() >= deadline:
                 why = "cancelled" if cancelled.is_set() else "timeout"
                 return self._stop(mark, start, before, why, note)
+
+    def _write(self, data: bytes, deadline: float, cancelled: threading.Event) -> int:
+        """Write ``data`` to the shell's input (non-blocking) until ``deadline`` or ``cancelled``;
+        returns the number of bytes written (all of them when the shell is gone: seen as its end)."""
+        assert self.proc is not None and self.proc.stdin is not None
+        fd = self.proc.stdin.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        done = 0
+        while done < len(data):
+            try:
+                done += os.write(fd, data[done:done + 65536])
+                continue
+            except BlockingIOError:
+                pass
+            except OSError:  # EPIPE: the shell is gone
+                return len(data)
+            left = deadline - time.monotonic()
+            if left <= 0 or cancelled.is_set():
+                break
+            poller.poll(int(min(left, POLL_S) * 1000) + 1)
+        return done
+
+    def _not_run(self, cancelled: threading.Event, note: str) -> Outcome:
+        why = "cancelled" if cancelled.is_set() else "timeout"
+        return Outcome("", None, stopped=why, note=_join(note, f"[the command was not run: {why} before it started]"))
 
     def _wait_mark(self, mark: bytes, start: int, timeout_s: float) -> tuple[str, int] | None:
         with self._cond:
@@ -308,6 +348,10 @@ def _killpg(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _join(*notes: str) -> str:
+    return "\n".join(n for n in notes if n)
 
 
 def _text(data: bytes, dropped: int) -> str:
