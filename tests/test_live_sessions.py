@@ -206,3 +206,27 @@ def test_calls_answered_timeout_or_cancelled_never_run_later(start_worker, fast,
     assert after.ok and "c-ran" not in after.content and "b-ran" not in after.content, after.content
     assert time.monotonic() - started < 15
     assert not (workspace / "c-ran").exists() and not (workspace / "b-ran").exists()
+
+
+def test_a_shell_that_stops_reading_does_not_wedge_its_worker(start_worker, fast, live, workspace):
+    """Defect 2: the shell stops reading and a command larger than the pipe buffer comes: the call
+    gets TIMEOUT in its time, the next call of the session does not wait, closing that session and
+    another one leaves no process, and the worker's heartbeat goes on."""
+    worker = start_worker(args=ARGS, settings=fast)
+    mine, other = marker(), marker()
+    [a] = sh(live, workspace, "wedge", f"sleep {mine} & (sleep 0.3; kill -STOP $$; touch stopped) & echo ok")
+    assert a.ok, a.content
+    wait_until(lambda: (workspace / "stopped").exists(), 10, "the shell stopping itself")
+    big = "cat > notes.txt <<'EOF'\n" + ("x" * 99 + "\n") * 3000 + "EOF\necho written"
+    started = time.monotonic()
+    [b] = sh(live, workspace, "wedge", big, timeout_s=2)
+    assert b.code is ErrorCode.TIMEOUT, b
+    [c] = sh(live, workspace, "wedge", "echo hi", timeout_s=5)
+    assert c.ok and c.content == "hi\n", c
+    assert time.monotonic() - started < 15
+    [o] = sh(live, workspace, "other", f"sleep {other} & echo bg")
+    assert o.ok and processes_with(other)
+    close_live_session(live.settings, "wedge")
+    close_live_session(live.settings, "other")
+    assert wait_gone(mine, 5.0) == [] and wait_gone(other, 5.0) == []
+    assert live.ledger.redis.exists(Keys(fast.namespace).live_worker(worker.name))

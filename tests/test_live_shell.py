@@ -145,3 +145,25 @@ def test_a_command_cancelled_or_out_of_time_before_it_is_written_does_not_run(sh
     out = shell.run("touch t-ran", time.monotonic() - 1, threading.Event())
     assert out.stopped == "timeout" and "not run" in out.note
     assert run(shell, "ls").output == ""
+
+
+def test_ending_a_session_does_not_wait_for_the_call_that_holds_it(shell):
+    """Defect 2: SessionHost.end (called by the housekeeping thread: heartbeats, closes, expiry)
+    never waits for the session's lock: the sandbox is killed at once, the shell closed later."""
+    from types import SimpleNamespace
+
+    from toolfleet.worker.affinity import SessionHost, _Session
+
+    seconds = marker()
+    run(shell, f"sleep {seconds} & echo bg")
+    session = _Session(shell)
+    host = SimpleNamespace(lock=threading.Lock(), sessions={"s": session})
+    session.lock.acquire()  # a call holds the session (a write that never ends, say)
+    try:
+        ender = threading.Thread(target=SessionHost.end, args=(host, "s"), daemon=True)
+        ender.start()
+        ender.join(2)
+        assert not ender.is_alive(), "end() waited for the session's lock"
+        assert wait_gone(seconds, 5.0) == []
+    finally:
+        session.lock.release()

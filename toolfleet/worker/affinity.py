@@ -63,6 +63,7 @@ from .live_shell import Shell
 log = logging.getLogger(__name__)
 LIVE_TOOLS = frozenset({"shell"})
 """Tools whose calls go to the worker that holds their session's process."""
+END_LOCK_WAIT_S = 30.0  # how long an ended session's closer waits for the call using its shell (s)
 LOCK_POLL_S = 0.05  # how often a call waiting for its session's lock looks at its cancel and deadline (s)
 PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")  # kombu's Redis priority queues
 _host: SessionHost | None = None  # in the main process; its socket path is inherited by pool processes
@@ -272,17 +273,22 @@ class SessionHost:
                     _delete_if(self.redis, self.keys.live_holder(sid), self.worker)
                 self.end(sid)
 
-    def end(self, sid: str) -> None:
-        """End the session's shell (a command running in it is stopped first)."""
+    def end(self, sid: str) -> threading.Thread | None:
+        """End the session's shell. Never waits for the session's lock (the housekeeping thread
+        calls this): the command running is cancelled and the sandbox killed at once; a thread then
+        takes the lock (at most ``END_LOCK_WAIT_S``) and closes the shell. Returns that thread."""
         with self.lock:
             session = self.sessions.pop(sid, None)
-        if session is not None:
-            session.closed = True
-            running = session.running
-            if running is not None:
-                running.set()
-            with session.lock:
-                session.shell.close()
+        if session is None:
+            return None
+        session.closed = True
+        running = session.running
+        if running is not None:
+            running.set()
+        session.shell.kill()
+        closer = threading.Thread(target=_close_shell, args=(session,), name="toolfleet-live-end", daemon=True)
+        closer.start()
+        return closer
 
     def _rescue(self) -> None:
         """Answer ``SESSION_LOST`` to calls waiting in the queue of a holder that died."""
@@ -328,8 +334,10 @@ class SessionHost:
         self.stop.set()
         with self.lock:
             sids = list(self.sessions)
-        for sid in sids:
-            self.end(sid)
+        closers = [self.end(sid) for sid in sids]
+        for closer in closers:
+            if closer is not None:
+                closer.join(END_LOCK_WAIT_S + 20)
         try:
             self.redis.delete(self.keys.live_worker(self.worker))
         except redis.RedisError:
@@ -358,6 +366,19 @@ def lost_reply(worker: str, closed: bool = False) -> dict[str, Any]:
                        "this call did not run",
             "hint": "call again to start a new shell in this session (it starts in the workspace root with a fresh "
                     "environment), and redo the set-up it needs"}
+
+
+def _close_shell(session: _Session) -> None:
+    """Close an ended session's shell once its call let go of it (or after ``END_LOCK_WAIT_S``: the
+    sandbox was killed already; closing reaps it)."""
+    got = session.lock.acquire(timeout=END_LOCK_WAIT_S)
+    try:
+        session.shell.close()
+    except Exception as exc:  # noqa: BLE001 - a daemon thread: said, not raised
+        log.warning("live sessions: closing a shell failed (%s)", exc)
+    finally:
+        if got:
+            session.lock.release()
 
 
 def _watch_cancel(rfile: Any, cancelled: threading.Event) -> None:

@@ -94,6 +94,7 @@ class Shell:
         self.proc: subprocess.Popen[bytes] | None = None
         self.init: _SandboxInit | None = None
         self.unsandboxed = False
+        self._life = threading.Lock()  # kill() (any thread) vs close(): never signal a closed pidfd
         self._start()
 
     # ---- life ----
@@ -150,8 +151,27 @@ class Shell:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and not self._eof
 
+    def kill(self) -> None:
+        """SIGKILL the shell's sandbox (its init: the kernel ends every process of it) without
+        waiting; safe from any thread, while a command runs. Never blocks: a :meth:`close` under way
+        is killing it already. The command running sees the shell's end; :meth:`close` still follows."""
+        if not self._life.acquire(blocking=False):
+            return
+        try:
+            if self.init is not None and self.init.pid is not None:
+                self.init.kill()
+            elif self.proc is not None:
+                _killpg(self.proc.pid)
+        finally:
+            self._life.release()
+
     def close(self) -> None:
-        """End the shell and every process of its sandbox; returns once they are gone."""
+        """End the shell and every process of its sandbox; returns once they are gone (bounded:
+        about 15 s at worst)."""
+        with self._life:
+            self._close()
+
+    def _close(self) -> None:
         proc, init = self.proc, self.init
         if proc is None:
             return
