@@ -167,3 +167,14 @@ def test_ending_a_session_does_not_wait_for_the_call_that_holds_it(shell):
         assert wait_gone(seconds, 5.0) == []
     finally:
         session.lock.release()
+
+
+def test_a_stopped_command_that_keeps_forking_leaves_no_process(shell):
+    """Defect 3: a command that ignores TERM and forks all the time: one KILL pass over a snapshot
+    misses the children forked after it; none may be left."""
+    for _ in range(3):
+        seconds = marker()
+        out = run(shell, f"(trap '' TERM; while :; do sleep {seconds} & done)", timeout_s=0.5)
+        assert out.stopped == "timeout", out
+        assert wait_gone(seconds, 1.0) == []
+    assert run(shell, "echo on").output == "on\n"

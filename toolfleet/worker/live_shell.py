@@ -18,7 +18,9 @@ written whole (the shell does not read: it stopped itself, say) restarts the she
 command never waits in the pipe to run later.
 
 Stopping the current command (time limit, cancel): the processes the command started (descendants
-of the sandbox's init that were not there before it) get TERM, then KILL after ``TERM_GRACE_S``;
+of the sandbox's init that were not there before it) get TERM, then KILL after ``TERM_GRACE_S``,
+pass after pass until none is left (a child forked after a pass's snapshot gets the next one; a
+command that forks faster than that for ``STOP_WAIT_S`` has its shell restarted);
 the shell then ends the ``eval`` and prints the end marker, and the session goes on with its cwd
 and environment. When the command is the shell itself (a ``while :; do :; done`` loop in bash) the
 marker does not come within ``STOP_WAIT_S``: the whole sandbox is killed and a new shell started
@@ -50,6 +52,7 @@ from ..tools.command import _SandboxInit
 
 TERM_GRACE_S = 0.25  # between TERM and KILL of the command's processes (s)
 STOP_WAIT_S = 0.75  # after KILL, how long the end marker may take before the shell is restarted (s)
+KILL_PASS_S = 0.01  # between KILL passes over the command's processes (s)
 POLL_S = 0.05  # how often a waiting command looks at its cancel signal (s)
 BOOTSTRAP_WRITE_S = 5.0  # how long the new shell may take to accept its bootstrap (s)
 MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # kept per command: head and tail, the middle dropped (said)
@@ -307,15 +310,24 @@ class Shell:
                 os.kill(shell_pid, signal.SIGUSR1)  # the trap returns from the command once its child ends
             except (ProcessLookupError, PermissionError):
                 pass
-        for sig, wait_s in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, STOP_WAIT_S)):
-            for pid in self._descendants() - before:
-                try:
-                    os.kill(pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            found = self._wait_until(mark, start, wait_s)
-            if found is not None:
-                return Outcome(found[0], None, stopped=why, note=note)
+        _signal(self._descendants() - before, signal.SIGTERM)
+        found = self._wait_until(mark, start, TERM_GRACE_S)
+        # one KILL pass misses a child forked after its snapshot: pass again until none is left (bounded)
+        kill_until = time.monotonic() + STOP_WAIT_S
+        while left := self._living(self._descendants() - before):
+            if time.monotonic() >= kill_until:
+                found = None  # it forks faster than it is killed: only ending the sandbox ends it
+                break
+            _signal(left, signal.SIGKILL)
+            if found is None:
+                found = self._wait_mark(mark, start, KILL_PASS_S)
+            else:
+                time.sleep(KILL_PASS_S)
+        else:
+            if found is None:
+                found = self._wait_until(mark, start, STOP_WAIT_S)
+        if found is not None:
+            return Outcome(found[0], None, stopped=why, note=note)
         text = self._take()
         self.restart()
         return Outcome(text, None, stopped=why, restarted=True, note=note)
@@ -327,6 +339,19 @@ class Shell:
             if found is not None or self._eof_seen():
                 return found
         return None
+
+    @staticmethod
+    def _living(pids: set[int]) -> set[int]:
+        """``pids`` that are still running (not zombies waiting to be reaped)."""
+        out = set()
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                        out.add(pid)
+            except (OSError, IndexError):
+                pass
+        return out
 
     def _descendants(self) -> set[int]:
         """Host pids of the processes below the shell: below the sandbox's init, the shell itself
@@ -361,6 +386,14 @@ def _children(pid: int) -> list[int]:
     except OSError:
         pass
     return out
+
+
+def _signal(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _killpg(pgid: int) -> None:
