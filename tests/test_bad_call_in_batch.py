@@ -134,3 +134,70 @@ def test_a_failed_result_given_under_another_id_still_answers_its_call(worker, d
                                                      workspace=str(workspace)).results(timeout_s=60)}
     assert by_id["a"].code is ErrorCode.INVALID_ARGUMENT and by_id["a"].name == "list_dir"
     assert by_id["b"].ok
+
+
+# The same cut, streamed: the stream itself says so as the call completes (a tester's find: the
+# Chat call completed by finish_reason "length", and the Responses item done with status
+# "incomplete", ran with {} streamed, while the same responses whole got INVALID_ARGUMENT).
+_OK_FRAGMENT = {"index": 0, "id": "call_ok", "type": "function",
+                "function": {"name": "list_dir", "arguments": '{"path": "."}'}}
+_CUT_FRAGMENT = {"index": 1, "id": "call_cut", "type": "function", "function": {"name": "list_dir", "arguments": ""}}
+CHAT_CUT_STREAM = [_chunk([_OK_FRAGMENT]), _chunk([_CUT_FRAGMENT]), _chunk(finish="length")]
+_FC_OK = {"type": "function_call", "id": "fc_ok", "call_id": "call_ok", "name": "list_dir",
+          "arguments": '{"path": "."}', "status": "completed"}
+_FC_CUT = {"type": "function_call", "id": "fc_cut", "call_id": "call_cut", "name": "list_dir", "arguments": "",
+           "status": "incomplete"}
+_CUT_RESPONSE = {"id": "resp_cut", "object": "response", "status": "incomplete",
+                 "incomplete_details": {"reason": "max_output_tokens"}, "output": [_FC_OK, _FC_CUT]}
+
+
+def _responses_cut_stream(item_done: bool) -> list[dict]:
+    """call_ok whole; call_cut opened, then (``item_done``) done with status incomplete, or left open
+    until the response.incomplete that carries it last, not marked completed."""
+    events = [{"type": "response.created", "response": {**_CUT_RESPONSE, "status": "in_progress", "output": []}}]
+    for n, item in enumerate([_FC_OK, _FC_CUT]):
+        events.append({"type": "response.output_item.added", "output_index": n,
+                       "item": {**item, "arguments": "", "status": "in_progress"}})
+        if item is _FC_OK or item_done:
+            events.append({"type": "response.output_item.done", "output_index": n, "item": item})
+    final = _CUT_RESPONSE if item_done else {**_CUT_RESPONSE, "output": [_FC_OK, {**_FC_CUT, "status": None}]}
+    return [*events, {"type": "response.incomplete", "response": final}]
+
+
+CUT_STREAMS = [("openai_chat_stream", CHAT_CUT_STREAM), ("openai_responses_stream", _responses_cut_stream(True)),
+               ("openai_responses_stream", _responses_cut_stream(False))]
+
+
+@pytest.mark.parametrize("format, events", CUT_STREAMS)
+def test_a_streamed_call_cut_off_is_cut_off_as_the_same_response_whole(format, events):
+    """The parser's ``cut_off`` names what :func:`cut_off_results` names in the response the stream
+    adds up to, and names it by the event that completes the call (not only at the stream's end)."""
+    from toolfleet.dispatcher.adapters import get_adapter
+    from toolfleet.dispatcher.adapters.cut_off import cut_off_results
+
+    parser = get_adapter(format).parser()
+    released = []
+    for event in events:
+        for call in parser.feed(event):
+            released.append(call.id)
+            assert (call.id in parser.cut_off) == (call.id == "call_cut"), "cut off as it is released"
+    assert released == ["call_ok", "call_cut"] and parser.finish() == []
+    whole = format.removesuffix("_stream")
+    calls = get_adapter(whole).parse(parser.response())
+    assert parser.cut_off == list(cut_off_results(whole, parser.response(), calls)) == ["call_cut"]
+
+
+@pytest.mark.parametrize("format, events", CUT_STREAMS)
+def test_a_streamed_call_cut_off_at_the_token_limit_does_not_run(format, events, worker, dispatcher, workspace):
+    turn = dispatcher.submit_response(events, workspace=str(workspace))
+    by_id = {r.call_id: r for r in turn.results(timeout_s=60)}
+    assert by_id["call_ok"].ok, by_id["call_ok"]
+    cut = by_id["call_cut"]
+    assert cut.code is ErrorCode.INVALID_ARGUMENT and "output token limit" in cut.content and cut.attempts == 0, cut
+    answered = [m.get("tool_call_id") or m.get("call_id") for m in turn.messages()]
+    assert answered == ["call_ok", "call_cut"]
+    with dispatcher.open_stream(workspace=str(workspace)) as stream:  # fed event by event: the same answer
+        for event in events:
+            stream.feed(event)
+    by_id = {r.call_id: r for r in stream.turn.results(timeout_s=60)}
+    assert by_id["call_ok"].ok and by_id["call_cut"].code is ErrorCode.INVALID_ARGUMENT, by_id

@@ -6,7 +6,10 @@ event as it arrives; a call whose arguments the event completed is validated, pl
 earlier calls and submitted before ``feed`` returns. ``close`` at the end of the stream takes the
 calls still open (a call whose end was never signalled gets ``INVALID_ARGUMENT``: its arguments
 may be cut short), rebuilds the assistant message and closes the turn. Results come back in model
-order, as for a whole response.
+order, as for a whole response. A call the stream itself says the output token limit cut off
+(Chat ``finish_reason: "length"``, a Responses item ``status: "incomplete"``) gets
+``INVALID_ARGUMENT`` as it completes, as it does when the response comes whole
+(:mod:`.adapters.cut_off`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from ..errors import BatchRejected
 from ..models import ErrorCode, ToolCall, ToolResult
 from .adapters import detect_event, get_adapter
 from .adapters.custom_calls import custom_call_result
+from .adapters.cut_off import cut_off_result
 from .turn import Turn
 
 
@@ -59,7 +63,7 @@ class TurnStream:
         else:
             events = [event]
         calls = [call for e in events for call in self.parser.feed(e)]
-        self._take(calls)
+        self._take(calls, cut_off=set(self.parser.cut_off))  # an event may complete a call by cutting it off
         return calls
 
     def close(self) -> Turn:
@@ -71,7 +75,7 @@ class TurnStream:
             if self._pending:
                 self._use(_stream_adapter(None, self._pending))
                 for event in self._pending:
-                    self._take(self.parser.feed(event))
+                    self._take(self.parser.feed(event), cut_off=set(self.parser.cut_off))
             else:
                 self.turn.close()
                 return self.turn
@@ -88,8 +92,9 @@ class TurnStream:
     def _take(self, calls: list[ToolCall], cut_off: set[str] = frozenset()) -> None:  # type: ignore[assignment]
         if not calls:
             return
+        why = getattr(self.parser, "cut_why", {})  # the token limit cut them off, as the stream said
         failed = {
-            call.id: ToolResult.failure(
+            call.id: cut_off_result(call, why[call.id]) if call.id in why else ToolResult.failure(
                 call.id, call.name, ErrorCode.INVALID_ARGUMENT,
                 "the stream ended before the arguments of this call were complete; it did not run",
                 "send the call again in full.",

@@ -15,9 +15,22 @@ workspace instead of one folder), so it gets ``INVALID_ARGUMENT`` instead:
   output item of a response whose ``status`` is ``"incomplete"`` for ``max_output_tokens`` when it
   is a ``function_call`` not marked ``"completed"``.
 
-Streams are not covered here: a streamed call runs the moment its arguments are complete, before
-the stop reason arrives; arguments cut mid-JSON never complete and get ``INVALID_ARGUMENT`` from
-the stream's end (:class:`~toolfleet.dispatcher.streaming.TurnStream`).
+Streams, where a call runs the moment its end is signalled, follow the same rules where the
+stream says so before the call completes, so a streamed call and the same call whole get the same
+answer (the parsers list such calls in ``cut_off`` and their reason in ``cut_why``, and
+:class:`~toolfleet.dispatcher.streaming.TurnStream` answers them with :func:`cut_off_result`):
+
+- OpenAI Chat, streamed: ``finish_reason: "length"`` completes the calls still open, so those are
+  cut off (a call whose arguments already formed a complete JSON object ran before it: nothing in
+  the stream said it would be the last);
+- OpenAI Responses, streamed: a ``function_call`` item whose ``output_item.done`` carries
+  ``status: "incomplete"``, and at the terminal event (``response.incomplete``) the calls still
+  open that :func:`responses_cut_calls` names in its ``response``;
+- Anthropic, streamed: not covered: ``content_block_stop`` ends the block (and the call runs)
+  before ``message_delta`` brings ``stop_reason: "max_tokens"``.
+
+Arguments cut mid-JSON in any stream never complete and get ``INVALID_ARGUMENT`` from the stream's
+end (:class:`~toolfleet.dispatcher.streaming.TurnStream`).
 """
 
 from __future__ import annotations
@@ -50,19 +63,34 @@ def cut_off_results(adapter_name: str, payload: Any, calls: Sequence[ToolCall]) 
         if isinstance(first, dict) and first.get("finish_reason") == "length":
             cut.append((calls[-1].id, "finish_reason length"))
     elif adapter_name == "openai_responses":
-        items = [i for i in map(as_dict, data.get("output") or []) if isinstance(i, dict)]
-        details = as_dict(data.get("incomplete_details") or {})
-        reason = details.get("reason") if isinstance(details, dict) else None
-        cut_at_limit = data.get("status") == "incomplete" and reason in (None, "max_output_tokens")
-        for n, item in enumerate(items):
-            if item.get("type") != "function_call" or item.get("call_id") not in names:
-                continue
-            last_of_incomplete = cut_at_limit and n == len(items) - 1 and item.get("status") != "completed"
-            if item.get("status") == "incomplete" or last_of_incomplete:
-                cut.append((item["call_id"], "status incomplete"))
-    return {call_id: ToolResult.failure(
-        call_id, names[call_id], ErrorCode.INVALID_ARGUMENT,
+        cut.extend((call_id, "status incomplete") for call_id in responses_cut_calls(data) if call_id in names)
+    return {call_id: cut_off_result(ToolCall(id=call_id, name=names[call_id]), why) for call_id, why in cut}
+
+
+def cut_off_result(call: ToolCall, why: str) -> ToolResult:
+    """The ``INVALID_ARGUMENT`` result of a call the token limit cut off (``why``: what said so)."""
+    return ToolResult.failure(
+        call.id, call.name, ErrorCode.INVALID_ARGUMENT,
         f"the response was cut off ({why}: the output token limit) while this call was being written; its "
         "arguments may be incomplete, so it did not run",
         "make the call again with all of its arguments (fewer or shorter calls per response fit the limit)",
-    ) for call_id, why in cut}
+    )
+
+
+def responses_cut_calls(response: dict[str, Any]) -> list[str]:
+    """The ``call_id`` of each ``function_call`` item of a Responses ``response`` (plain data) that
+    the token limit cut off: its ``status`` is ``"incomplete"``, or it is the last output item of a
+    response whose ``status`` is ``"incomplete"`` for ``max_output_tokens`` (or no reason given)
+    and it is not marked ``"completed"``. Items that are not objects are skipped."""
+    items = [i for i in map(as_dict, response.get("output") or []) if isinstance(i, dict)]
+    details = as_dict(response.get("incomplete_details") or {})
+    reason = details.get("reason") if isinstance(details, dict) else None
+    cut_at_limit = response.get("status") == "incomplete" and reason in (None, "max_output_tokens")
+    cut = []
+    for n, item in enumerate(items):
+        if item.get("type") != "function_call" or not isinstance(item.get("call_id"), str):
+            continue
+        last_of_incomplete = cut_at_limit and n == len(items) - 1 and item.get("status") != "completed"
+        if item.get("status") == "incomplete" or last_of_incomplete:
+            cut.append(item["call_id"])
+    return cut

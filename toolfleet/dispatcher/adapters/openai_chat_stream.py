@@ -23,9 +23,11 @@ What compatible servers do, and how each is read (docs/streams.md has the source
 
 A call is complete, and released at once, when its joined arguments form a complete JSON object
 (nothing can be appended to one and stay valid JSON), when its index is reused by a new call, or at
-``finish_reason``. Text for a call after it was complete is ignored with a warning (white space
-silently). A fragment of the wrong type raises BatchRejected with the JSON pointer of the field,
-the event's position first (``/3/choices/0/delta/tool_calls/0/index``).
+``finish_reason``. The calls ``finish_reason: "length"`` completes (the output token limit ended the
+choice while they were being written) are listed in ``cut_off`` and do not run, as the same call
+does not when the response comes whole (:mod:`.cut_off`). Text for a call after it was complete is
+ignored with a warning (white space silently). A fragment of the wrong type raises BatchRejected
+with the JSON pointer of the field, the event's position first (``/3/choices/0/delta/tool_calls/0/index``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class OpenAIChatStreamParser:
     def __init__(self) -> None:
         self.calls = CallAssembler()
         self.cut_off: list[str] = []
+        self.cut_why: dict[str, str] = {}  # call id -> what cut it off at the token limit (.cut_off)
         self.custom: set[str] = set()  # ids of custom tool calls (type "custom": name and free-form input)
         self.warnings: list[str] = []
         self._meta: dict[str, Any] = {}
@@ -80,6 +83,9 @@ class OpenAIChatStreamParser:
             if finish is not None:
                 self._finish = need_text(finish, at(here, "finish_reason"), "finish_reason") or self._finish
                 for slot in self.calls.open_slots():
+                    if finish == "length":  # the token limit ended the choice while this call was open
+                        self.cut_off.append(slot.id)
+                        self.cut_why[slot.id] = "finish_reason length"
                     slot.done = True
         return self.calls.release()
 

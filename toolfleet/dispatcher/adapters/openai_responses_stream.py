@@ -7,10 +7,15 @@ opens an output item (for a call: ``type: "function_call"`` with ``call_id`` and
 ``response.output_item.done`` the finished item, and ``response.completed`` the whole response.
 
 A call is complete at its ``function_call_arguments.done`` (or, if that is missing, its
-``output_item.done``, or ``response.completed``); the arguments given there win over the joined
-fragments. A ``custom_tool_call`` item is a call from its ``output_item.added``, complete at its
-``output_item.done`` (its whole ``input``; a stream ending before it cuts it off), listed in
+``output_item.done``, or the terminal event: ``response.completed``, ``response.incomplete``,
+``response.failed``); the arguments given there win over the joined fragments. A ``custom_tool_call``
+item is a call from its ``output_item.added``, complete at its ``output_item.done`` (its whole
+``input``; a stream ending before it cuts it off), listed in
 :attr:`OpenAIResponsesStreamParser.custom` (it gets ``UNKNOWN_TOOL``: :mod:`.custom_calls`).
+
+A ``function_call`` the output token limit cut off (its ``output_item.done`` with ``status:
+"incomplete"``, or still open at a ``response.incomplete`` for ``max_output_tokens``: the rules of
+:mod:`.cut_off`) is listed in ``cut_off`` as it completes, and does not run.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 
 from ...models import ToolCall
 from .base import CallAssembler, StreamFormat, as_dict
+from .cut_off import responses_cut_calls
 from .openai_responses import OpenAIResponsesAdapter
 from .wire import at, dumps, join_surrogates, need_index, need_list, need_object, need_text, reject, short
 from .wire import kind as kind_of
@@ -30,6 +36,7 @@ class OpenAIResponsesStreamParser:
     def __init__(self) -> None:
         self.calls = CallAssembler()
         self.cut_off: list[str] = []
+        self.cut_why: dict[str, str] = {}  # call id -> what cut it off at the token limit (.cut_off)
         self.custom: set[str] = set()  # call ids of custom_tool_call items
         self.warnings: list[str] = []
         self._base: dict[str, Any] = {}
@@ -69,15 +76,7 @@ class OpenAIResponsesStreamParser:
                 self.calls.complete(key, _text(data.get("arguments"), at(where, "arguments")))
         elif kind in _ENDS:
             self._final = need_object(data.get("response"), at(where, "response"), "response", optional=True) or None
-            output = need_list((self._final or {}).get("output"), at(at(where, "response"), "output"), "output")
-            for n, item in enumerate(output):
-                here = at(at(at(where, "response"), "output"), n)
-                item = need_object(item, here, "an output item")
-                if item.get("type") != "function_call":
-                    continue
-                for position, known in enumerate(self._items):
-                    if known.get("call_id") == item.get("call_id"):
-                        self.calls.complete(position, _text(item.get("arguments"), at(here, "arguments")))
+            self._end(self._final or {}, at(where, "response"))
             if kind != "response.completed":
                 self.warnings.append(f"the response ended with {kind}")
         elif kind == "error":
@@ -102,6 +101,11 @@ class OpenAIResponsesStreamParser:
             self._items[position] = {**known, **item}
         if item_id:
             self._keys[item_id] = position
+        self._call(item, position, here, done)
+
+    def _call(self, item: dict[str, Any], position: int, here: str, done: bool) -> None:
+        """Start (or continue) the call of the output item at ``position``; ``done``: the item is
+        whole (its ``output_item.done``, or the terminal response's copy)."""
         if item.get("type") == "custom_tool_call":  # a call from its added item; its whole input at done
             call_id = need_text(item.get("call_id"), at(here, "call_id"), "a call_id")
             slot = self.calls.start(position, call_id, need_text(item.get("name"), at(here, "name"), "a tool name"))
@@ -118,9 +122,48 @@ class OpenAIResponsesStreamParser:
         slot.id = slot.id or call_id
         slot.name = slot.name or name
         if done:
+            if item.get("status") == "incomplete" and not slot.done:  # the token limit ended it (.cut_off)
+                self._cut(slot.id, "status incomplete")
             self.calls.complete(position, _text(item.get("arguments"), at(here, "arguments")))
         elif item.get("arguments"):
             slot.parts.append(need_text(item["arguments"], at(here, "arguments"), "arguments"))
+
+    def _end(self, final: dict[str, Any], where: str) -> None:
+        """The terminal event's ``response``: its calls still open complete with the arguments it
+        gives (those the token limit cut off, :func:`.cut_off.responses_cut_calls`, do not run)."""
+        output = need_list(final.get("output"), at(where, "output"), "output")
+        cut = set(responses_cut_calls(final))
+        for n, item in enumerate(output):
+            here = at(at(where, "output"), n)
+            item = need_object(item, here, "an output item")
+            if item.get("type") not in ("function_call", "custom_tool_call"):
+                continue
+            position = self._announced(item)
+            if position is None:
+                continue
+            slot = self.calls.get(position)
+            if item.get("type") == "custom_tool_call" or slot is None or slot.done:
+                self._call(item, position, here, done=True)
+                continue
+            if item.get("call_id") in cut:
+                self._cut(slot.id, "status incomplete")
+            self.calls.complete(position, _text(item.get("arguments"), at(here, "arguments")))
+
+    def _announced(self, item: dict[str, Any]) -> int | None:
+        """The position of the call item the stream already announced that ``item`` is (the same
+        non-empty ``call_id``, or the same item ``id``), or None."""
+        for position, known in enumerate(self._items):
+            if known.get("type") != item.get("type"):
+                continue
+            for field in ("call_id", "id"):
+                if isinstance(item.get(field), str) and item[field] and known.get(field) == item[field]:
+                    return position
+        return None
+
+    def _cut(self, call_id: str, why: str) -> None:
+        if call_id not in self.cut_off:
+            self.cut_off.append(call_id)
+            self.cut_why[call_id] = why
 
     def _key(self, data: dict[str, Any], where: str) -> Any:
         index = need_index(data.get("output_index"), at(where, "output_index"), "output_index")
