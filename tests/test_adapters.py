@@ -226,3 +226,59 @@ def test_every_format_has_a_name_and_short_names_work():
     assert get_adapter("chat").name == "openai_chat"
     assert get_adapter("responses").name == "openai_responses"
     assert get_adapter("messages").name == "anthropic"
+
+
+# Events of openai-python's Chat stream helper (client.chat.completions.stream()), recorded as plain
+# data (model_dump(mode="json", exclude_unset=True)) from its ChatCompletionStreamState fed the four
+# chunks below; the helper's snapshot is one object it keeps updating, so each ChunkEvent shows its
+# last state. A tester's find: these gave no call and no warning, and no format told from them.
+_RAW_HELPER_CHUNKS = [
+    {"id": "c1", "choices": [{"delta": {"content": "Reading."}, "index": 0, "finish_reason": None}], "created": 1,
+     "model": "gpt-4.1", "object": "chat.completion.chunk"},
+    {"id": "c1", "choices": [{"delta": {"tool_calls": [{"index": 0, "id": "call_a", "function": {
+        "arguments": "", "name": "read_file"}, "type": "function"}]}, "index": 0, "finish_reason": None}],
+     "created": 1, "model": "gpt-4.1", "object": "chat.completion.chunk"},
+    {"id": "c1", "choices": [{"delta": {"tool_calls": [{"index": 0, "function": {
+        "arguments": '{"path":"README.md"}'}}]}, "index": 0, "finish_reason": None}], "created": 1,
+     "model": "gpt-4.1", "object": "chat.completion.chunk"},
+    {"id": "c1", "choices": [{"delta": {}, "index": 0, "finish_reason": "tool_calls"}], "created": 1,
+     "model": "gpt-4.1", "object": "chat.completion.chunk"},
+]
+_HELPER_SNAPSHOT = {"id": "c1", "choices": [{"finish_reason": "tool_calls", "index": 0, "message": {
+    "content": "Reading.", "refusal": None, "role": None, "annotations": None, "audio": None, "function_call": None,
+    "tool_calls": [{"id": "call_a", "function": {"arguments": '{"path":"README.md"}', "name": "read_file",
+                                                 "parsed_arguments": None}, "type": "function", "index": 0}]}}],
+    "created": 1, "model": "gpt-4.1", "object": "chat.completion", "system_fingerprint": None, "usage": None}
+SDK_HELPER_EVENTS = [
+    {"type": "chunk", "chunk": _RAW_HELPER_CHUNKS[0], "snapshot": _HELPER_SNAPSHOT},
+    {"type": "content.delta", "delta": "Reading.", "snapshot": "Reading.", "parsed": None},
+    {"type": "chunk", "chunk": _RAW_HELPER_CHUNKS[1], "snapshot": _HELPER_SNAPSHOT},
+    {"type": "tool_calls.function.arguments.delta", "name": "read_file", "index": 0, "arguments": "",
+     "parsed_arguments": None, "arguments_delta": ""},
+    {"type": "content.done", "content": "Reading.", "parsed": None},
+    {"type": "chunk", "chunk": _RAW_HELPER_CHUNKS[2], "snapshot": _HELPER_SNAPSHOT},
+    {"type": "tool_calls.function.arguments.delta", "name": "read_file", "index": 0,
+     "arguments": '{"path":"README.md"}', "parsed_arguments": None, "arguments_delta": '{"path":"README.md"}'},
+    {"type": "chunk", "chunk": _RAW_HELPER_CHUNKS[3], "snapshot": _HELPER_SNAPSHOT},
+    {"type": "tool_calls.function.arguments.done", "name": "read_file", "index": 0,
+     "arguments": '{"path":"README.md"}', "parsed_arguments": None},
+]
+
+
+def test_the_openai_sdk_chat_stream_helpers_events_give_the_calls_of_their_chunks():
+    adapter = get_adapter("openai_chat_stream")
+    parser = adapter.replay(SDK_HELPER_EVENTS)
+    assert parser.warnings == []
+    assert adapter.parse(SDK_HELPER_EVENTS) == adapter.parse(_RAW_HELPER_CHUNKS) == [
+        ToolCall(id="call_a", name="read_file", arguments='{"path":"README.md"}', index=0)]
+    assert adapter.assistant_messages(SDK_HELPER_EVENTS) == adapter.assistant_messages(_RAW_HELPER_CHUNKS)
+    assert adapter.assistant_messages(SDK_HELPER_EVENTS)[0]["tool_calls"][0]["id"] == "call_a"
+    assert detect(SDK_HELPER_EVENTS).name == "openai_chat_stream"  # no format given: told from the ChunkEvents
+
+
+def test_a_chat_stream_event_neither_a_chunk_nor_the_sdk_helpers_is_ignored_with_a_warning():
+    parser = get_adapter("openai_chat_stream").parser()
+    assert parser.feed({"type": "chunk", "chunk": "not an object"}) == []
+    assert parser.feed({"error": {"message": "overloaded"}}) == []
+    assert len(parser.warnings) == 2 and all("ignored an event" in w for w in parser.warnings)
+    assert "overloaded" in parser.warnings[1]

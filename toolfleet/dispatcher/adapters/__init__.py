@@ -87,6 +87,8 @@ def detect_event(event: Any) -> Any:
     data = as_dict(event)
     if not isinstance(data, dict):
         return None
+    if data.get("type") == "chunk" and isinstance(data.get("chunk"), dict):
+        data = data["chunk"]  # openai-python's Chat stream helper: a ChunkEvent holds the raw chunk
     kind = data.get("type")
     choices = data.get("choices")
     if data.get("object") == "chat.completion.chunk" or (isinstance(choices, list) and any(

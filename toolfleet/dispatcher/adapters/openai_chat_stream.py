@@ -6,6 +6,12 @@ carries its ``id``, ``type`` and ``function.name``, the following ones pieces of
 ``function.arguments`` to be joined in order; ``finish_reason`` ends the choice. Only choice 0 is
 read, as for the non-streamed format.
 
+Events of openai-python's stream helper (``client.chat.completions.stream()``) are read too: its
+``ChunkEvent`` (``type: "chunk"``) carries the raw chunk in ``chunk``, which is read as above, and its
+other events (:data:`SDK_HELPER_EVENTS`: ``content.delta``, ``tool_calls.function.arguments.done``,
+...) repeat what the chunks say and are skipped. Any other event without ``choices`` is ignored with
+a warning naming it.
+
 What compatible servers do, and how each is read (docs/streams.md has the sources):
 
 - fragments of several calls interleaved: the ``index`` is the key, a later call starting never
@@ -38,11 +44,18 @@ from typing import Any
 from ...models import ToolCall
 from .base import CallAssembler, StreamFormat, as_dict, parses_as_object
 from .openai_chat import OpenAIChatAdapter, for_chat_wire
-from .wire import at, join_surrogates, kind, need_index, need_list, need_object, need_text
+from .wire import at, join_surrogates, kind, need_index, need_list, need_object, need_text, short
 
 _DELTA_READ = frozenset({"role", "content", "refusal", "tool_calls"})
 _CALL_READ = frozenset({"index", "id", "type", "function", "custom"})
 _META = ("id", "created", "model", "system_fingerprint", "service_tier")
+SDK_HELPER_EVENTS = frozenset({
+    "content.delta", "content.done", "refusal.delta", "refusal.done", "tool_calls.function.arguments.delta",
+    "tool_calls.function.arguments.done", "logprobs.content.delta", "logprobs.content.done",
+    "logprobs.refusal.delta", "logprobs.refusal.done"})
+"""Events openai-python's stream helper (``client.chat.completions.stream()``,
+``openai/lib/streaming/chat/_events.py``) derives from the chunks it reads; each raw chunk comes in
+its ``ChunkEvent`` (``type: "chunk"``, the chunk in ``chunk``), so these repeat what the chunks say."""
 
 
 class OpenAIChatStreamParser:
@@ -67,6 +80,13 @@ class OpenAIChatStreamParser:
         chunk = as_dict(event)
         if not isinstance(chunk, dict):
             self.warnings.append(f"ignored an event that is not an object: {str(chunk)[:60]}")
+            return []
+        if chunk.get("type") == "chunk" and isinstance(chunk.get("chunk"), dict):
+            chunk = chunk["chunk"]  # the SDK stream helper's ChunkEvent: the raw chunk inside
+        elif "choices" not in chunk and chunk.get("object") != "chat.completion.chunk":
+            if chunk.get("type") not in SDK_HELPER_EVENTS:  # the helper's own events repeat the chunks
+                self.warnings.append(f"event {self._events}: ignored an event that is neither a chat.completion.chunk "
+                                     f"nor one of the SDK stream helper's: {short(chunk, 80)}")
             return []
         where = f"/{self._events}"
         for key in _META:
