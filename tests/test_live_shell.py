@@ -12,16 +12,20 @@ from pathlib import Path
 import pytest
 
 from toolfleet.tools import sandbox
+from toolfleet.worker.affinity import _Spawner
 from toolfleet.worker.live_shell import Shell, encode
 
 from .leftovers import marker, processes_with, wait_gone
+
+SPAWNER = _Spawner()
+SPAWNER.start()
 
 
 @pytest.fixture
 def shell(tmp_path: Path):
     if sandbox.current().error:
         pytest.skip(f"no sandbox here: {sandbox.current().error}")
-    s = Shell(tmp_path)
+    s = Shell(tmp_path, SPAWNER)  # bwrap started by a thread that lives on, as in a worker (--die-with-parent)
     yield s
     s.close()
 
@@ -178,3 +182,49 @@ def test_a_stopped_command_that_keeps_forking_leaves_no_process(shell):
         assert out.stopped == "timeout", out
         assert wait_gone(seconds, 1.0) == []
     assert run(shell, "echo on").output == "on\n"
+
+
+def test_a_secret_rotated_or_created_after_the_shell_started_stays_covered(tmp_path):
+    """Defect 4: the secrets are covered as they were when the shell's sandbox was made; a key
+    file re-pointed through a Kubernetes-style ``..data`` link, or toolfleet's home created later,
+    must not be readable: the shell is restarted (and says so) before the next command."""
+    if sandbox.current().error:
+        pytest.skip(f"no sandbox here: {sandbox.current().error}")
+    import shutil
+    import tempfile
+
+    place = Path(tempfile.mkdtemp(prefix="toolfleet-rot-", dir="/var/tmp"))  # outside the sandbox's /tmp
+    before = sandbox.current()
+    shell = None
+    try:
+        (place / "..v1").mkdir()
+        (place / "..v1" / "key").write_text("OLD-SECRET\n")
+        os.symlink("..v1", place / "..data")
+        os.symlink("..data/key", place / "key")
+        home = place / "home"
+        config = sandbox.SandboxConfig(hidden=(str(place / "key"), str(home)))
+        sandbox.install(sandbox.SandboxState(config, sandbox.probe(config)))
+        workspace = tmp_path / "ws"
+        workspace.mkdir()
+        shell = Shell(workspace, SPAWNER)
+        read = f"cat {place}/key {home}/fleet.key 2>/dev/null; echo end"
+        assert run(shell, "export KEEP=1; " + read).output == "end\n"
+        (place / "..v2").mkdir()
+        (place / "..v2" / "key").write_text("ROTATED-SECRET\n")
+        os.symlink("..v2", place / "..tmp")
+        os.rename(place / "..tmp", place / "..data")
+        out = run(shell, read)
+        assert "ROTATED" not in out.output and out.output == "end\n", out
+        assert "secret files changed" in out.note
+        home.mkdir()
+        (home / "fleet.key").write_text("LATE-SECRET\n")
+        out = run(shell, read)
+        assert "LATE" not in out.output and out.output == "end\n", out
+        assert "secret files changed" in out.note
+        out = run(shell, "echo ${KEEP:-reset}")
+        assert out.output == "reset\n" and out.note == ""  # no change since: the shell goes on
+    finally:
+        if shell is not None:
+            shell.close()
+        sandbox.install(before)
+        shutil.rmtree(place, ignore_errors=True)

@@ -139,6 +139,16 @@ class SandboxState:
             out["error"] = self.error
         return out
 
+    def hidden_now(self, workspace: Path) -> tuple[str, ...]:
+        """The mounts that cover the worker's secrets for a sandbox of ``workspace`` made now
+        (symbolic links resolved now, only paths that exist); ``()`` unsandboxed. A long-lived
+        sandbox (a ``shell`` session) compares it before each command with the one it was made
+        with: a secret rotated or created since is not covered in it (the shell is restarted)."""
+        if self.unsandboxed:
+            return ()
+        before, after = _hide(self.config.hidden, os.path.realpath(workspace))
+        return (*before, "--bind-workspace", *after)
+
     def command(self, argv: Sequence[str], workspace: Path, network: str | None = None,
                 environ: Mapping[str, str] | None = None,
                 info_fd: int | None = None) -> tuple[list[str], dict[str, str]]:

@@ -97,6 +97,7 @@ class Shell:
         self.proc: subprocess.Popen[bytes] | None = None
         self.init: _SandboxInit | None = None
         self.unsandboxed = False
+        self._hidden: tuple[str, ...] = ()  # the secret mounts of the running sandbox (sandbox.hidden_now)
         self._life = threading.Lock()  # kill() (any thread) vs close(): never signal a closed pidfd
         self._start()
 
@@ -105,7 +106,8 @@ class Shell:
         box = sandbox.current()
         self.unsandboxed = box.unsandboxed
         info_r, info_w = (None, None) if box.unsandboxed else os.pipe()
-        try:
+        try:  # what covers the secrets, taken before the argv: a rotation in between restarts, never leaks
+            self._hidden = box.hidden_now(self.workspace)
             argv, env = box.command(list(SHELL_ARGV), self.workspace, info_fd=info_w)
             self.proc = self._spawn(lambda: subprocess.Popen(
                 argv, cwd=self.workspace, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -213,6 +215,10 @@ class Shell:
         if not self.alive:
             self.restart()
             note = "[a new shell was started: the previous one had ended; cwd and environment are reset]"
+        elif sandbox.current().hidden_now(self.workspace) != self._hidden:
+            self.restart()  # a secret rotated or created since the shell started is not covered in it
+            note = ("[a new shell was started: the worker's secret files changed since this shell started, and its "
+                    "sandbox must cover them; cwd, environment and background processes are reset]")
         if cancelled.is_set() or time.monotonic() >= deadline:
             return self._not_run(cancelled, note)
         mark = f"__toolfleet_end_{secrets.token_hex(12)}__".encode()
