@@ -52,3 +52,19 @@ def test_a_reply_in_flight_is_not_read_by_the_next_command(settings, safe):
     else:  # what the pool process saw before: the slow script's reply as the GET's
         assert got == b"slow reply"
     client.delete(key, f"{key}:n")
+
+
+@pytest.mark.parametrize("options", [{}, {"client_name": "toolfleet-test"}, {"protocol": 3},
+                                     {"health_check_interval": 1, "client_name": "x"}],
+                         ids=["plain", "client-name", "resp3", "health-check"])
+def test_an_interrupt_safe_client_connects_with_every_handshake(settings, options):
+    """redis-py 8.2 pipelines its handshake (HELLO, CLIENT SETNAME, CLIENT SETINFO, SELECT sent, then
+    read): counting those sends as owed replies made each one disconnect the socket being set up,
+    recursing until RecursionError on the first command of every ledger client (a fresh install
+    picked 8.2 up). The handshake's own commands are redis-py's, not counted."""
+    client = make_interrupt_safe(redis.Redis.from_url(settings.redis_url, db=15, **options))
+    assert client.ping() is True
+    key = f"interrupt-safe:{uuid.uuid4().hex}"
+    assert client.pipeline().set(key, 1).get(key).execute() == [True, b"1"]
+    client.connection_pool.disconnect()  # and again after a reconnect
+    assert client.delete(key) == 1

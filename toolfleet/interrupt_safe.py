@@ -26,6 +26,23 @@ class _InterruptSafe:
 
     _owed = 0  # replies sent for and not read yet
     _packed = 0  # commands in the last pack_commands (a pipeline), sent next
+    _connecting = False  # in redis-py's own handshake (HELLO, AUTH, SELECT, CLIENT SETINFO ...)
+
+    def connect(self, *args: Any, **kwargs: Any) -> Any:
+        return self._handshake(super().connect, *args, **kwargs)  # type: ignore[misc]
+
+    def connect_check_health(self, *args: Any, **kwargs: Any) -> Any:  # redis-py >= 6
+        return self._handshake(super().connect_check_health, *args, **kwargs)  # type: ignore[misc]
+
+    def _handshake(self, connect: Any, *args: Any, **kwargs: Any) -> Any:
+        """redis-py >= 8.2 pipelines its handshake (sends several commands, then reads their
+        replies): those sends are its own, not counted (counting them disconnected the socket
+        it was setting up, for ever)."""
+        outer, self._connecting = self._connecting, True
+        try:
+            return connect(*args, **kwargs)
+        finally:
+            self._connecting = outer
 
     def pack_commands(self, commands: Any) -> Any:
         packed = super().pack_commands(commands)  # type: ignore[misc]
@@ -33,13 +50,17 @@ class _InterruptSafe:
         return packed
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if self._connecting:  # the handshake's own commands: read by it before connect returns
+            return super().send_packed_command(command, check_health=check_health)  # type: ignore[misc]
         count, self._packed = self._packed or 1, 0
         if self._owed > 0:  # an interrupted command's reply may still arrive: start clean
             self.disconnect()  # type: ignore[attr-defined]
         # connect (HELLO, AUTH, SELECT) and check health first: their own commands balance out
         if not self._sock:  # type: ignore[attr-defined]
-            connect = getattr(self, "connect_check_health", None)  # redis-py >= 6; connect() before
-            connect(check_health=False) if connect is not None else self.connect()  # type: ignore[attr-defined]
+            if hasattr(super(), "connect_check_health"):  # redis-py >= 6; connect() before
+                self.connect_check_health(check_health=False)
+            else:
+                self.connect()
         if check_health:
             self.check_health()  # type: ignore[attr-defined]
         self._owed += count  # before sending: an interrupt right after the send is still counted
