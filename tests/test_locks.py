@@ -157,3 +157,67 @@ def test_a_holder_whose_lapsed_lock_another_turn_removed_is_told_so(settings):
     assert locks.acquire("A", lock_names("/ws", ["fs:zzz"])) == LAPSED + "B"
     locks.release("A")  # its turn ends: the mark goes with it
     assert locks.acquire("A", lock_names("/ws", ["fs:a"])) is None
+
+
+def _redis_ms(client) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def test_an_acquire_refused_by_a_live_lock_writes_nothing(settings):
+    """A refused acquire takes nothing, removes nothing and marks no one (it used to delete the
+    lapsed locks of others, and mark their owners lapsed, before finding its conflict)."""
+    from toolfleet.redis_client import connect
+
+    client = connect(settings.ledger)
+    locks = ResourceLocks(settings, client)
+    client.hset(locks.key, "/ws\nfs:c", "C 1")  # C's lock, lapsed long ago (seen first by a scan)
+    client.hset(locks.key, "/ws\nfs:a", f"A {_redis_ms(client) + 60_000}")  # A's, live
+    before = client.hgetall(locks.key)
+    assert locks.acquire("B", lock_names("/ws", ["fs:b", "fs:a"])) == "A"
+    assert client.hgetall(locks.key) == before and not client.exists(locks.lapsed_key)
+    assert locks.acquire("B", lock_names("/ws", ["fs:b"])) is None  # a take: C's lapsed lock goes, C is told
+    assert locks.acquire("C", lock_names("/ws", ["fs:zzz"])) == LAPSED + "B"
+
+
+def test_a_short_lease_never_shortens_the_lock_table_expiry(settings):
+    """The table's own expiry covers its longest lease: a turn that takes a short lease after
+    another took a long one must not make Redis drop the long one's lock early."""
+    from toolfleet.redis_client import connect
+
+    client = connect(settings.ledger)
+    locks = ResourceLocks(settings, client)
+    assert locks.acquire("A", lock_names("/ws", ["fs:a"]), lease_s=100) is None
+    assert locks.acquire("B", lock_names("/ws", ["fs:b"]), lease_s=0.5) is None
+    assert client.pttl(locks.key) > 100_000
+
+
+def test_a_turn_waiting_for_a_new_lock_keeps_the_locks_it_holds(settings, start_worker, dispatcher, workspace):
+    """A turn that takes calls as they come holds the lock of its first write; its next write
+    needs a lock another turn holds, so it waits, and while it waits its held lock is renewed (it
+    used to be renewed only while the turn held all it needed: it lapsed, and another turn could
+    write the first path between this turn's two writes)."""
+    from toolfleet.redis_client import connect
+
+    start_worker(concurrency=2)
+    client = connect(settings.ledger)
+    locks = ResourceLocks(settings, client)
+    turn = dispatcher.open_turn(workspace=str(workspace))
+    turn.add_call(call("a1", "append_line", path="a.txt", line="A1"))
+    assert next(turn.as_completed(timeout_s=60)).ok  # done: its lock's lease is lock_lease_s again
+    [a_name] = lock_names(str(workspace), ["fs:a.txt"])
+    [b_name] = lock_names(str(workspace), ["fs:b.txt"])
+    assert locks.acquire("other", [b_name], lease_s=60) is None
+    turn.add_call(call("a2", "append_line", path="b.txt", line="A2"))  # waits for "other"
+    owner, until_ms = client.hget(locks.key, a_name).decode().split()
+    assert owner == turn.turn_id
+    deadline = time.monotonic() + 30
+    while _redis_ms(client) < int(until_ms) + 1000:  # a whole lease after the one seen has passed
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    owner, renewed_until_ms = client.hget(locks.key, a_name).decode().split()
+    assert owner == turn.turn_id and int(renewed_until_ms) > _redis_ms(client)
+    assert locks.release("other") == 1
+    turn.close()
+    assert [r.ok for r in turn.results(timeout_s=60)] == [True, True]
+    assert client.hget(locks.key, a_name) is None  # released at the end

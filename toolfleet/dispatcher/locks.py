@@ -11,10 +11,13 @@ planner's rule (:func:`toolfleet.tools.overlaps`: by path prefix, ``*`` is every
 workspace. Paths are canonical (links resolved beneath the workspace, see
 :mod:`toolfleet.tools.resources`), so two spellings of one file take one lock.
 Each lock has a lease on the Redis clock, renewed by the holding dispatcher while its
-turn runs; a dead holder's locks lapse after one lease. The lease is long enough that a holder
-frozen (not dead) cannot lose its locks while a write it sent may still act: ``lock_lease_s`` +
-``turn_lease_s`` (after which workers refuse the turn's calls) + the longest hard time limit of its
-writes + ``clock_skew_margin_s`` (:func:`lease_s`). A holder whose lease lapsed and whose lock
+turn runs; a dead holder's locks lapse after one lease. The lease is ``lock_lease_s`` while none
+of the turn's writes is in flight, and long enough that a holder frozen (not dead) cannot lose its
+locks while a write it sent may still act while some are: ``lock_lease_s`` + ``turn_lease_s``
+(after which workers refuse the turn's calls) + the longest hard time limit of those writes +
+``clock_skew_margin_s`` (:func:`lease_s`; set before such a write is sent, :mod:`.turn_locks`).
+An acquire never shortens the table's own expiry, and one refused by a live conflict writes
+nothing. A holder whose lease lapsed and whose lock
 another turn then removed is *lapsed*: its next acquire is refused with the name of that turn
 (``LAPSED`` prefix), so it never takes the lock again and sends no more writes (they would
 interleave with the other turn's).
@@ -39,9 +42,9 @@ from ..settings import Settings
 
 _ACQUIRE = """
 -- KEYS: locks, lapsed ; ARGV: owner, lease_ms, name...   (name = workspace .. '\\n' .. resource)
--- lapsed: owner -> the owner that removed its expired lock (a holder whose lease lapsed is told so)
+-- lapsed: owner -> '<the turn that removed its expired locks> <ms>' (a holder whose lease lapsed is told so)
 local gone = redis.call('HGET', KEYS[2], ARGV[1])
-if gone then return '!' .. gone end
+if gone then return '!' .. string.match(gone, '^%S+') end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function split(s)
@@ -64,27 +67,45 @@ local function overlap(a, b)
   if pa == '' or pb == '' or pa == pb then return true end
   return string.sub(pb, 1, #pa + 1) == pa .. '/' or string.sub(pa, 1, #pb + 1) == pb .. '/'
 end
+-- first look, writing nothing: a live conflicting lock refuses the whole request
 local held = redis.call('HGETALL', KEYS[1])
+local lapsed = {}
 for i = 1, #held, 2 do
   local name, val = held[i], held[i + 1]
   local sp = string.find(val, ' ', 1, true)
   local owner, until_ms = string.sub(val, 1, sp - 1), tonumber(string.sub(val, sp + 1))
-  if until_ms <= now then
-    redis.call('HDEL', KEYS[1], name)
-    if owner ~= ARGV[1] then
-      redis.call('HSET', KEYS[2], owner, ARGV[1])
-      redis.call('PEXPIRE', KEYS[2], 86400000)
-    end
-  elseif owner ~= ARGV[1] then
-    for j = 3, #ARGV do
-      if overlap(name, ARGV[j]) then return owner end
+  if owner ~= ARGV[1] then
+    if until_ms > now then
+      for j = 3, #ARGV do
+        if overlap(name, ARGV[j]) then return owner end
+      end
+    else
+      lapsed[#lapsed + 1] = name
+      lapsed[#lapsed + 1] = owner
     end
   end
+end
+-- then take: the lapsed locks of others go, and their owners are marked (they never take a lock again)
+if #lapsed > 0 then
+  local marks = redis.call('HGETALL', KEYS[2])
+  for i = 1, #marks, 2 do  -- a mark lives a day: its turn's lease lapsed long before
+    if tonumber(string.match(marks[i + 1], '(%d+)$') or '0') < now - 86400000 then
+      redis.call('HDEL', KEYS[2], marks[i])
+    end
+  end
+  for i = 1, #lapsed, 2 do
+    redis.call('HDEL', KEYS[1], lapsed[i])
+    redis.call('HSET', KEYS[2], lapsed[i + 1], ARGV[1] .. ' ' .. now)
+  end
+  redis.call('PEXPIRE', KEYS[2], 86400000)
 end
 for j = 3, #ARGV do
   redis.call('HSET', KEYS[1], ARGV[j], ARGV[1] .. ' ' .. (now + tonumber(ARGV[2])))
 end
-redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+-- the table lives as long as its longest lease or hold: an acquire only ever lengthens its life
+local ttl = 2 * tonumber(ARGV[2])
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl >= 0 and pttl < ttl or pttl == -1 then redis.call('PEXPIRE', KEYS[1], ttl) end
 return ''
 """
 

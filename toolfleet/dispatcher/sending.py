@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import AbstractContextManager, nullcontext, suppress
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -36,7 +36,7 @@ from ..breaker import closed_state
 from ..errors import BrokerUnavailable
 from ..models import ErrorCode, ToolResult
 from .availability import NO_LIVE_WORKER
-from .locks import LAPSED, lease_s, lock_names
+from .turn_locks import TurnLocks
 
 if TYPE_CHECKING:
     from .turn import Turn
@@ -64,104 +64,9 @@ class Sender:
         self.resends: dict[str, int] = {}  # call id -> times sent again after its worker died
         self._to_send: list[str] = []  # ready, not sent yet (waiting for locks or the broker)
         self._send_failed_at: dict[str, float] = {}
-        self._lock_names: frozenset[str] = frozenset()
-        self._locks_held = True  # nothing to hold yet
-        self._lock_gave_up = False
-        self._lock_asked_at = time.monotonic()
-        self._lock_renewed_at = 0.0
-        self._lock_holder = ""
-        self._lock_lost_to = ""  # the turn that took the locks after their lease lapsed: no more writes
-        self._write_hard_s = 0.0  # the longest hard time limit of the turn's writes (their locks' lease)
-        self._released = False
+        self.lock = TurnLocks(turn, locks, self.sent_at)  # the turn's locks across turns
         self._checked_at = time.monotonic()
         self._unserved_since: dict[str, float] = {}  # tool -> when a send found no live worker
-
-    # ---- locks ----
-    def note_writes(self, resources: frozenset[str], hard_s: float = 0.0) -> None:
-        """A write on ``resources`` was taken (hard time limit ``hard_s``, s): its locks join the
-        turn's set, and their lease covers its hard limit (:func:`.locks.lease_s`)."""
-        if self.locks is None:
-            return
-        names = lock_names(self.turn._workspace, resources)
-        if hard_s > self._write_hard_s:
-            self._write_hard_s = hard_s
-            self._lock_renewed_at = 0.0  # the held locks' lease is renewed, longer, before the next send
-        if not names <= self._lock_names:
-            self._lock_names |= names
-            self._locks_held = False
-            self._lock_asked_at = time.monotonic()
-
-    @property
-    def lock_lease_s(self) -> float:
-        """The lease (s) this turn's locks are taken and renewed for."""
-        return lease_s(self.turn._settings, self._write_hard_s)
-
-    def take_locks(self) -> bool:
-        """Try to take the turn's write locks (all or none). True when held."""
-        if self._locks_held or self._lock_gave_up or self._lock_lost_to:
-            return self._locks_held
-        asked_at = time.monotonic()
-        holder = self.locks.acquire(self.turn.turn_id, self._lock_names, self.lock_lease_s)
-        if holder is None:
-            self._locks_held = True
-            self._lock_renewed_at = asked_at
-            if self._lock_holder:
-                log.info("turn %s: got the locks turn %s held", self.turn.turn_id, self._lock_holder)
-        elif holder.startswith(LAPSED):
-            self._locks_lost(holder.removeprefix(LAPSED))
-        elif holder != self._lock_holder:
-            self._lock_holder = holder
-            log.info("turn %s: waiting for turn %s, which writes the same resources", self.turn.turn_id, holder)
-        return self._locks_held
-
-    def renew_locks(self, *, due_only: bool = True) -> bool:
-        """Renew the held locks' lease (one script), at most every ``lock_lease_s / 3`` with
-        ``due_only``. False when the turn has lost them: their lease lapsed (its dispatcher was
-        paused, or Redis unreachable, past it) and another turn holds them or took them since; its
-        writes not started then get ``NOT_EXECUTED`` and no more are sent (:meth:`_locks_lost`).
-        Raises :class:`~toolfleet.errors.BrokerUnavailable` if Redis is away."""
-        if self._lock_lost_to:
-            return False
-        if not (self._lock_names and self._locks_held):
-            return True
-        now = time.monotonic()
-        if due_only and now - self._lock_renewed_at <= self.turn._settings.lock_lease_s / 3:
-            return True
-        holder = self.locks.acquire(self.turn.turn_id, self._lock_names, self.lock_lease_s)
-        if holder is None:
-            self._lock_renewed_at = now
-            return True
-        self._locks_lost(holder.removeprefix(LAPSED))
-        return False
-
-    def _locks_lost(self, holder: str) -> None:
-        """Another turn took this turn's locks after their lease lapsed: writes of the two would
-        interleave, so this turn sends no more writes. Those sent and not started are answered
-        ``NOT_EXECUTED`` atomically unless a claim began them (then they run, fenced as usual);
-        the others get it when they would be sent (:meth:`_may_send`)."""
-        turn = self.turn
-        self._lock_lost_to, self._locks_held = holder or "another turn", False
-        log.warning("turn %s: lost its resource locks to turn %s (their lease lapsed); its writes not started "
-                    "will not run", turn.turn_id, self._lock_lost_to)
-        with turn._lock:
-            waiting = [c for c in self.sent_at if c not in turn._started and c not in turn._finished
-                       and turn._runnable[c].spec.access == "write"]
-        for call_id in waiting:
-            turn._ledger.record_result(turn.turn_id, self._lost_locks_result(call_id), unless_started=True)
-
-    def _lost_locks_result(self, call_id: str) -> ToolResult:
-        return ToolResult.failure(
-            call_id, self.turn._runnable[call_id].spec.name, ErrorCode.NOT_EXECUTED,
-            f"the turn lost its locks on the resources it writes to turn {self._lock_lost_to} (its dispatcher "
-            "did not renew them within their lease); this write did not run, so that the two turns' writes "
-            "do not interleave", "check the current state, then ask again if the write is still wanted")
-
-    def release_locks(self) -> None:
-        if self._lock_names and not self._released:
-            self._released = True
-            self._locks_held = False
-            with suppress(Exception):  # the lease lapses by itself
-                self.locks.release(self.turn.turn_id)
 
     # ---- sending ----
     def submit(self, call_id: str, raise_errors: bool = False, resend: bool = False) -> None:
@@ -230,21 +135,23 @@ class Sender:
         write locks) or its ``TOOL_UNAVAILABLE`` result is recorded."""
         turn = self.turn
         run = turn._runnable[call_id]
-        if run.spec.access == "write" and not resend and self._locks_held and not self.renew_locks():
-            pass  # the lease lapsed and another turn took the locks: answered just below
-        if run.spec.access == "write" and self._lock_lost_to and not resend:
-            self._record(call_id, self._lost_locks_result(call_id))
-            return False
-        if run.spec.access == "write" and not self._locks_held and not resend:
-            if self._lock_gave_up:
-                self._record(call_id, ToolResult.failure(
-                    call_id, run.spec.name, ErrorCode.TOOL_UNAVAILABLE,
-                    f"another turn ({self._lock_holder}) kept writing the same resources for longer than "
-                    f"{turn._settings.lock_wait_s:g} s; this call did not run",
-                    "ask again once the other turn is done"))
-            else:
-                self._queue(call_id)
-            return False
+        lock = self.lock
+        if run.spec.access == "write" and lock.locks is not None:
+            if not resend and lock.held:
+                lock.renew(for_call=call_id)  # its lease covers this write's hard limit before it goes
+            if lock.lost_to:  # the lease lapsed and another turn took the locks
+                self._record(call_id, lock.not_sent_again(call_id) if resend else lock.not_executed(call_id))
+                return False
+            if not lock.held and not resend:
+                if lock.gave_up:
+                    self._record(call_id, ToolResult.failure(
+                        call_id, run.spec.name, ErrorCode.TOOL_UNAVAILABLE,
+                        f"another turn ({lock.holder}) kept writing the same resources for longer than "
+                        f"{turn._settings.lock_wait_s:g} s; this call did not run",
+                        "ask again once the other turn is done"))
+                else:
+                    self._queue(call_id)
+                return False
         if self.availability is not None and not resend:
             refusal = self.availability.refusal(run.spec, call_id)
             if refusal is not None:
@@ -288,15 +195,16 @@ class Sender:
         if turn._cancelled_at is not None:
             return
         now = time.monotonic()
-        self.renew_locks()
+        self.lock.renew()
         with turn._lock:
             pending = [c for c in self._to_send if c not in turn._finished]
             self._to_send.clear()
         if not pending:
             return
-        if not self._locks_held and not self.take_locks():
-            if now - self._lock_asked_at > turn._settings.lock_wait_s:
-                self._lock_gave_up = True
+        lock = self.lock
+        if not lock.held and not lock.take() and not lock.lost_to:
+            if now - lock.asked_at > turn._settings.lock_wait_s:
+                lock.gave_up = True
         self.send_group(pending)
 
     def group(self, closed: frozenset[str] | set[str] = frozenset()) -> AbstractContextManager[None]:
@@ -378,7 +286,7 @@ class Sender:
             return
         lost = turn._ledger.reopen(turn.turn_id, turn._names, results, armed=turn.armed)
         turn._ledger.renew_lease(turn.turn_id)
-        self.renew_locks(due_only=False)
+        self.lock.renew(due_only=False)
         if not lost:
             return
         log.warning("turn %s: Redis lost its data (restarted without persistence)", turn.turn_id)

@@ -50,7 +50,7 @@ from ..tools.state import session_resources
 from .adapters.base import results_for
 from .plan import Plan, PlanItem, Planner
 from .sending import Sender
-from .submit import SOFT_LIMIT_MARGIN_S, Submitter
+from .submit import Submitter
 from .turn_approvals import TurnApprovals
 from .turn_driver import _WAKE, TurnDriver
 from .watchdog import Watchdog
@@ -243,8 +243,7 @@ class Turn(TurnApprovals, TurnDriver):
                                 resolve(spec.resources, arguments, self._workspace)
                                 | session_resources(spec, self._session_id))
                 if item.access == "write":
-                    self._sender.note_writes(item.resources, spec.time_limit_s(arguments) + SOFT_LIMIT_MARGIN_S
-                                             + self._settings.kill_grace_s)
+                    self._sender.lock.note_writes(item.resources)
                 with self._lock:
                     self._runnable[call.id] = Runnable(spec, arguments)
                     deps = planned[call.id] = self._planner.add(item)
@@ -261,7 +260,7 @@ class Turn(TurnApprovals, TurnDriver):
                                            if c in self._runnable})
             for failure in failures:
                 self._ledger.record_result(self.turn_id, failure)
-            self._sender.take_locks()
+            self._sender.lock.take()
         except redis.RedisError as exc:
             raise BrokerUnavailable(self._settings.redis_url, str(exc)) from exc
         self._submit_ranked(to_send, raise_errors=raise_errors)
@@ -285,7 +284,7 @@ class Turn(TurnApprovals, TurnDriver):
         """The caller gives the turn up after a failed submission: no more calls, locks freed, and
         the driver no longer restores the turn in Redis."""
         self._abandoned = True
-        self._sender.release_locks()
+        self._sender.lock.release()
         self.close()
         with self._lock:
             missing = [c for c in self._calls if c.id not in self._results]

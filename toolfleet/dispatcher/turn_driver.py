@@ -76,7 +76,7 @@ class TurnDriver:
                     if time.monotonic() - lease_renewed_at >= self._settings.turn_lease_s / 6:
                         # locks first: a turn that lost them (paused past their lease) answers its
                         # writes not started before its renewed lease lets a worker claim one
-                        self._sender.renew_locks()
+                        self._sender.lock.renew()
                         self._ledger.renew_lease(self.turn_id)
                         lease_renewed_at = self._ttl_set_at = time.monotonic()
                     self._sender.pump()
@@ -107,7 +107,7 @@ class TurnDriver:
                         return
                     time.sleep(min(0.05 * 2 ** min(failures, 5), 1.0))
         finally:
-            self._sender.release_locks()
+            self._sender.lock.release()
             self._end()
 
     def _end(self) -> None:
@@ -217,7 +217,7 @@ class TurnDriver:
         if not cancelled:
             self._submit_ranked(ready)
         if all_in:
-            self._sender.release_locks()
+            self._sender.lock.release()
             self._done.set()
             with self._changed:
                 self._changed.notify_all()

@@ -246,8 +246,8 @@ class Watchdog:
             self.availability.report_lost(run.spec.name)
 
     def _hold_locks(self, seconds: float) -> None:
-        locks = self.turn._sender.locks
-        if locks is None or seconds <= 0 or not self.turn._sender._lock_names:
+        locks = self.turn._sender.lock.locks
+        if locks is None or seconds <= 0 or not self.turn._sender.lock.names:
             return
         try:
             locks.hold(self.turn.turn_id, seconds)
