@@ -154,6 +154,13 @@ def responses_streams(draw) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
                            "item_id": f"fc_{n}", "arguments": call["text"]})
         events.append({"type": "response.output_item.done", "output_index": n,
                        "item": {**item, "arguments": call["text"], "status": "completed"}})
+    # the terminal response: none (a stream cut before it), after the items, or the only place the
+    # calls are (no output_item event for them, as some servers and proxies send)
+    terminal = draw(st.sampled_from(["none", "completed", "completed_only"]))
+    if terminal != "none":
+        final = responses_payload(made)
+        events = events[:1] if terminal == "completed_only" else events
+        events.append({"type": "response.completed", "response": {**final, "status": "completed"}})
     return events, made
 
 

@@ -314,6 +314,38 @@ def test_responses_stream_whose_summary_lost_a_call_is_rebuilt_from_the_stream()
     assert echoed == ["call_a", "call_b"]
 
 
+def test_responses_calls_only_the_terminal_response_carries_are_the_calls_of_the_response_whole():
+    """A tester's find: ``response.created`` then ``response.completed`` whose ``output`` holds the
+    calls, with no ``output_item`` event for them, gave no call and no warning (and rebuilt ``[]``).
+    Now they are taken from the terminal response, in output order, after any call the stream
+    announced, and answered as the same response non-streamed is."""
+    fc = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "read_file",
+          "arguments": '{"path":"README.md"}', "status": "completed"}
+    custom = {"type": "custom_tool_call", "id": "ctc_2", "call_id": "call_2", "name": "patch", "input": "x"}
+    fc3 = {**fc, "id": "fc_3", "call_id": "call_3", "arguments": {"path": "b"}}  # an object: its JSON text
+    final = {"id": "resp_1", "object": "response", "status": "completed",
+             "output": [{"type": "message", "id": "m", "role": "assistant", "status": "completed",
+                         "content": [{"type": "output_text", "text": "Reading.", "annotations": []}]},
+                        fc, custom, fc3]}
+    base = {"id": "resp_1", "object": "response", "status": "in_progress", "output": []}
+    only_end = [{"type": "response.created", "response": base}, {"type": "response.completed", "response": final}]
+    stream, whole = get_adapter("openai_responses_stream"), get_adapter("openai_responses")
+    parser = stream.replay(only_end)
+    def same(calls):
+        return [(c.id, c.name, parse_arguments(c), c.index) for c in calls]
+
+    assert same(stream.parse(only_end)) == same(whole.parse(final))
+    assert [c.id for c in stream.parse(only_end)] == ["call_1", "call_2", "call_3"]
+    assert parser.custom == {"call_2"} and parser.cut_off == [] and parser.warnings == []
+    assert [i.get("call_id") for i in rebuilt("openai_responses_stream", only_end)] == [None, "call_1", "call_2",
+                                                                                        "call_3"]
+    # announced and not: the announced call keeps its place, the others follow in output order
+    mixed = [only_end[0], {"type": "response.output_item.added", "output_index": 1, "item": {**fc, "arguments": ""}},
+             only_end[1]]
+    assert [c.id for c in stream.parse(mixed)] == ["call_1", "call_2", "call_3"]
+    assert stream.parse(mixed)[0].arguments == fc["arguments"]
+
+
 def _server_tool_stream(second_fragment: str) -> list[dict]:
     return [
         {"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",

@@ -11,7 +11,7 @@ The properties:
 - reassembly: a stream's calls come out once each, in model order, with arguments equal to the
   concatenated fragments after joining surrogate pairs (so equal to what the model wrote), in every
   server style (OpenAI, LiteLLM, vLLM reusing an index, Gemini/Ollama without index, interleaved,
-  whole calls);
+  whole calls; Responses calls announced item by item, or only in the terminal ``response.completed``);
 - what goes back validates against the SDKs' request types (openai's ``ChatCompletionMessageParam``
   and ``ResponseInputItemParam``, anthropic's ``MessageParam``) and the providers' rules: string
   arguments, no empty text block, each call's result right after it.

@@ -8,7 +8,10 @@ opens an output item (for a call: ``type: "function_call"`` with ``call_id`` and
 
 A call is complete at its ``function_call_arguments.done`` (or, if that is missing, its
 ``output_item.done``, or the terminal event: ``response.completed``, ``response.incomplete``,
-``response.failed``); the arguments given there win over the joined fragments. A ``custom_tool_call``
+``response.failed``); the arguments given there win over the joined fragments. A ``function_call``
+or ``custom_tool_call`` item that only the terminal event's ``response.output`` carries (no
+``output_item`` event announced it) is a call too, taken from there whole, in output order, after
+the calls the stream announced: the same calls as the response non-streamed. A ``custom_tool_call``
 item is a call from its ``output_item.added``, complete at its ``output_item.done`` (its whole
 ``input``; a stream ending before it cuts it off), listed in
 :attr:`OpenAIResponsesStreamParser.custom` (it gets ``UNKNOWN_TOOL``: :mod:`.custom_calls`).
@@ -130,7 +133,8 @@ class OpenAIResponsesStreamParser:
 
     def _end(self, final: dict[str, Any], where: str) -> None:
         """The terminal event's ``response``: its calls still open complete with the arguments it
-        gives (those the token limit cut off, :func:`.cut_off.responses_cut_calls`, do not run)."""
+        gives (those the token limit cut off, :func:`.cut_off.responses_cut_calls`, do not run), and
+        its calls the stream never announced are taken whole, in output order."""
         output = need_list(final.get("output"), at(where, "output"), "output")
         cut = set(responses_cut_calls(final))
         for n, item in enumerate(output):
@@ -139,8 +143,14 @@ class OpenAIResponsesStreamParser:
             if item.get("type") not in ("function_call", "custom_tool_call"):
                 continue
             position = self._announced(item)
-            if position is None:
-                continue
+            if position is None:  # a call only the terminal response carries: taken whole, in output order
+                position = len(self._items)
+                self._items.append(dict(item))
+                if isinstance(item.get("id"), str) and item["id"]:
+                    self._keys[item["id"]] = position
+                if item.get("type") == "function_call":
+                    self.calls.start(position, need_text(item.get("call_id"), at(here, "call_id"), "a call_id"),
+                                     need_text(item.get("name"), at(here, "name"), "a function name"))
             slot = self.calls.get(position)
             if item.get("type") == "custom_tool_call" or slot is None or slot.done:
                 self._call(item, position, here, done=True)
