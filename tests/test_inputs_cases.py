@@ -403,3 +403,26 @@ def test_a_responses_response_stored_as_model_dump_goes_back_without_nulls():
     assert items == [{"id": "rs_1", "summary": [], "type": "reasoning"},
                      {"arguments": '{"path": "README.md"}', "call_id": "call_1", "name": "read_file",
                       "type": "function_call", "id": "fc_1"}]
+
+
+@pytest.mark.parametrize("choice_index", [None, "missing"])
+def test_a_chat_choice_whose_index_is_null_or_missing_is_the_first_choice(choice_index):
+    """A tester's find: a chunk whose choice has ``"index": null`` (servers that fill one choice
+    send it so) was skipped, its calls lost. Now a null or missing choice index is choice 0, streamed
+    as whole; a choice with another index is still not read."""
+    def choice(body: dict) -> dict:
+        return body if choice_index == "missing" else {"index": choice_index, **body}
+
+    tc = {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path":"a"}'}}
+    whole = {"id": "c", "object": "chat.completion", "choices": [
+        choice({"finish_reason": "tool_calls", "message": {"role": "assistant", "content": None, "tool_calls": [tc]}})]}
+    chunks = [{"id": "c", "object": "chat.completion.chunk",
+               "choices": [choice({"delta": {"role": "assistant", "tool_calls": [{"index": 0, **tc}]}})]},
+              {"id": "c", "object": "chat.completion.chunk",
+               "choices": [choice({"delta": {}, "finish_reason": "tool_calls"}),
+                           {"index": 1, "delta": {"tool_calls": [{"index": 0, **tc, "id": "other"}]}}]}]
+    expected = [("call_1", "read_file", '{"path":"a"}')]
+    assert [(c.id, c.name, c.arguments) for c in get_adapter("openai_chat").parse(whole)] == expected
+    assert [(c.id, c.name, c.arguments) for c in get_adapter("openai_chat_stream").parse(chunks)] == expected
+    assert [c["id"] for c in rebuilt("openai_chat_stream", chunks)[0]["tool_calls"]] == ["call_1"]
+    assert [c["id"] for c in rebuilt("openai_chat", whole)[0]["tool_calls"]] == ["call_1"]

@@ -3,7 +3,8 @@
 Source: OpenAI API reference, Chat Completions ("function calling"): each tool call has ``id``,
 ``type: "function"``, ``function.name`` and ``function.arguments`` (a JSON *string*, possibly
 invalid); each result goes back as ``{"role": "tool", "tool_call_id": <id>, "content": <text>}``,
-one per call, after the assistant message that made the calls. Tools are declared as
+one per call, after the assistant message that made the calls. ``choices[0]`` is read whatever its
+``index`` says (``null`` or missing included), as the streamed format reads choice 0. Tools are declared as
 ``{"type": "function", "function": {"name", "description", "parameters"}}``.
 
 A tool call of ``type: "custom"`` (``custom: {"name", "input"}``, a custom tool's free-form text) is

@@ -4,7 +4,9 @@ Source: OpenAI API reference, "Streaming" for Chat Completions: each chunk's
 ``choices[0].delta.tool_calls`` holds fragments keyed by ``index``; the first fragment of a call
 carries its ``id``, ``type`` and ``function.name``, the following ones pieces of
 ``function.arguments`` to be joined in order; ``finish_reason`` ends the choice. Only choice 0 is
-read, as for the non-streamed format.
+read, as for the non-streamed format; a choice whose ``index`` is ``null`` or missing is choice 0
+(servers that fill only one choice send it so, and the OpenAI SDK's users read ``choices[0]``
+whatever its index).
 
 Events of openai-python's stream helper (``client.chat.completions.stream()``) are read too: its
 ``ChunkEvent`` (``type: "chunk"``) carries the raw chunk in ``chunk``, which is read as above, and its
@@ -95,7 +97,7 @@ class OpenAIChatStreamParser:
         for n, choice in enumerate(need_list(chunk.get("choices"), at(where, "choices"), "choices")):
             here = at(at(where, "choices"), n)
             choice = need_object(choice, here, "a choice")
-            if choice.get("index", 0) != 0:
+            if choice.get("index") not in (0, None):  # null or missing: the first choice
                 continue
             delta = need_object(choice.get("delta"), at(here, "delta"), "delta", optional=True)
             self._delta(delta, at(here, "delta"))
