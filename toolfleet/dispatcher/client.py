@@ -30,6 +30,7 @@ from ..worker.app import create_app
 from .adapters import Adapter, as_dict, detect, get_adapter
 from .adapters.custom_calls import custom_call_results
 from .adapters.cut_off import cut_off_results
+from .adapters.namespaces import resolve as resolve_namespaces
 from .approvals import Approvals, PendingCall
 from .availability import Availability
 from .guard import Guard
@@ -184,6 +185,8 @@ class Dispatcher:
             adapter.replay(payload)
             return self.submit_stream(as_dict(payload), format=adapter.name, **options)
         calls = adapter.parse(payload)
+        if hasattr(adapter, "namespaces"):  # Responses: a namespaced function's fleet tool (.adapters.namespaces)
+            calls = resolve_namespaces(calls, adapter.namespaces(payload), self.registry.__contains__)
         failed = {**cut_off_results(adapter.name, payload, calls), **custom_call_results(adapter, payload, calls)}
         return self.submit(calls, failed=failed, adapter=adapter, response=payload, **options)
 

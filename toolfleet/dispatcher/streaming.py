@@ -21,6 +21,7 @@ from ..models import ErrorCode, ToolCall, ToolResult
 from .adapters import detect_event, get_adapter
 from .adapters.custom_calls import custom_call_result
 from .adapters.cut_off import cut_off_result
+from .adapters.namespaces import resolve as resolve_namespaces
 from .turn import Turn
 
 
@@ -63,8 +64,7 @@ class TurnStream:
         else:
             events = [event]
         calls = [call for e in events for call in self.parser.feed(e)]
-        self._take(calls, cut_off=set(self.parser.cut_off))  # an event may complete a call by cutting it off
-        return calls
+        return self._take(calls, cut_off=set(self.parser.cut_off))  # an event may complete a call by cutting it off
 
     def close(self) -> Turn:
         """End of the stream: take the calls still open, rebuild the assistant message, close the
@@ -89,9 +89,14 @@ class TurnStream:
         """What the parser ignored, and why."""
         return list(self.parser.warnings) if self.parser is not None else []
 
-    def _take(self, calls: list[ToolCall], cut_off: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    def _take(self, calls: list[ToolCall], cut_off: set[str] = frozenset()) -> list[ToolCall]:  # type: ignore[assignment]
+        """Give ``calls`` to the turn; returns them as taken (a namespaced Responses call named by
+        the fleet tool it runs: :mod:`.adapters.namespaces`)."""
         if not calls:
-            return
+            return calls
+        namespaces = getattr(self.parser, "namespaces", None)  # Responses: a namespaced function's fleet tool
+        if namespaces:
+            calls = resolve_namespaces(calls, namespaces, self.turn.registry.__contains__)
         why = getattr(self.parser, "cut_why", {})  # the token limit cut them off, as the stream said
         failed = {
             call.id: cut_off_result(call, why[call.id]) if call.id in why else ToolResult.failure(
@@ -115,6 +120,7 @@ class TurnStream:
                 reason=exc.reason,
                 call_ids=exc.call_ids,
             ) from exc
+        return calls
 
     def __enter__(self) -> TurnStream:
         return self

@@ -150,6 +150,11 @@ class Turn(TurnApprovals, TurnDriver):
             return self._planner.plan()
 
     @property
+    def registry(self) -> Registry:
+        """The tools the turn's calls are checked against."""
+        return self._registry
+
+    @property
     def closed(self) -> bool:
         """True once no more calls can be added."""
         return self._closed

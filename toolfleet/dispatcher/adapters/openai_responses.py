@@ -11,6 +11,10 @@ A ``custom_tool_call`` item (a custom tool: free-form ``input`` text, "Custom to
 guide) is a call too, in model order, answered by a ``custom_tool_call_output`` item; toolfleet runs
 function tools only, so it gets ``UNKNOWN_TOOL`` (:mod:`.custom_calls`) instead of going unanswered,
 which the API refuses.
+
+A ``function_call`` with a ``namespace`` (a function of a ``namespace`` tool) runs the fleet tool
+``namespace__name`` when the registry has one, else ``name``; the item goes back as it came
+(:mod:`.namespaces`, applied by the dispatcher with :meth:`OpenAIResponsesAdapter.namespaces`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 from ...errors import BatchRejected
 from ...models import ToolCall, ToolResult
 from .base import as_dict, tool_descriptions
+from .namespaces import namespaces_of
 from .wire import arguments_for_wire, at, call_arguments, for_wire, need_object, need_text
 
 _STATUSES = ("in_progress", "completed", "incomplete")
@@ -55,6 +60,11 @@ class OpenAIResponsesAdapter:
                 )
             )
         return calls
+
+    def namespaces(self, payload: Any) -> dict[str, str]:
+        """``{call_id: namespace}`` of the response's ``function_call`` items that carry a
+        ``namespace`` (:mod:`.namespaces`); BatchRejected as :meth:`parse`."""
+        return namespaces_of(self.output_items(payload))
 
     def custom_call_ids(self, payload: Any) -> set[str]:
         """The call ids of the response's ``custom_tool_call`` items; BatchRejected (with the

@@ -16,6 +16,10 @@ item is a call from its ``output_item.added``, complete at its ``output_item.don
 ``input``; a stream ending before it cuts it off), listed in
 :attr:`OpenAIResponsesStreamParser.custom` (it gets ``UNKNOWN_TOOL``: :mod:`.custom_calls`).
 
+A ``function_call`` item's ``namespace`` (from any copy of the item: added, done or the terminal
+response's) is kept in :attr:`OpenAIResponsesStreamParser.namespaces` (``{call_id: namespace}``)
+before the call is released; the dispatcher resolves the tool it runs from it (:mod:`.namespaces`).
+
 A ``function_call`` the output token limit cut off (its ``output_item.done`` with ``status:
 "incomplete"``, or still open at a ``response.incomplete`` for ``max_output_tokens``: the rules of
 :mod:`.cut_off`) is listed in ``cut_off`` as it completes, and does not run.
@@ -28,6 +32,7 @@ from typing import Any
 from ...models import ToolCall
 from .base import CallAssembler, StreamFormat, as_dict
 from .cut_off import responses_cut_calls
+from .namespaces import item_namespace
 from .openai_responses import OpenAIResponsesAdapter
 from .wire import at, dumps, join_surrogates, need_index, need_list, need_object, need_text, reject, short
 from .wire import kind as kind_of
@@ -41,6 +46,7 @@ class OpenAIResponsesStreamParser:
         self.cut_off: list[str] = []
         self.cut_why: dict[str, str] = {}  # call id -> what cut it off at the token limit (.cut_off)
         self.custom: set[str] = set()  # call ids of custom_tool_call items
+        self.namespaces: dict[str, str] = {}  # call id -> its function_call item's namespace (.namespaces)
         self.warnings: list[str] = []
         self._base: dict[str, Any] = {}
         self._final: dict[str, Any] | None = None
@@ -124,6 +130,7 @@ class OpenAIResponsesStreamParser:
         slot = self.calls.start(position, call_id, name)
         slot.id = slot.id or call_id
         slot.name = slot.name or name
+        self._namespace(item, slot.id)
         if done:
             if item.get("status") == "incomplete" and not slot.done:  # the token limit ended it (.cut_off)
                 self._cut(slot.id, "status incomplete")
@@ -155,6 +162,7 @@ class OpenAIResponsesStreamParser:
             if item.get("type") == "custom_tool_call" or slot is None or slot.done:
                 self._call(item, position, here, done=True)
                 continue
+            self._namespace(item, slot.id)
             if item.get("call_id") in cut:
                 self._cut(slot.id, "status incomplete")
             self.calls.complete(position, _text(item.get("arguments"), at(here, "arguments")))
@@ -169,6 +177,11 @@ class OpenAIResponsesStreamParser:
                 if isinstance(item.get(field), str) and item[field] and known.get(field) == item[field]:
                     return position
         return None
+
+    def _namespace(self, item: dict[str, Any], call_id: str) -> None:
+        namespace = item_namespace(item)
+        if namespace is not None and call_id:
+            self.namespaces.setdefault(call_id, namespace)
 
     def _cut(self, call_id: str, why: str) -> None:
         if call_id not in self.cut_off:
