@@ -228,3 +228,51 @@ def test_a_secret_rotated_or_created_after_the_shell_started_stays_covered(tmp_p
             shell.close()
         sandbox.install(before)
         shutil.rmtree(place, ignore_errors=True)
+
+
+# ---- the command channel: what the shell reads as commands comes from the worker only ----
+
+_PAYLOAD = "\\ntouch injected; ls() { echo FAKE-$((6*7)); }; git() { echo FAKE-$((6*7)); }\\n"
+_INJECT = f"""#!/bin/bash
+shell=${{SHELL_PID:-$PPID}}
+payload=$'{_PAYLOAD}'
+inject() {{  # every fd of the shell through /proc, every fd number this process holds (files: its own script)
+  for f in /proc/$shell/fd/* /proc/$shell/task/*/fd/* /proc/self/fd/*; do
+    [ -f "$f" ] || printf '%s' "$payload" > "$f"
+  done 2>/dev/null
+  for n in $(seq 0 254); do {{ printf '%s' "$payload" >&$n; }} 2>/dev/null; done
+}}
+inject
+(sleep 0.4; inject; sleep 0.4; inject) </dev/null >/dev/null 2>&1 &  # also once the command has ended
+echo built
+"""
+
+
+def _not_injected(shell: Shell, tmp_path: Path) -> None:
+    time.sleep(1.2)  # the late writers are done
+    for _ in range(3):
+        out = run(shell, "ls; type -t ls git; echo end")
+        assert "FAKE-42" not in out.output and "function" not in out.output, out
+        assert out.output.endswith("end\n") and out.status == 0, out
+    assert not (tmp_path / "injected").exists()
+
+
+def test_a_child_cannot_write_into_the_shell_command_stream(shell, tmp_path):
+    """A program the command runs (./build.sh of a cloned repo) writes shell code into every fd of
+    the shell (/proc/$PPID/fd/N, /proc/$PPID/task/*/fd/N), into every fd number it holds, now and
+    after the command ended: no later command of the session runs it."""
+    (tmp_path / "build.sh").write_text(_INJECT)
+    (tmp_path / "build.sh").chmod(0o755)
+    out = run(shell, "./build.sh")
+    assert "built" in out.output and out.status == 0
+    _not_injected(shell, tmp_path)
+
+
+def test_subshells_and_background_jobs_of_the_command_cannot_write_into_it(shell, tmp_path):
+    """The same from a forked subshell of the command and from a background job, which hold the
+    shell's own fds (not exec'd: close-on-exec does not apply); SHELL_PID is the shell's pid."""
+    (tmp_path / "build.sh").write_text(_INJECT)
+    out = run(shell, "export SHELL_PID=$$; (source ./build.sh); source ./build.sh & wait; echo ok")
+    assert out.output.endswith("ok\n"), out
+    _not_injected(shell, tmp_path)
+

@@ -1,7 +1,8 @@
 """One persistent ``bash`` in the sandbox of :mod:`toolfleet.tools.sandbox`, run command by command.
 
-The shell is a long-lived ``bwrap ... -- bash --noprofile --norc -s`` reading its script from a
-pipe (its stdin). Each command is written to that pipe as one block:
+The shell is a long-lived ``bwrap ... -- bash --noprofile --norc -s`` reading its script from its
+stdin, the command channel: one end of a socketpair only the worker writes to (:mod:`.shell_start`
+says how the kernel holds that). Each command is written to the channel as one block:
 
     __tf_c=$'\\x63\\x64...'                       # the command's bytes, ANSI-C quoted (bash's own parser)
     eval "$__tf_c" </dev/null                    # runs in the shell itself: cd, export, set persist
@@ -39,6 +40,7 @@ import os
 import secrets
 import select
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -49,6 +51,7 @@ from typing import Any
 
 from ..tools import sandbox
 from ..tools.command import _SandboxInit
+from .shell_start import channel, children, killpg, living, popen, send_signal
 
 TERM_GRACE_S = 0.25  # between TERM and KILL of the command's processes (s)
 STOP_WAIT_S = 0.75  # after KILL, how long the end marker may take before the shell is restarted (s)
@@ -56,7 +59,6 @@ KILL_PASS_S = 0.01  # between KILL passes over the command's processes (s)
 POLL_S = 0.05  # how often a waiting command looks at its cancel signal (s)
 BOOTSTRAP_WRITE_S = 5.0  # how long the new shell may take to accept its bootstrap (s)
 MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # kept per command: head and tail, the middle dropped (said)
-SHELL_ARGV = ("bash", "--noprofile", "--norc", "-s")
 BOOTSTRAP = b"trap 'return 143 2>/dev/null' USR1\n__tf_run() { eval \"$__tf_c\"; }\n"
 
 
@@ -95,6 +97,7 @@ class Shell:
         self._dropped = 0
         self._eof = False
         self.proc: subprocess.Popen[bytes] | None = None
+        self._chan: socket.socket | None = None  # the worker's end of the command channel
         self.init: _SandboxInit | None = None
         self.unsandboxed = False
         self._hidden: tuple[str, ...] = ()  # the secret mounts of the running sandbox (sandbox.hidden_now)
@@ -106,13 +109,12 @@ class Shell:
         box = sandbox.current()
         self.unsandboxed = box.unsandboxed
         info_r, info_w = (None, None) if box.unsandboxed else os.pipe()
+        self._chan, shell_end = channel()
         try:  # what covers the secrets, taken before the argv: a rotation in between restarts, never leaks
             self._hidden = box.hidden_now(self.workspace)
-            argv, env = box.command(list(SHELL_ARGV), self.workspace, info_fd=info_w)
-            self.proc = self._spawn(lambda: subprocess.Popen(
-                argv, cwd=self.workspace, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True, pass_fds=() if info_w is None else (info_w,)))
+            self.proc = popen(box, self.workspace, self._spawn, shell_end, info_w)
         finally:
+            shell_end.close()
             if info_w is not None:
                 os.close(info_w)
         self.init = None
@@ -124,8 +126,6 @@ class Shell:
             self.close()  # the init killed, or bwrap before it forked one
             raise
         self._shell_pid: int | None = None
-        assert self.proc.stdin is not None
-        os.set_blocking(self.proc.stdin.fileno(), False)  # every write is bounded (_write)
         # USR1 ends the running command: the trap's `return` leaves the function the command runs in;
         # not taken in time: seen at the first command (the shell is restarted when its block cannot be)
         self._write(BOOTSTRAP, time.monotonic() + BOOTSTRAP_WRITE_S, threading.Event())
@@ -166,7 +166,7 @@ class Shell:
             if self.init is not None and self.init.pid is not None:
                 self.init.kill()
             elif self.proc is not None:
-                _killpg(self.proc.pid)
+                killpg(self.proc.pid)
         finally:
             self._life.release()
 
@@ -179,11 +179,13 @@ class Shell:
     def _close(self) -> None:
         proc, init = self.proc, self.init
         if proc is None:
+            if self._chan is not None:
+                self._chan.close()  # bwrap did not start
             return
         if init is not None and init.pid is not None:
             init.kill()
         else:
-            _killpg(proc.pid)
+            killpg(proc.pid)
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -192,7 +194,7 @@ class Shell:
         if init is not None:
             init.wait_gone()
             init.close()
-        for pipe in (proc.stdin, proc.stdout):
+        for pipe in (self._chan, proc.stdout):
             try:
                 if pipe is not None:
                     pipe.close()
@@ -222,7 +224,7 @@ class Shell:
         if cancelled.is_set() or time.monotonic() >= deadline:
             return self._not_run(cancelled, note)
         mark = f"__toolfleet_end_{secrets.token_hex(12)}__".encode()
-        assert self.proc is not None and self.proc.stdin is not None
+        assert self.proc is not None
         before = self._descendants()
         with self._cond:
             start = len(self._buf)
@@ -231,7 +233,7 @@ class Shell:
         written = self._write(block.encode(), deadline, cancelled)
         if written == 0 and not self._eof_seen():
             return self._not_run(cancelled, note)
-        if written < len(block.encode()) and not self._eof_seen():  # half a command in the pipe: never run it
+        if written < len(block.encode()) and not self._eof_seen():  # half a command in the channel: never run it
             text = self._take()
             self.restart()
             return Outcome(text, None, stopped="cancelled" if cancelled.is_set() else "timeout", restarted=True,
@@ -249,18 +251,17 @@ class Shell:
     def _write(self, data: bytes, deadline: float, cancelled: threading.Event) -> int:
         """Write ``data`` to the shell's input (non-blocking) until ``deadline`` or ``cancelled``;
         returns the number of bytes written (all of them when the shell is gone: seen as its end)."""
-        assert self.proc is not None and self.proc.stdin is not None
-        fd = self.proc.stdin.fileno()
+        assert self._chan is not None
         poller = select.poll()
-        poller.register(fd, select.POLLOUT)
+        poller.register(self._chan.fileno(), select.POLLOUT)
         done = 0
         while done < len(data):
             try:
-                done += os.write(fd, data[done:done + 65536])
+                done += self._chan.send(data[done:done + 65536])
                 continue
             except BlockingIOError:
                 pass
-            except OSError:  # EPIPE: the shell is gone
+            except OSError:  # EPIPE, ECONNRESET: the shell is gone
                 return len(data)
             left = deadline - time.monotonic()
             if left <= 0 or cancelled.is_set():
@@ -316,15 +317,15 @@ class Shell:
                 os.kill(shell_pid, signal.SIGUSR1)  # the trap returns from the command once its child ends
             except (ProcessLookupError, PermissionError):
                 pass
-        _signal(self._descendants() - before, signal.SIGTERM)
+        send_signal(self._descendants() - before, signal.SIGTERM)
         found = self._wait_until(mark, start, TERM_GRACE_S)
         # one KILL pass misses a child forked after its snapshot: pass again until none is left (bounded)
         kill_until = time.monotonic() + STOP_WAIT_S
-        while left := self._living(self._descendants() - before):
+        while left := living(self._descendants() - before):
             if time.monotonic() >= kill_until:
                 found = None  # it forks faster than it is killed: only ending the sandbox ends it
                 break
-            _signal(left, signal.SIGKILL)
+            send_signal(left, signal.SIGKILL)
             if found is None:
                 found = self._wait_mark(mark, start, KILL_PASS_S)
             else:
@@ -346,19 +347,6 @@ class Shell:
                 return found
         return None
 
-    @staticmethod
-    def _living(pids: set[int]) -> set[int]:
-        """``pids`` that are still running (not zombies waiting to be reaped)."""
-        out = set()
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
-                        out.add(pid)
-            except (OSError, IndexError):
-                pass
-        return out
-
     def _descendants(self) -> set[int]:
         """Host pids of the processes below the shell: below the sandbox's init, the shell itself
         excluded (unsandboxed: below the shell)."""
@@ -368,45 +356,19 @@ class Shell:
         else:
             root = self.init.pid
             if self._shell_pid is None:
-                kids = _children(root)
+                kids = children(root)
                 if len(kids) == 1:  # the first child of the init is the shell
                     self._shell_pid = kids[0]
             shell_pid = self._shell_pid
         found: set[int] = set()
-        todo = _children(root)
+        todo = children(root)
         while todo:
             pid = todo.pop()
             if pid not in found:
                 found.add(pid)
-                todo.extend(_children(pid))
+                todo.extend(children(pid))
         found.discard(shell_pid)  # type: ignore[arg-type]
         return found
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                out.extend(int(p) for p in f.read().split())
-    except OSError:
-        pass
-    return out
-
-
-def _signal(pids: set[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _killpg(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _join(*notes: str) -> str:
