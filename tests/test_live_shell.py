@@ -276,3 +276,17 @@ def test_subshells_and_background_jobs_of_the_command_cannot_write_into_it(shell
     assert out.output.endswith("ok\n"), out
     _not_injected(shell, tmp_path)
 
+
+def test_a_child_cannot_trace_the_shell_or_take_its_fds(shell, tmp_path):
+    """ptrace(ATTACH) of the shell, or pidfd_getfd of its fds, would give a child the shell itself."""
+    probe = ("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); p = os.getppid()\n"
+             "attached = libc.ptrace(16, p, 0, 0); print('attach', attached)\n"
+             "if attached == 0: os.waitpid(p, 0x40000000); libc.ptrace(17, p, 0, 0)  # __WALL; DETACH\n"
+             "pidfd = libc.syscall(434, p, 0)\n"
+             "print('getfd', [libc.syscall(438, pidfd, n, 0) >= 0 for n in range(64)].count(True))\n")
+    (tmp_path / "probe.py").write_text(probe)
+    out = run(shell, "python3 probe.py")
+    if "attach" not in out.output:
+        pytest.skip(f"no python3 in the sandbox: {out.output}")
+    assert "attach -1" in out.output and "getfd 0" in out.output, out
+    assert run(shell, "echo hi").output == "hi\n"

@@ -151,12 +151,13 @@ class SandboxState:
 
     def command(self, argv: Sequence[str], workspace: Path, network: str | None = None,
                 environ: Mapping[str, str] | None = None,
-                info_fd: int | None = None) -> tuple[list[str], dict[str, str]]:
+                info_fd: int | None = None, mounts: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
         """The argv and environment to start ``argv`` with, in ``workspace``. Raises
         :class:`ToolFailure` (``TOOL_UNAVAILABLE``) when the sandbox cannot be created, and
         (``PERMISSION_DENIED``) when the workspace is ``/`` or not a directory. ``network``
         overrides the configured one for this command; ``info_fd`` (an fd the child inherits) gets
-        bwrap's ``--info-fd`` JSON, whose ``child-pid`` is the sandbox's init."""
+        bwrap's ``--info-fd`` JSON, whose ``child-pid`` is the sandbox's init; ``mounts`` (bwrap
+        arguments) are made on the sandbox's own ``/dev`` before anything else is mounted on it."""
         if self.error and not self.unsandboxed:
             raise ToolFailure(f"run_command refused: the sandbox cannot be created on this worker ({self.error})",
                               "the operator must install bubblewrap (apt-get install bubblewrap) or set "
@@ -164,7 +165,7 @@ class SandboxState:
         env = allowed_env(os.environ if environ is None else environ)
         if self.unsandboxed:
             return list(argv), env
-        return bwrap_argv(self.config, argv, workspace, network or self.config.network, env, info_fd), env
+        return bwrap_argv(self.config, argv, workspace, network or self.config.network, env, info_fd, mounts), env
 
 
 def allowed_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -178,7 +179,7 @@ def allowed_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def bwrap_argv(config: SandboxConfig, argv: Sequence[str], workspace: Path, network: str,
-               env: Mapping[str, str], info_fd: int | None = None) -> list[str]:
+               env: Mapping[str, str], info_fd: int | None = None, mounts: Sequence[str] = ()) -> list[str]:
     """The bubblewrap command line that runs ``argv`` confined to ``workspace`` (see the module doc).
     Mount order matters: later mounts cover earlier ones, so the workspace comes after ``/tmp``."""
     root = os.path.realpath(workspace)
@@ -191,7 +192,7 @@ def bwrap_argv(config: SandboxConfig, argv: Sequence[str], workspace: Path, netw
     # /proc read-only: a worker running as root maps the sandbox's user to host uid 0, and files of
     # /proc/sys (0644, owned by uid 0) are writable by their owner's mode bits alone, capabilities or
     # not: kernel.core_pattern would run a workspace program as host root (a core dump helper)
-    out = [config.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--remount-ro", "/proc",
+    out = [config.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", *mounts, "--proc", "/proc", "--remount-ro", "/proc",
            "--tmpfs", "/tmp"]
     if network == "none":
         out += ["--tmpfs", "/run"]  # the host's Unix sockets (databases, docker) are reachable through a read-only bind

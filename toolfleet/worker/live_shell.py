@@ -1,8 +1,9 @@
 """One persistent ``bash`` in the sandbox of :mod:`toolfleet.tools.sandbox`, run command by command.
 
 The shell is a long-lived ``bwrap ... -- bash --noprofile --norc -s`` reading its script from its
-stdin, the command channel: one end of a socketpair only the worker writes to (:mod:`.shell_start`
-says how the kernel holds that). Each command is written to the channel as one block:
+stdin, the command channel: one end of a socketpair only the worker writes to, and a shell its own
+processes can neither trace nor write commands into (:mod:`.shell_start` says how the kernel holds
+that). Each command is written to the channel as one block:
 
     __tf_c=$'\\x63\\x64...'                       # the command's bytes, ANSI-C quoted (bash's own parser)
     eval "$__tf_c" </dev/null                    # runs in the shell itself: cd, export, set persist

@@ -7,11 +7,21 @@ reads as commands: by the kernel, not by parsing what the command's processes wr
   (``shutdown(SHUT_WR)``, which holds for every descriptor of that socket): a process that holds it
   anyway (a forked subshell of the command, before it execs) can write nothing the shell would read.
   Only the worker's end, which never enters the sandbox, writes to the shell.
+- **The shell cannot be traced by the processes it starts.** Without Yama (as on this kernel), a
+  process of the sandbox (same uid) may ``ptrace`` its parent shell or ``pidfd_getfd`` its fds, and
+  so run anything as the shell. The shell's ``bash`` is exec'd from an execute-only copy
+  (``--perms 0111 --ro-bind-data``, owner without the read bit, every capability dropped): the
+  kernel makes a process that execs a binary it cannot read *non-dumpable*, and a non-dumpable
+  process can be neither traced, nor have its fds taken or opened through ``/proc/<pid>/fd`` by a
+  process without ``CAP_SYS_PTRACE``. The programs the shell runs exec their own (readable)
+  binaries: they stay dumpable, so ``gdb``/``strace`` of them still work. Forked subshells of the
+  command share the shell's protection (and are the caller's own shell code).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+SHELL_PATH = "/dev/.toolfleet-shell"  # on the sandbox's own /dev (a tmpfs of bwrap's), never the host's
 SHELL_ARGS = ("--noprofile", "--norc", "-s")
 
 
@@ -36,10 +47,22 @@ def popen(box: Any, workspace: Path, spawn: Callable[[Callable[[], Any]], Any], 
           info_w: int | None) -> subprocess.Popen[bytes]:
     """Start the shell in ``box`` (a :class:`~toolfleet.tools.sandbox.SandboxState`) reading ``stdin``,
     stdout and stderr to one pipe; ``spawn`` runs the start (``--die-with-parent``: a long-lived thread)."""
-    argv, env = box.command(["bash", *SHELL_ARGS], workspace, info_fd=info_w)
-    return spawn(lambda: subprocess.Popen(
-        argv, cwd=workspace, env=env, stdin=stdin.fileno(), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, start_new_session=True, pass_fds=() if info_w is None else (info_w,)))
+    bash_fd = None
+    try:
+        if box.unsandboxed:
+            argv, env = box.command(["bash", *SHELL_ARGS], workspace)
+        else:
+            bash = shutil.which("bash", path=os.environ.get("PATH") or None) or "/bin/bash"
+            bash_fd = os.open(bash, os.O_RDONLY | os.O_CLOEXEC)  # bwrap copies it to an execute-only file
+            argv, env = box.command([SHELL_PATH, *SHELL_ARGS], workspace, info_fd=info_w,
+                                    mounts=["--perms", "0111", "--ro-bind-data", str(bash_fd), SHELL_PATH])
+        fds = tuple(fd for fd in (info_w, bash_fd) if fd is not None)
+        return spawn(lambda: subprocess.Popen(
+            argv, cwd=workspace, env=env, stdin=stdin.fileno(), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True, pass_fds=fds))
+    finally:
+        if bash_fd is not None:
+            os.close(bash_fd)
 
 
 # ---- the processes of a shell's sandbox ----
