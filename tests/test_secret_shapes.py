@@ -58,8 +58,6 @@ EXACT = [
      "printf '%s\\n' *** | podman login --password-stdin -u me q.io"),
     ("echo -n \"bob:Zq9pLm\" | chpasswd", "echo -n \"***\" | chpasswd"),
     ("echo s3cret | passwd --stdin bob", "echo *** | passwd --stdin bob"),
-    ("db.example.com:5432:shop:app:Zq9p:Lm2x\n*:*:*:postgres:hunter2",
-     "db.example.com:5432:shop:app:***\n*:*:*:postgres:***"),
     ("openssl rsa -passin pass:mypass -in k.pem", "openssl rsa -passin *** -in k.pem"),
     ("export SECRET_KEY=django-insecure-xyz", "export SECRET_KEY=***"),
     ('{"password": "s3 cret", "max_tokens": 1024}', '{"password": "***", "max_tokens": 1024}'),
@@ -90,6 +88,9 @@ ORDINARY = [
     "commit 3f2a9c1d8e7b6a5f4c3d2e1f0a9b8c7d6e5f4a3b", "http://localhost:8080/health", "git@github.com:org/r.git",
     "password: is required", "sort_key=name", "the author: Jane", "echo hello | sudo tee /x",
     "echo done | cat", "root:x:0:0:root:/root:/bin/bash", "12:30:45 started", "a:b:c:d:e",
+    # the .pgpass-line shape (host:port:db:user:password), dropped, masked these (a reviewer's find)
+    "link/ether 02:42:ac:11:00:02", "fe80:0:0:0:200:f8ff:fe21:67cf", "src/app.py:12:3:error:unused",
+    "10.0.0.1:5432:1:2:ready",
 ]
 
 

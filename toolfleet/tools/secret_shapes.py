@@ -20,8 +20,7 @@ It recognises, in this order:
    ``-u user:***`` (curl and others),
    ``smbclient -U user%***``, ``openssl -passin pass:***``; a value echoed into a program that
    reads a password from its input (``echo *** | docker login --password-stdin``, ``| sudo -S``,
-   ``| chpasswd``, ``| passwd --stdin``); the password field of a ``.pgpass`` line
-   (``host:5432:db:user:***``);
+   ``| chpasswd``, ``| passwd --stdin``);
 7. options and assignments whose name is a secret (:func:`is_secret_name`): ``--password=***``,
    ``--password ***``, ``-storepass ***``, ``PGPASSWORD=***``, ``export SECRET_KEY=***``,
    ``"password": "***"``, ``'token': '***'``, ``api_key: ***``, ``X-Api-Key: ***``, ``?access_token=***&``;
@@ -183,11 +182,6 @@ _PROGRAM_SECRETS = [  # (words one of which the text must hold, pattern): the wo
         + r"(?=[ \t]*\|[^|;&\n]*(?:--password-stdin|--passphrase-stdin|--passphrase-fd|\bsudo\b[^|;&\n]*\s-S\b"
         r"|\bchpasswd\b|\bpasswd\b[^|;&\n]*--stdin))")),
 ]
-# a line of a PostgreSQL password file (~/.pgpass: hostname:port:database:username:password; the
-# PostgreSQL docs, "The Password File"), the port a number or *: its last field goes
-_PGPASS_LINE = re.compile(r"(?m)^((?:[^:\s\\]|\\.)+:(?:\d{1,5}|\*):(?:[^:\s\\]|\\.)+:(?:[^:\s\\]|\\.)+:)"
-                          r"(?!\*\*\*$)((?:[^\s\\]|\\.)+)[ \t]*$")
-
 _HINT = re.compile(_HINT_WORDS)  # in ASCII-lowered text: a line without one of these names no secret
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")  # keeps every index
 _QUOTED = r"""(?P<q>["'])(?P<qv>(?:\\.|(?!(?P=q))[^\\\n])*)(?P<qe>(?P=q))?"""
@@ -337,8 +331,6 @@ def mask_secrets(text: str, known: Iterable[str] = ()) -> str:
                 if masked == text:
                     break
                 text = masked
-    if ":" in text:
-        text = _PGPASS_LINE.sub(r"\1" + MASK, text)
     text = _mask_named(text, _lowered(text))
     if "bearer" not in lower and "basic" not in lower:
         return text
