@@ -73,9 +73,10 @@ class Settings(BaseModel):
       and its effect: a takeover of a call that might still run waits until its deadline (hard
       time limit) plus this margin has passed (issue "fencing"; docs/guarantees.md).
     - ``lock_lease_s`` / ``lock_wait_s``: resource locks across turns: the lease a turn holds on the
-      paths it writes (renewed while it runs, so a dead dispatcher frees them within a lease; the
-      lease taken is this + ``turn_lease_s`` + the longest hard limit of the turn's writes +
-      ``clock_skew_margin_s``, so it outlasts every write the dispatcher sent: ``dispatcher.locks.lease_s``)
+      paths it writes (renewed while it runs, so a dead dispatcher frees them within a lease; while
+      some of the turn's writes are in flight the lease is this + ``turn_lease_s`` + the longest
+      hard limit among them + ``clock_skew_margin_s``, so it outlasts every write the dispatcher
+      sent: ``dispatcher.locks.lease_s``, ``dispatcher.turn_locks``)
       and how long a turn waits for another turn's lock before its writes get ``TOOL_UNAVAILABLE``.
     - ``sandbox``: what ``run_command`` runs in (docs/sandbox.md): ``"bwrap"`` (default; bubblewrap:
       read-only root, the workspace the only writable place, own PID namespace) or ``"none"``
