@@ -221,3 +221,20 @@ def test_a_turn_waiting_for_a_new_lock_keeps_the_locks_it_holds(settings, start_
     turn.close()
     assert [r.ok for r in turn.results(timeout_s=60)] == [True, True]
     assert client.hget(locks.key, a_name) is None  # released at the end
+
+
+def test_a_held_execution_keeps_the_renewed_lease_long_enough(settings):
+    """Once the watchdog answers a write that may still act (a silent worker), the lease later
+    renewals set covers that execution's deadline too, not only ``lock_lease_s`` (the hold itself
+    only counts at release: a dispatcher dying after such a renewal would free the lock early)."""
+    import threading
+    from types import SimpleNamespace
+
+    from toolfleet.dispatcher.turn_locks import TurnLocks
+
+    turn = SimpleNamespace(_lock=threading.Lock(), _finished=set(), _runnable={}, _settings=settings,
+                           _workspace="/ws", turn_id="t")
+    lock = TurnLocks(turn, locks=None, sent_at={})
+    assert lock._lease_needed() == settings.lock_lease_s
+    lock.note_hold(100)
+    assert 100 < lock._lease_needed() <= 100 + settings.lock_lease_s

@@ -58,6 +58,7 @@ class TurnLocks:
         self._renewed_at = 0.0
         self._lease_s = 0.0  # the lease of the last acquire that succeeded
         self._released = False
+        self._hold_until = 0.0  # monotonic: an execution the watchdog answered may act until then
         self._mu = threading.RLock()
 
     # ---- taking and renewing ----
@@ -114,16 +115,24 @@ class TurnLocks:
             self._lost(holder.removeprefix(LAPSED))
             return False
 
+    def note_hold(self, seconds: float) -> None:
+        """The watchdog answered a call whose execution may still act for ``seconds``: the lease
+        set by later renewals covers that too (the hold itself only outlives a release)."""
+        with self._mu:
+            self._hold_until = max(self._hold_until, time.monotonic() + seconds)
+
     def _lease_needed(self, for_call: str | None = None) -> float:
         """The lease (s) the locks need now: ``lock_lease_s``, or :func:`.locks.lease_s` of the
-        longest hard limit among the writes in flight (and ``for_call``)."""
+        longest hard limit among the writes in flight (and ``for_call``), and at least
+        ``lock_lease_s`` past a hold (:meth:`note_hold`)."""
         turn = self.turn
         with turn._lock:
             flying = [c for c in self._sent_at if c not in turn._finished]
         if for_call is not None:
             flying.append(for_call)
         hard = [self.hard_s(c) for c in flying if turn._runnable[c].spec.access == "write"]
-        return lease_s(turn._settings, max(hard)) if hard else turn._settings.lock_lease_s
+        lease = lease_s(turn._settings, max(hard)) if hard else turn._settings.lock_lease_s
+        return max(lease, self._hold_until - time.monotonic() + turn._settings.lock_lease_s)
 
     def hard_s(self, call_id: str) -> float:
         """The hard limit (s) of ``call_id``: how long after its start its execution may still act."""

@@ -249,6 +249,7 @@ class Watchdog:
         locks = self.turn._sender.lock.locks
         if locks is None or seconds <= 0 or not self.turn._sender.lock.names:
             return
+        self.turn._sender.lock.note_hold(seconds)  # the renewed lease covers it too
         try:
             locks.hold(self.turn.turn_id, seconds)
         except Exception as exc:  # the lock's own lease still bounds it
