@@ -183,21 +183,29 @@ def test_no_process_is_left_after_worker_stop(start_worker, fast, live, workspac
 
 
 def test_calls_answered_timeout_or_cancelled_never_run_later(start_worker, fast, live, workspace):
-    """Defect 1: the shell stops reading (it stopped itself; it resumes 6 s later). A command larger
-    than the pipe buffer is answered TIMEOUT, and a call waiting behind it is cancelled: neither runs
-    when the shell would read again (the half-written one restarted the shell)."""
+    """Defect 1: the shell stops reading (it stopped itself; it resumes 8 s later). A command larger
+    than the pipe buffer is answered TIMEOUT, and a call waiting behind it in the session host is
+    cancelled: neither runs when the shell would read again (the half-written one restarted the shell).
+
+    The waiting call comes from a second dispatcher that takes no locks across turns (as one naming
+    the workspace otherwise, another machine's mount, would): through ``live`` it would wait for b's
+    workspace lock instead, start only once b was answered and run, truthfully ``ok``, in the
+    restarted shell, a race with the restart that CI once lost."""
     start_worker(args=ARGS, settings=fast)
-    [a] = sh(live, workspace, "w", "(sleep 0.3; kill -STOP $$; touch stopped; sleep 6; kill -CONT $$) & echo ok")
+    [a] = sh(live, workspace, "w", "(sleep 0.3; kill -STOP $$; touch stopped; sleep 8; kill -CONT $$) & echo ok")
     assert a.ok, a.content
     wait_until(lambda: (workspace / "stopped").exists(), 10, "the shell stopping itself")
     big = "cat > /dev/null <<'EOF'\n" + ("x" * 99 + "\n") * 3000 + "EOF\ntouch b-ran"  # 1.2 MB encoded
-    b = live.submit([call("b", "shell", command=big, timeout_s=2)], workspace=str(workspace), session_id="w")
+    b = live.submit([call("b", "shell", command=big, timeout_s=4)], workspace=str(workspace), session_id="w")
     wait_started(live, b.turn_id, "b")
-    c = live.submit([call("c", "shell", command="touch c-ran", timeout_s=60)], workspace=str(workspace),
-                    session_id="w")
-    wait_started(live, c.turn_id, "c")
-    c.cancel()
-    [cancelled] = c.results(timeout_s=15)
+    with Dispatcher(fast, default_registry([TEST_TOOLS, SHELL_TOOLS])) as other:
+        other.locks = None
+        c = other.submit([call("c", "shell", command="touch c-ran", timeout_s=60)], workspace=str(workspace),
+                         session_id="w")
+        wait_started(other, c.turn_id, "c")
+        c.cancel()
+        [cancelled] = c.results(timeout_s=15)
+        assert not b.wait(0), "b was answered before c was cancelled: c did not wait behind it"
     assert cancelled.code is ErrorCode.CANCELLED, cancelled
     [timed_out] = b.results(timeout_s=20)
     assert timed_out.code is ErrorCode.TIMEOUT, timed_out
