@@ -54,6 +54,11 @@ EXACT = [
     ("echo Zq9pLm2x | docker login -u bob --password-stdin reg.io",
      "echo *** | docker login -u bob --password-stdin reg.io"),
     ("echo 'my pass' | sudo -S apt-get update", "echo '***' | sudo -S apt-get update"),
+    ("echo pw9 | sudo sudo -k -S id", "echo *** | sudo sudo -k -S id"),
+    ("echo pw9 | sudo id; sudo -S id", "echo pw9 | sudo id; sudo -S id"),  # -S is another command's
+    ("mysql -pA1 -h db -pB2 -pC3 -pD4 -pE5 -pF6 -pG7 -pH8 -pI9 -pJ0 shop",
+     "mysql -p*** -h db -p*** -p*** -p*** -p*** -p*** -p*** -p*** -p*** -p*** shop"),  # every repeat, not 8
+    ("mysql -p'a;b' shop && mysql -pX2", "mysql -p'***' shop && mysql -p***"),
     ("printf '%s\\n' hunter2 | podman login --password-stdin -u me q.io",
      "printf '%s\\n' *** | podman login --password-stdin -u me q.io"),
     ("echo -n \"bob:Zq9pLm\" | chpasswd", "echo -n \"***\" | chpasswd"),
@@ -253,6 +258,12 @@ def test_deep_nesting_never_raises(depth):
     "a" * 200_000, "key" * 70_000, "mysql " + " -p" * 60_000, "://" * 60_000, "a.b-" * 50_000,
     "password " * 20_000, '"password": "' + "x" * 200_000, "-----BEGIN RSA PRIVATE KEY-----" * 5_000,
     "x=" * 100_000, "curl " + "-u a:" * 40_000, "eyJ" + "a" * 100_000 + ".", "Authorization: " * 20_000,
+    # a program's name repeated in one command with no option after it: each name once searched the
+    # rest of the command (quadratic; 25 KB took 0.7 s, these would take minutes)
+    "mysql " * 60_000, "sshpass " * 50_000, "docker login " * 30_000, "redis-cli " * 40_000,
+    "ldapsearch " * 40_000, "smbclient " * 40_000, "echo a |" + " sudo" * 80_000, "echo a | passwd" + " x" * 80_000,
+    # a secret name repeated inside its own value: each name once scanned the rest of the line
+    "password=" * 40_000, "token:" * 60_000, '"secret": "' * 30_000,
 ])
 def test_adversarial_text_is_redacted_quickly(text):
     started = time.monotonic()

@@ -150,38 +150,46 @@ _ESCAPED_PAIR = re.compile(
 )
 _BEARER = re.compile(r"(?i)(\b(?:bearer|basic)\s+)([A-Za-z0-9._~+/=-]{8,})")
 
-_SEGMENT = r"[^|;&\n]*?"  # the rest of one simple command
 _ARG = r"(?![\"']?\*\*\*[\"']?(?![^\s\"'|;&]))"  # not a value masked already (so a repeated option is found)
 _VALUE = r"(\"[^\"\n]*\"?|'[^'\n]*'?|[^\s\"'|;&-][^\s\"'|;&]*)"  # a word, quoted or not
-_PROGRAM_SECRETS = [  # (words one of which the text must hold, pattern): the words skip a pattern cheaply
+_SEGMENT_END = re.compile(r"[|;&\n]")  # where one simple command ends
+# (words one of which the text must hold, program, option): in a simple command that names the
+# program, every value of the option after it is masked. The words skip an entry cheaply; the
+# program and the option are looked for apart, each once per command, so the time is linear in the
+# text (one pattern "program, any text, option" retried from each program name was quadratic:
+# ``mysql `` 100,000 times took minutes).
+_PROGRAM_OPTIONS = [
     # mysql's password is attached to -p (a separate word after -p is the database)
     (("mysql", "mariadb"), re.compile(
-        r"(\b(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlshow|mysqlcheck|mariadb|mariadb-dump|mariadb-admin)"
-        r"\b" + _SEGMENT + r"\s-p)" + _ARG + r"([^\s\"'|;&]+)")),
-    (("sshpass", "mongo"), re.compile(
-        r"(\b(?:sshpass|mongo|mongosh|mongodump|mongorestore|mongoexport|mongoimport)\b" + _SEGMENT
-        + r"\s-p\s*)" + _ARG + _VALUE)),
-    (("login",), re.compile(
-        r"(\b(?:docker|podman|nerdctl|helm|buildah|skopeo|az)\s+(?:registry\s+|acr\s+)?login\b" + _SEGMENT
-        + r"\s-p\s*)" + _ARG + _VALUE)),
-    (("redis-cli",), re.compile(r"(\bredis-cli\b" + _SEGMENT + r"\s-a\s*)" + _ARG + _VALUE)),
-    (("ldap",), re.compile(
-        r"(\bldap(?:search|modify|add|delete|whoami|passwd|compare|modrdn)\b" + _SEGMENT
-        + r"\s-w\s*)" + _ARG + _VALUE)),
+        r"\b(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlshow|mysqlcheck|mariadb|mariadb-dump|mariadb-admin)\b"),
+     re.compile(r"(\s-p)" + _ARG + r"(\"[^\"\n]*\"?|'[^'\n]*'?|[^\s\"'|;&]+)")),  # -p'...' quoted too
+    (("sshpass", "mongo"), re.compile(r"\b(?:sshpass|mongo|mongosh|mongodump|mongorestore|mongoexport|mongoimport)\b"),
+     re.compile(r"(\s-p\s*)" + _ARG + _VALUE)),
+    (("login",), re.compile(r"\b(?:docker|podman|nerdctl|helm|buildah|skopeo|az)\s+(?:registry\s+|acr\s+)?login\b"),
+     re.compile(r"(\s-p\s*)" + _ARG + _VALUE)),
+    (("redis-cli",), re.compile(r"\bredis-cli\b"), re.compile(r"(\s-a\s*)" + _ARG + _VALUE)),
+    (("ldap",), re.compile(r"\bldap(?:search|modify|add|delete|whoami|passwd|compare|modrdn)\b"),
+     re.compile(r"(\s-w\s*)" + _ARG + _VALUE)),
+    (("smbclient",), re.compile(r"\bsmbclient\b"),
+     re.compile(r"(\s(?:-U|--user)(?:\s+|=)?[\"']?[^\s\"'%]*%)" + _ARG + r"([^\s\"']+)")),
+]
+_PROGRAM_SECRETS = [  # (words one of which the text must hold, pattern): the words skip a pattern cheaply
     # curl, wget and others: -u user:password (docker's -u uid:gid loses its gid: harmless)
     (("-u", "-U", "--user", "--proxy-user", "--http-user"), re.compile(
         r"((?<!\S)(?:-u|-U|--user|--proxy-user|--http-user)(?:[ \t]+|=)?[\"']?[^\s\"':/@]*:)(?!/)" + _ARG
         + r"([^\s\"']+)")),
-    (("smbclient",), re.compile(
-        r"(\bsmbclient\b" + _SEGMENT + r"\s(?:-U|--user)(?:\s+|=)?[\"']?[^\s\"'%]*%)" + _ARG + r"([^\s\"']+)")),
     (("-pass",), re.compile(r"(\s-pass(?:in|out)?\s+[\"']?pass:)" + _ARG + r"([^\s\"']+)")),
-    # a password echoed into a program that reads it from standard input
-    (("-stdin", "sudo", "chpasswd", "--passphrase-fd"), re.compile(
-        r"(\b(?:echo(?:[ \t]+-[neE]{1,3})?|printf(?:[ \t]+(?:'%s[^'\n]*'|\"%s[^\"\n]*\"|%s\S*))?)[ \t]+)"
-        + _ARG + _VALUE
-        + r"(?=[ \t]*\|[^|;&\n]*(?:--password-stdin|--passphrase-stdin|--passphrase-fd|\bsudo\b[^|;&\n]*\s-S\b"
-        r"|\bchpasswd\b|\bpasswd\b[^|;&\n]*--stdin))")),
 ]
+# a password echoed into a program that reads it from standard input: the command after the pipe
+# (group 3) is looked at by _reads_password
+_ECHOED = (("-stdin", "sudo", "chpasswd", "--passphrase-fd"), re.compile(
+    r"(\b(?:echo(?:[ \t]+-[neE]{1,3})?|printf(?:[ \t]+(?:'%s[^'\n]*'|\"%s[^\"\n]*\"|%s\S*))?)[ \t]+)"
+    + _ARG + _VALUE + r"(?=[ \t]*\|([^|;&\n]*))"))
+_READS_PASSWORD = re.compile(r"--password-stdin|--passphrase-stdin|--passphrase-fd|\bchpasswd\b")
+_SUDO = re.compile(r"\bsudo\b")
+_SUDO_STDIN = re.compile(r"\s-S\b")
+_PASSWD = re.compile(r"\bpasswd\b")
+_PASSWD_STDIN = re.compile(r"--stdin")
 _HINT = re.compile(_HINT_WORDS)  # in ASCII-lowered text: a line without one of these names no secret
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")  # keeps every index
 _QUOTED = r"""(?P<q>["'])(?P<qv>(?:\\.|(?!(?P=q))[^\\\n])*)(?P<qe>(?P=q))?"""
@@ -213,13 +221,15 @@ def _mask_values(pattern: re.Pattern[str], secret: Callable[[re.Match[str]], boo
     """``text`` with the value of each ``pattern`` match that ``secret`` accepts replaced by the mask."""
     out: list[str] = []
     done = 0  # text[:done] is in ``out``
-    for match in pattern.finditer(text):
-        if match.start() < done or not secret(match):
+    pos = 0
+    while (match := pattern.search(text, pos)) is not None:
+        pos = match.end()  # the name's end: the value is in a look-ahead
+        if not secret(match):
             continue
         start, end = _value_span(match)
         out.append(text[done:start])
         out.append(MASK)
-        done = end
+        done = pos = max(end, pos)  # from the masked value's end: not once per name inside it
     out.append(text[done:])
     return "".join(out)
 
@@ -274,6 +284,39 @@ def _program_value(match: re.Match[str]) -> str:
     return f"{match.group(1)}{quote}{MASK}{quote if value.endswith(quote) and len(value) > 1 else ''}"
 
 
+def _mask_program_options(text: str, program: re.Pattern[str], option: re.Pattern[str]) -> str:
+    """``text`` with each ``option`` value that follows ``program`` in one simple command masked.
+    Linear: each command is searched from its first program name on, once."""
+    out: list[str] = []
+    done = 0  # text[:done] is in ``out``
+    pos = 0
+    while (named := program.search(text, pos)) is not None:
+        ends = _SEGMENT_END.search(text, named.end())
+        command_end = len(text) if ends is None else ends.start()
+        at = named.end()
+        while (found := option.search(text, at, command_end)) is not None:
+            found = option.match(text, found.start())  # again without the end: a quoted value may hold "|;&"
+            if found is None:  # cannot be: the option matched with less text
+                break
+            out.append(text[done:found.start()])
+            out.append(_program_value(found))
+            done = at = found.end()
+        pos = max(command_end, at)
+    out.append(text[done:])
+    return "".join(out)
+
+
+def _echoed_value(match: re.Match[str]) -> str:
+    """The echoed value masked when the command after the pipe reads a password from its input."""
+    consumer = match.group(3)
+    reads = _READS_PASSWORD.search(consumer) is not None
+    if not reads and (sudo := _SUDO.search(consumer)) is not None:
+        reads = _SUDO_STDIN.search(consumer, sudo.end()) is not None
+    if not reads and (passwd := _PASSWD.search(consumer)) is not None:
+        reads = _PASSWD_STDIN.search(consumer, passwd.end()) is not None
+    return _program_value(match) if reads else match.group(0)
+
+
 def _lowered(text: str) -> str:
     """``text`` in lower case, each character still at its index (``str.lower`` lengthens a few)."""
     lower = text.lower()
@@ -324,13 +367,14 @@ def mask_secrets(text: str, known: Iterable[str] = ()) -> str:
         text = _AUTH_HEADER.sub(lambda m: m.group(1) + MASK if m.group(2).strip("* ") else m.group(0), text)
     if "cookie" in lower:
         text = _COOKIE_HEADER.sub(_cookie, text)
-    for words, program in _PROGRAM_SECRETS:
+    for words, program, option in _PROGRAM_OPTIONS:
         if any(word in text for word in words):
-            for _ in range(8):  # one secret per match; a command may repeat the option
-                masked = program.sub(_program_value, text)
-                if masked == text:
-                    break
-                text = masked
+            text = _mask_program_options(text, program, option)
+    for words, pattern in _PROGRAM_SECRETS:
+        if any(word in text for word in words):
+            text = pattern.sub(_program_value, text)
+    if any(word in text for word in _ECHOED[0]):
+        text = _ECHOED[1].sub(_echoed_value, text)
     text = _mask_named(text, _lowered(text))
     if "bearer" not in lower and "basic" not in lower:
         return text
