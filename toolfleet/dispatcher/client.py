@@ -9,6 +9,7 @@ time as each call's arguments complete (:meth:`Dispatcher.open_stream`).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 import weakref
@@ -244,14 +245,15 @@ class Dispatcher:
         the final results and mark its turn ended in the ledger (a driver still at it then is logged;
         its turn's lease lapses within ``turn_lease_s``, E1). Idempotent; raises nothing."""
         turns = list(self._turns)
-        for turn in turns:
-            if not turn.done:
-                try:
-                    turn.cancel("the dispatcher was closed")
-                    turn.close()
-                except Exception as exc:  # noqa: BLE001 - closing anyway; the lease covers it
-                    log.warning("turn %s: could not cancel it on close (%s)", turn.turn_id, exc)
         deadline = time.monotonic() + self.settings.cancel_grace_s + CLOSE_WAIT_S
+        # each turn is cancelled in a thread of its own: with Redis frozen a cancel waits for a socket
+        # timeout (BROKER_SOCKET_TIMEOUT_S), and one after another that was one timeout per turn
+        cancels = [threading.Thread(target=_end_on_close, args=(turn,), name=f"toolfleet-close-{turn.turn_id[:8]}",
+                                    daemon=True) for turn in turns if not turn.done]
+        for thread in cancels:
+            thread.start()
+        for thread in cancels:
+            thread.join(max(deadline - time.monotonic(), 0.0))
         for turn in turns:
             if not turn.join_driver(deadline - time.monotonic()):
                 log.warning("turn %s: its driver still runs as the dispatcher closes; its lease lapses "
@@ -265,3 +267,12 @@ class Dispatcher:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _end_on_close(turn: Turn) -> None:
+    """Cancel and close ``turn`` as its dispatcher closes; raises nothing (the lease covers a failure)."""
+    try:
+        turn.cancel("the dispatcher was closed")
+        turn.close()
+    except Exception as exc:  # noqa: BLE001 - closing anyway; the lease covers it
+        log.warning("turn %s: could not cancel it on close (%s)", turn.turn_id, exc)
