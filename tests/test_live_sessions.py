@@ -161,6 +161,32 @@ def test_no_process_is_left_after_close(start_worker, fast, live, workspace):
     assert fresh.ok and fresh.content == f"{workspace}\n"
 
 
+def test_closing_a_session_ends_its_live_shell_too(start_worker, fast, live, workspace):
+    """``Dispatcher.close_session`` and ``toolfleet sessions --close`` end the session's live shell
+    as well as its stored states (they deleted only the states: the shell and its processes lived on
+    until the idle TTL, 30 min)."""
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    start_worker(args=ARGS, settings=fast)
+    first, second = marker(), marker()
+    [a] = sh(live, workspace, "closing-1", f"sleep {first} & echo bg")
+    assert a.ok and processes_with(first)
+    assert live.close_session("closing-1") is True
+    assert wait_gone(first, 5.0) == []
+    assert live.close_session("closing-1") is False
+    [b] = sh(live, workspace, "closing-2", f"sleep {second} & echo bg")
+    assert b.ok and processes_with(second)
+    cli = subprocess.run([sys.executable, "-m", "toolfleet", "sessions", "--redis-url", fast.redis_url,
+                          "--namespace", fast.namespace, "--close", "closing-2"],
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0 and "closed session closing-2" in cli.stdout, cli.stdout + cli.stderr
+    assert wait_gone(second, 5.0) == []
+
+
 def test_no_process_is_left_after_idle_expiry(start_worker, fast, live, workspace, monkeypatch):
     monkeypatch.setenv("TOOLFLEET_LIVE_SESSION_TTL_S", "2")
     start_worker(args=ARGS, settings=fast)

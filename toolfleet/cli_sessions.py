@@ -27,7 +27,7 @@ def sessions(
     ttl_s: Annotated[Optional[int], typer.Option(
         "--ttl-s", help="With --open: expiry after the last save (s).")] = None,
     close: Annotated[Optional[str], typer.Option(
-        "--close", help="Close this session (its states are deleted).")] = None,
+        "--close", help="Close this session (its states are deleted, its live shell ended).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List the open sessions with stored state (id, age, expiry, each state's version and size);
@@ -58,7 +58,17 @@ def sessions(
             out.print(f"opened session {open_id}")
             return
         if close:
-            out.print(f"closed session {close}" if store.close(close) else f"session {close} was not open")
+            import redis
+
+            from .dispatcher.affinity import close_live_session
+            from .errors import BrokerUnavailable
+
+            stored = store.close(close)
+            try:
+                live = close_live_session(settings, close) is not None  # its holder ends the shell
+            except redis.RedisError as exc:
+                raise BrokerUnavailable(settings.ledger, str(exc)) from exc
+            out.print(f"closed session {close}" if stored or live else f"session {close} was not open")
             return
         listed = store.sessions()
     except ToolfleetError as exc:

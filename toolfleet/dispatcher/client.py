@@ -17,7 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import suppress
 from typing import Any
 
-from ..errors import ToolfleetError
+import redis
+
+from ..errors import BrokerUnavailable, ToolfleetError
 from ..ledger import Ledger
 from ..models import ToolCall, ToolResult
 from ..policy.config import Policy
@@ -32,6 +34,7 @@ from .adapters import Adapter, as_dict, detect, get_adapter
 from .adapters.custom_calls import custom_call_results
 from .adapters.cut_off import cut_off_results
 from .adapters.namespaces import resolve as resolve_namespaces
+from .affinity import close_live_session
 from .approvals import Approvals, PendingCall
 from .availability import Availability
 from .guard import Guard
@@ -92,8 +95,16 @@ class Dispatcher:
         return open_session(self.sessions, self.registry, session_id, state=state, ttl_s=ttl_s, replace=replace)
 
     def close_session(self, session_id: str) -> bool:
-        """Delete a session and its stored states at once; True if it was open."""
-        return self.sessions.close(session_id)
+        """Close a session: its stored states are deleted at once, and its live shell (the ``shell``
+        tool's, :mod:`toolfleet.tools.shell_session`) is ended by its holder, every process of it,
+        within ``min(heartbeat_s / 2, 1 s)`` (docs/guarantees.md L4). True if it had either. Raises
+        :class:`~toolfleet.errors.BrokerUnavailable` if Redis does not answer."""
+        stored = self.sessions.close(session_id)
+        try:
+            live = close_live_session(self.settings, session_id) is not None
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(self.settings.ledger, str(exc)) from exc
+        return stored or live
 
     def open_turn(
         self,
