@@ -1,9 +1,12 @@
-"""A tiny MCP server written with the official SDK (stdio), hosted by a worker in tests/test_mcp_host.py."""
+"""A tiny MCP server written with the official SDK (stdio), hosted by a worker in tests/test_mcp_host.py.
+Its arguments are ignored: the tests put a marker there to find its processes in /proc."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import time
+import uuid
 
 from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
@@ -17,10 +20,21 @@ def add(a: int, b: int) -> str:
     return str(a + b)
 
 
+STARTED = uuid.uuid4().hex  # one per server process: a restarted server answers another
+
+
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
 def whoami() -> str:
-    """The server's process id and the worker it runs under (its parent's process id)."""
-    return f"{os.getpid()} {os.getppid()}"
+    """This server process's own id (its pid is 2 or so in the PID namespace the worker gives it)."""
+    return STARTED
+
+
+@server.tool()
+def spawn(seconds: str) -> str:
+    """Start ``sleep seconds`` in a session of its own (out of the server's process group) and return."""
+    subprocess.Popen(["sleep", seconds], start_new_session=True, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return "spawned"
 
 
 @server.tool()

@@ -21,8 +21,8 @@ server's sync tool runs on when only the request is cancelled). A group still th
 :data:`KILL_WAIT_S` after the SIGKILL makes the call ``OUTCOME_UNKNOWN``. The next call starts the server
 again. On Linux a server is started with ``PR_SET_PDEATHSIG`` (SIGKILL): it dies with the pool process
 that hosts it, however that ends (a warm shutdown, SIGKILL, a crash), also when a call still blocks it
-and it would not exit on the end of its input. (The death signal reaches the server process only, not
-processes it started itself.)
+and it would not exit on the end of its input; and in a PID namespace of its own (:mod:`.server_processes`),
+so every process it started dies with it too (without bubblewrap, the server process only: said at start).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
-import ctypes
 import os
 import re
 import shlex
@@ -38,20 +37,21 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import CallCancelled, ConfigurationError, ToolFailure
+from ..tools import sandbox
 from ..tools.context import ToolContext
 from ..tools.registry import Registry
 from ..tools.spec import ToolSpec, tool_from_schema
+from .server_processes import confined, dying_with, group_alive
 
 START_TIMEOUT_S = 30.0  # start + initialize + list tools of one server, at worker start
 PING_TIMEOUT_S = 5.0  # liveness check before each call
 TERM_GRACE_S = 0.1  # an interrupted call's server: between SIGTERM and SIGKILL of its process group (s)
 KILL_WAIT_S = 2.0  # after the SIGKILL: how long the group may take to be gone before the call is OUTCOME_UNKNOWN
 POLL_S = 0.02  # how often a call's wait looks at its cancel signal (s)
-_PR_SET_PDEATHSIG = 1
 SEPARATOR = "__"
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,40}$")
 
@@ -72,39 +72,10 @@ def parse_option(text: str) -> tuple[str, list[str]]:
     return name, argv
 
 
-def _prctl() -> Callable[..., int] | None:
-    """libc's ``prctl`` (Linux), loaded before any fork; ``None`` elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _prctl()
-
-
-def _dying_with(parent: int) -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get SIGKILL when the thread that started it (the
-    server's event-loop thread, which lives as long as its pool process) ends; a child whose parent
-    is already gone kills itself."""
-    prctl = _PRCTL
-    if prctl is None:
-        return None
-
-    def die_with_parent() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent ended before the death signal was set
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return die_with_parent
-
-
 class _ServerLoop(asyncio.SelectorEventLoop):
     """The event loop of a :class:`HostedServer`: it keeps the transports of the processes it
     starts (the server's, started by the SDK's stdio client), and starts each so that it dies
-    with this process (:func:`_dying_with`)."""
+    with this process (:func:`.server_processes.dying_with`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -112,21 +83,16 @@ class _ServerLoop(asyncio.SelectorEventLoop):
 
     async def subprocess_exec(self, protocol_factory: Any, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("preexec_fn") is None:
-            kwargs["preexec_fn"] = _dying_with(os.getpid())
+            kwargs["preexec_fn"] = dying_with(os.getpid())
         transport, protocol = await super().subprocess_exec(protocol_factory, *args, **kwargs)
         self.processes = [t for t in self.processes if t.get_returncode() is None] + [transport]
         return transport, protocol
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether process group ``pgid`` has a member (an unreaped one included); only ESRCH says no."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
+def _bwrap_binary() -> str:
+    """The bubblewrap the worker's sandbox uses (``TOOLFLEET_BWRAP``), else ``bwrap``."""
+    config = sandbox.current().config
+    return config.bwrap if config.mode == "bwrap" else "bwrap"
 
 
 class HostedServer:
@@ -134,6 +100,7 @@ class HostedServer:
 
     def __init__(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
         self.name, self.argv, self.env = name, argv, dict(env or {})
+        self.command, self.unconfined = confined(argv, _bwrap_binary())  # unconfined: why no PID namespace
         self.starts = 0
         self._loop = _ServerLoop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name=f"mcp-{name}")
@@ -208,7 +175,7 @@ class HostedServer:
                 except (ProcessLookupError, PermissionError):
                     pass
             until = time.monotonic() + wait_s
-            while (groups := [g for g in groups if _group_alive(g)]) and time.monotonic() < until:
+            while (groups := [g for g in groups if group_alive(g)]) and time.monotonic() < until:
                 time.sleep(0.01)
             if not groups:
                 return True
@@ -223,7 +190,7 @@ class HostedServer:
 
         ready: asyncio.Future = self._loop.create_future()
         self._stop = asyncio.Event()
-        params = StdioServerParameters(command=self.argv[0], args=self.argv[1:], env=self.env or None)
+        params = StdioServerParameters(command=self.command[0], args=self.command[1:], env=self.env or None)
 
         async def hold() -> None:  # the Client's context must be entered and left in one task
             try:
@@ -353,6 +320,9 @@ def load_server_tools(name: str, argv: list[str]) -> tuple[list[ToolSpec], list[
     finally:
         server.close()
     specs, warnings = [], []
+    if server.unconfined:
+        warnings.append(f"--mcp {name}: no PID namespace for the server ({server.unconfined}): processes it "
+                        "starts may outlive a pool process that is killed")
     for tool in tools:
         try:
             specs.append(spec_for(name, argv, tool))
