@@ -9,6 +9,8 @@ import time
 
 import pytest
 import redis
+from hypothesis import given
+from hypothesis import strategies as st
 
 from toolfleet import BrokerUnavailable, Dispatcher, ErrorCode, Settings
 from toolfleet.dispatcher.submit import Submitter
@@ -41,6 +43,19 @@ def test_dispatcher_against_a_dead_redis_names_the_url():
 def test_broker_url_password_is_masked():
     error = BrokerUnavailable("amqp://guest:secret@rabbit:5672//", "refused")
     assert "secret" not in str(error) and "rabbit:5672" in str(error)
+    assert "redis-server --port 6399" in str(BrokerUnavailable("redis://127.0.0.1:6399/0"))  # the URL's port
+
+
+@given(st.text(max_size=40), st.sampled_from(["redis://", "rediss://", "redis+cluster://", "amqp://", "unix://", ""]),
+       st.text(max_size=20))
+def test_an_unavailable_broker_is_described_whatever_its_url(host, scheme, rest):
+    """Building the error never raises (kombu's sanitizer raised ValueError for a port that is no
+    number, e.g. a list of cluster seeds ``h:7000,h:7001``) and never shows the password."""
+    from toolfleet.errors import BrokerBusy, BrokerRefused
+
+    url = f"{scheme}user:pw-Zq81x@{host}:{rest}"
+    for error in (BrokerUnavailable(url, "refused"), BrokerBusy(url, "OOM"), BrokerRefused(url, "NOPERM")):
+        assert "pw-Zq81x" not in str(error) and "pw-Zq81x" not in error.url
 
 
 def test_redis_down_at_submit_raises_naming_the_url(private_settings, start_worker, workspace):

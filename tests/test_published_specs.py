@@ -315,8 +315,11 @@ def test_a_tools_module_that_is_not_there_says_how_to_name_one(tmp_path) -> None
 
     with pytest.raises(ConfigurationError, match="PYTHONPATH"):
         default_registry(["no_such_tools_module_x1"])
-    with pytest.raises(ConfigurationError, match="not a .py file"):
+    with pytest.raises(ConfigurationError, match="no such file") as missing:  # was "not a .py file", said twice
         default_registry([str(tmp_path / "missing.py")])
+    assert str(missing.value).count("cannot import") == 1
+    with pytest.raises(ConfigurationError, match="is not a .py file"):
+        default_registry([str(tmp_path)])
     broken = tmp_path / "needs_pkg.py"
     broken.write_text("import no_such_package_y2\n")
     with pytest.raises(ConfigurationError, match="no_such_package_y2"):  # the module's own import, named

@@ -18,6 +18,8 @@ boundary (``raise ... from exc``) and never reach the caller untranslated.
 
 from __future__ import annotations
 
+import re
+
 
 class ToolfleetError(Exception):
     """Root of every exception toolfleet raises."""
@@ -49,16 +51,40 @@ class BrokerUnavailable(ToolfleetError):
     runs: calls already sent are never armed (see :mod:`toolfleet.ledger`)."""
 
     def __init__(self, url: str, detail: str = "") -> None:
-        from kombu.utils.url import maybe_sanitize_url
-
-        self.url = maybe_sanitize_url(url)
+        self.url = shown_url(url)
         if self.url.startswith(("redis", "unix")):
-            what, start = "Redis", ("Start one with `toolfleet up` (local stack), `redis-server --port 6379`, "
-                                    "or point REDIS_URL at a running Redis.")
+            what, start = "Redis", ("Start one with `toolfleet up` (local stack), `redis-server --port "
+                                    f"{_port_of(self.url)}`, or point REDIS_URL at a running Redis.")
         else:
             what, start = "The broker", "Start it, or point TOOLFLEET_BROKER_URL at a running broker."
         message = f"{what} is not answering at {self.url}" + (f" ({detail})" if detail else "") + ". " + start
         super().__init__(message)
+
+
+_USERINFO = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?([^/?#@:]*):([^/?#]*)@")
+
+
+def shown_url(url: str) -> str:
+    """``url`` with its password masked: kombu's ``maybe_sanitize_url``, then any ``user:password@``
+    it left (a URL it cannot parse, with a port that is no number or a list of hosts, raised
+    ``ValueError``; one without a scheme came back as it was) masked here. Never raises."""
+    from kombu.utils.url import maybe_sanitize_url
+
+    try:
+        shown = maybe_sanitize_url(url)
+    except ValueError:
+        shown = url
+    return _USERINFO.sub(lambda m: f"{m.group(1) or ''}{m.group(2)}:**@", shown, count=1)
+
+
+def _port_of(url: str) -> int:
+    """The TCP port of a Redis URL (6379 when it names none, or is not TCP)."""
+    from urllib.parse import urlsplit
+
+    try:
+        return urlsplit(url).port or 6379
+    except ValueError:
+        return 6379
 
 
 class BrokerBusy(BrokerUnavailable):
@@ -69,14 +95,12 @@ class BrokerBusy(BrokerUnavailable):
     usually ends it (:func:`toolfleet.redis_client.busy`)."""
 
     def __init__(self, url: str, detail: str = "") -> None:
-        from kombu.utils.url import maybe_sanitize_url
-
         ToolfleetError.__init__(
-            self, f"Redis at {maybe_sanitize_url(url)} answers but refuses writes for now ({detail}). Give it "
+            self, f"Redis at {shown_url(url)} answers but refuses writes for now ({detail}). Give it "
             "memory (maxmemory, with the policy noeviction: docs/deploying.md), point the URL at the current "
             "master, or wait for the cluster to elect one."
         )
-        self.url = maybe_sanitize_url(url)
+        self.url = shown_url(url)
 
 
 class BrokerRefused(BrokerUnavailable):
@@ -85,13 +109,11 @@ class BrokerRefused(BrokerUnavailable):
     (password masked), Redis's reason and where the rules of each role are (docs/deploying.md)."""
 
     def __init__(self, url: str, detail: str = "") -> None:
-        from kombu.utils.url import maybe_sanitize_url
-
         ToolfleetError.__init__(
-            self, f"Redis at {maybe_sanitize_url(url)} refused this process ({detail}). Check the user and "
+            self, f"Redis at {shown_url(url)} refused this process ({detail}). Check the user and "
             "password in the URL, and that the user has its role's ACL rules (docs/deploying.md)."
         )
-        self.url = maybe_sanitize_url(url)
+        self.url = shown_url(url)
 
 
 class TurnNotFound(ToolfleetError):

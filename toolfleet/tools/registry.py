@@ -91,8 +91,9 @@ class Registry:
         raises: a SyntaxError, a RuntimeError of its top-level code, a missing package; the message
         is one line naming the file and line where it failed, issue 15 point 6) or holds no tool.
         """
+        importable = _importable(module_name)
         try:
-            module = importlib.import_module(_importable(module_name))
+            module = importlib.import_module(importable)
         except ModuleNotFoundError as exc:
             if exc.name is None or not (module_name == exc.name or module_name.startswith(f"{exc.name}.")):
                 raise ConfigurationError(  # a package the module itself imports: where it does
@@ -124,9 +125,12 @@ def _importable(module_name: str) -> str:
     import sys
 
     path = os.path.realpath(module_name)
+    if not os.path.exists(path):
+        raise ConfigurationError(f"cannot import tool module {module_name!r}: no such file ({path}); give the path "
+                                 "of a .py file, or a dotted module name")
     if not path.endswith(".py") or not os.path.isfile(path):
-        raise ConfigurationError(f"cannot import tool module {module_name!r}: not a .py file; give a dotted "
-                                 "module name or the path of a .py file")
+        raise ConfigurationError(f"cannot import tool module {module_name!r}: {path} is not a .py file; give the "
+                                 "path of a .py file, or a dotted module name")
     folder, stem = os.path.split(path[:-3])
     if folder not in sys.path:
         sys.path.insert(0, folder)
