@@ -310,6 +310,26 @@ def test_a_worker_serves_a_tools_module_given_as_a_file_path(settings, start_wor
     assert result.ok and result.data["value"] == "t-3-v1", result.content
 
 
+def test_a_tool_whose_workers_all_stopped_is_unavailable_not_unknown(settings, start_worker, tmp_path) -> None:
+    """Newcomer trial: a custom tool whose only worker was stopped got ``UNKNOWN_TOOL`` ("there is no
+    tool named ...") in a new dispatcher, which tells the model the tool does not exist; the result
+    contract says ``TOOL_UNAVAILABLE`` (no live worker serves it). Workers record the tools they
+    serve (``<ns>:tools:seen``); a name no worker ever served stays ``UNKNOWN_TOOL``."""
+    module, folder = tools_module(tmp_path)
+    worker = start_worker(tools=str(folder / f"{module}.py"))
+    fetch = ToolCall(id="c", name="fetch_row", arguments={"table": "t", "row": 3})
+    with Dispatcher(settings) as dispatcher:
+        assert dispatcher.run([fetch], timeout_s=60)[0].ok
+    worker.stop()  # warm shutdown: its catalog goes at once
+    with Dispatcher(settings) as dispatcher:  # a new process would start like this: it never saw it live
+        assert dispatcher.registry.sources["fetch_row"] == "seen"
+        unavailable, unknown = dispatcher.run([fetch, ToolCall(id="u", name="fetch_rows", arguments={})],
+                                              timeout_s=60)
+    assert unavailable.code is ErrorCode.TOOL_UNAVAILABLE and "no live worker serves" in unavailable.content, \
+        unavailable.content
+    assert unknown.code is ErrorCode.UNKNOWN_TOOL, unknown.content
+
+
 def test_a_tools_module_that_is_not_there_says_how_to_name_one(tmp_path) -> None:
     from toolfleet.errors import ConfigurationError
 

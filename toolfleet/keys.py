@@ -162,6 +162,13 @@ class Keys:
         return f"{self.ns}:workers"
 
     @property
+    def tools_seen(self) -> str:
+        """Hash: tool name -> JSON ``{"tool": describe(), "worker", "at"}``, written by each worker
+        as it starts, kept ``TOOLS_SEEN_TTL_S`` after the last (:mod:`toolfleet.worker.catalog`): a
+        tool no live worker serves now is known, its calls ``TOOL_UNAVAILABLE``, not ``UNKNOWN_TOOL``."""
+        return f"{self.ns}:tools:seen"
+
+    @property
     def workers_ready(self) -> str:
         """List: a worker pushes its name here once it consumes (tests and `up` join on it)."""
         return f"{self.ns}:workers:ready"

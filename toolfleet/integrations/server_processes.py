@@ -15,11 +15,12 @@ The worker starts ``bwrap --dev-bind / / --proc /proc --unshare-pid --die-with-p
 instead of ``COMMAND``: the host's file system, devices and network as they are (this is no sandbox:
 an MCP server is the operator's own program, configured with ``--mcp``), and a PID namespace whose
 init is bubblewrap's, which dies with the bwrap process the pool process started
-(``--die-with-parent``; that one dies with the pool process: :func:`dying_with`). When a PID namespace's init ends, the kernel SIGKILLs every process in it
-(pid_namespaces(7)), so a pool process killed outright (a hard time limit, the OOM killer) takes the
-whole server with it: ``npx``'s node child, a browser the server launched, a process that left the
-server's process group or session (``setsid``). A death signal on the server process alone, and
-``killpg`` of its group, miss those. A fresh ``/proc`` shows the server its own processes only.
+(``--die-with-parent``; that one dies with the pool process: :func:`dying_with`). When a PID
+namespace's init ends, the kernel SIGKILLs every process in it (pid_namespaces(7)), so a pool
+process killed outright (a hard time limit, the OOM killer) takes the whole server with it:
+``npx``'s node child, a browser the server launched, a process that left the server's process group
+or session (``setsid``). A death signal on the server process alone, and ``killpg`` of its group,
+miss those. A fresh ``/proc`` shows the server its own processes only.
 Sources: bwrap(1) (``--unshare-pid``, ``--die-with-parent``, ``--proc``), pid_namespaces(7).
 
 Where bubblewrap cannot run (not installed, namespaces refused), the server runs as before and the

@@ -216,7 +216,8 @@ def readable_tools(entry: Any) -> list[Mapping[str, Any]]:
 
 class CatalogRegistry(Registry):
     """A registry built from the live catalog (:func:`catalog_registry`). ``sources`` says where
-    each tool's spec came from (``"local"`` or ``"live"``); ``conflicts`` as
+    each tool's spec came from (``"local"``, ``"live"``, or ``"seen"``: served by no live worker now,
+    known from ``<ns>:tools:seen``, :mod:`toolfleet.worker.catalog`); ``conflicts`` as
     :func:`version_conflicts` at the last read. A name it does not know makes it read the catalog
     again (at most every ``REFRESH_MIN_S``), so a worker started after the dispatcher is found."""
 
@@ -236,10 +237,11 @@ class CatalogRegistry(Registry):
         :class:`BrokerUnavailable` if Redis does not answer."""
         import redis
 
-        from ..worker.catalog import live_catalog
+        from ..worker.catalog import live_catalog, seen_tools
 
         try:
             entries = live_catalog(self._settings, self._client)
+            seen = seen_tools(self._settings, self._client)
         except redis.RedisError as exc:
             raise BrokerUnavailable(self._settings.redis_url, str(exc)) from exc
         with self._lock:
@@ -249,10 +251,14 @@ class CatalogRegistry(Registry):
             for entry in entries:
                 for description in readable_tools(entry):
                     self._take(tools, sources, description)
+            for description in seen:  # served before, by no live worker now: its calls TOOL_UNAVAILABLE
+                if description["name"] not in tools:
+                    self._take(tools, sources, description, source="seen")
             # swapped whole: a thread iterating the registry meanwhile keeps the dict it started with
             self._tools, self.sources = tools, sources
 
-    def _take(self, tools: dict[str, ToolSpec], sources: dict[str, str], description: Mapping[str, Any]) -> None:
+    def _take(self, tools: dict[str, ToolSpec], sources: dict[str, str], description: Mapping[str, Any],
+              source: str = "live") -> None:
         name = description.get("name")
         if not isinstance(name, str):
             return
@@ -267,7 +273,7 @@ class CatalogRegistry(Registry):
             spec = spec_from_description(description)
         except ConfigurationError:
             return  # a description this version cannot read: its calls get UNKNOWN_TOOL
-        tools[name], sources[name] = spec, "live"
+        tools[name], sources[name] = spec, source
 
     def get(self, name: str) -> ToolSpec | None:
         spec = self._tools.get(name)

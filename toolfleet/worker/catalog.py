@@ -4,7 +4,11 @@ Key ``<ns>:catalog:<worker>`` holds JSON ``{"worker", "queues", "tools": [descri
 "sandbox", "heartbeat_at"}`` and expires after three missed heartbeats, so a dead worker's tools vanish
 (while Redis refuses writes for memory, a heartbeat only renews its time to live).
 Its name is also kept in the set ``<ns>:workers`` so readers find the catalogs without scanning
-the key space (names whose catalog expired are dropped by the readers). Once a worker consumes, it
+the key space (names whose catalog expired are dropped by the readers). As it starts, a worker also
+records each tool it serves in the hash ``<ns>:tools:seen`` (kept :data:`TOOLS_SEEN_TTL_S` after the
+last start), so a dispatcher knows a tool whose workers are all stopped: its calls get
+``TOOL_UNAVAILABLE`` ("no live worker serves the tool"), as the result contract says, not
+``UNKNOWN_TOOL``, which would tell the model the tool does not exist. Once a worker consumes, it
 also pushes its name on ``<ns>:workers:ready`` (tests and ``toolfleet up`` wait on that list
 instead of sleeping).
 """
@@ -25,6 +29,8 @@ from ..observe.metrics import heartbeat
 from ..redis_client import busy, client_for
 from ..settings import Settings
 from .runtime import MAIN_SOCKET_TIMEOUT_S
+
+TOOLS_SEEN_TTL_S = 7 * 24 * 3600  # how long the tools a worker served are known after its last start (s)
 
 
 def catalog_entry(runtime: Any, worker: str) -> dict[str, Any]:
@@ -82,6 +88,7 @@ def connect_catalog(app: Celery, runtime: Any) -> None:
                 pass
 
         publish()
+        record_seen(client, runtime.keys, worker, catalog_entry(runtime, worker)["tools"])
         published.update(client=client, key=key)
         client.rpush(runtime.keys.workers_ready, worker)
         client.expire(runtime.keys.workers_ready, runtime.settings.result_ttl_s)
@@ -95,6 +102,38 @@ def connect_catalog(app: Celery, runtime: Any) -> None:
                 published["client"].delete(published["key"])
             except redis.RedisError:
                 pass
+
+
+def record_seen(client: redis.Redis, keys: Keys, worker: str, tools: list[dict[str, Any]]) -> None:
+    """Record that ``worker`` serves ``tools`` (their descriptions) in ``keys.tools_seen``; best
+    effort (a Redis error is ignored: the tools are then known while the worker is live only)."""
+    if not tools:
+        return
+    now = time.time()
+    try:
+        with client.pipeline(transaction=False) as pipe:
+            pipe.hset(keys.tools_seen, mapping={t["name"]: json.dumps({"tool": t, "worker": worker, "at": now})
+                                                for t in tools})
+            pipe.expire(keys.tools_seen, TOOLS_SEEN_TTL_S)
+            pipe.execute()
+    except redis.RedisError:
+        pass
+
+
+def seen_tools(settings: Settings, client: redis.Redis | None = None) -> list[dict[str, Any]]:
+    """The descriptions of every tool a worker of ``settings.namespace`` served in the last
+    :data:`TOOLS_SEEN_TTL_S` (one round trip; records this version cannot read are skipped)."""
+    client = client or client_for(settings.ledger)
+    found = []
+    for raw in client.hvals(Keys(settings.namespace).tools_seen):
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        tool = record.get("tool") if isinstance(record, dict) else None
+        if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+            found.append(tool)
+    return found
 
 
 def live_catalog(settings: Settings, client: redis.Redis | None = None) -> list[dict[str, Any]]:
