@@ -340,8 +340,9 @@ def test_a_worker_without_a_key_refuses_to_start(settings):
 
 
 def test_a_dispatcher_without_a_key_refuses_to_start(settings):
-    with pytest.raises(ConfigurationError, match="TOOLFLEET_FLEET_KEY"):
+    with pytest.raises(ConfigurationError, match="TOOLFLEET_FLEET_KEY") as refused:
         Dispatcher(with_keys(settings, fleet_key=None), make_registry())
+    assert "with_local_fleet_key()" in str(refused.value)  # the fix where `toolfleet up` made the key
 
 
 def test_keys_from_the_environment_and_a_key_file(tmp_path):

@@ -177,10 +177,12 @@ class Settings(BaseModel):
         keys = self.fleet_keys
         if keys is None and not self.insecure_no_signing:
             raise ConfigurationError(
-                f"no fleet key: a {who} signs (dispatcher) or checks (worker) every call message with it. Set "
-                "TOOLFLEET_FLEET_KEY (or TOOLFLEET_FLEET_KEY_FILE; `toolfleet keygen` makes a key; `toolfleet up` "
-                "makes one for the local stack), or run without signing on purpose (--insecure-no-signing, "
-                "TOOLFLEET_INSECURE_NO_SIGNING=1, Settings(insecure_no_signing=True)); see docs/signing.md")
+                f"no fleet key: this {who} needs the key the fleet signs every call message with (a dispatcher "
+                "signs, a worker checks). Set TOOLFLEET_FLEET_KEY (or TOOLFLEET_FLEET_KEY_FILE; `toolfleet keygen` "
+                "makes a key); with the local stack of `toolfleet up`, build the settings with "
+                "Settings.from_env(toolfleet.stack.with_local_fleet_key()), which finds its key; or run without "
+                "signing on purpose (--insecure-no-signing, TOOLFLEET_INSECURE_NO_SIGNING=1, "
+                "Settings(insecure_no_signing=True)); see docs/signing.md")
         return keys
 
     task_sent_events: bool = True
