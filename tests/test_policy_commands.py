@@ -3,6 +3,8 @@ the engine is a pure function of the policy, the call and the workspace)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from toolfleet.policy import Policy, Rule, analyse, evaluate
@@ -172,3 +174,34 @@ def test_remembered_rules_apply_to_their_workspace_only():
     assert nowhere.applies("run_command", None) and not nowhere.applies("run_command", "/srv/ws")
     everywhere = Rule(tool="run_command", action="allow", workspace=None)
     assert everywhere.applies("run_command", "/anything") and "everywhere" in everywhere.describe()
+
+
+DENY_EXACT = Policy.from_dict({"commands": {"allow": ["echo *", "cd *", "read *", "find *", "ln *"],
+                                            "deny": ["rm -rf /", "curl *"], "unmatched": "ask"}})
+
+
+@pytest.mark.parametrize(("command", "want"), [
+    # each `cd` may fail, so each doubled the places the shell may be in: 20 took minutes
+    ("; ".join(f"cd d{i}" for i in range(5)) + "; echo x > f", "allow"),  # 32 places: each one checked
+    ("; ".join(f"cd d{i}" for i in range(60)) + "; echo x > f", "deny"),  # past 64: "anywhere", as cd $X
+    ("; ".join(f"cd d{i}" for i in range(60)) + "; rm -rf /", "deny"),
+    # run-time words against a deny rule with no final *: exponential, RecursionError past ~1,000
+    ("$a " * 3000 + "x", "deny"),
+    ("$a " * 3000, "deny"),
+    # a brace scan per `{`, an any() per word, a -delete per start, a tail per word, a link per write
+    ("echo x " + "{" * 100_000 + ",}", "allow"),
+    ("read " + "a " * 30_000, "allow"),
+    ("find " + "a " * 3000 + "-delete " * 3000, "allow"),
+    ("flock " + "a " * 30_000, "ask"),
+    ("ln -s a b; " * 3000 + "echo x > b3", "deny"),
+    (" ".join(f"A{i}=1" for i in range(20_000)) + " true", "ask"),
+], ids=["cd-allow", "cd-anywhere", "cd-deny", "dynamic-words", "dynamic-only", "braces", "read", "find-delete",
+        "flock-probes", "links", "assignments"])
+def test_long_commands_are_checked_in_bounded_time(command, want, root):
+    """Issue kinds "every wait has a bound" and "bad input loses nothing": analysing a long or
+    repetitive command takes time about linear in its length (these took minutes, or never ended,
+    or raised RecursionError out of evaluate). The bound is generous: 10 s for ~100-300 KB."""
+    started = time.monotonic()
+    verdict = evaluate(DENY_EXACT, run_command, {"command": command}, workspace=root)
+    assert time.monotonic() - started < 10.0
+    assert verdict.action == want, verdict.reason[:200]

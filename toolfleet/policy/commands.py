@@ -58,6 +58,13 @@ from .shellwords import (
 )
 
 Cwds = frozenset[str | None]
+MAX_CWDS = 64  # more places the shell may be in than this: it may be anywhere (None); each ``cd`` may
+# fail, so each one doubled the set: ``cd d0; cd d1; ...`` 20 times took minutes to analyse
+
+
+def _bounded(cwds: Cwds) -> Cwds:
+    """``cwds``, or "anywhere" (``{None}``) once they are more than :data:`MAX_CWDS`."""
+    return cwds if len(cwds) <= MAX_CWDS else frozenset({None})
 
 
 class Walker:
@@ -140,7 +147,7 @@ class Walker:
                 failure = failure | skipped
             elif op == "||":
                 success = success | skipped
-        self.cwds = success | failure
+        self.cwds = _bounded(success | failure)
 
     def body(self, node: Any) -> None:
         for part in node.parts:
@@ -265,9 +272,9 @@ class Walker:
             target = args[0].text
             if self.found.cdpath and not target.startswith(("/", "./", "../")) and target not in (".", ".."):
                 target = None
-        moved = frozenset(_resolve(cwd, target) for cwd in self.cwds)
+        moved = _bounded(frozenset(_resolve(cwd, target) for cwd in self.cwds))
         self.moved = moved  # where a successful cd leaves the shell (see walk_list)
-        self.cwds = self.cwds | moved  # a cd may fail: the shell may still be where it was
+        self.cwds = _bounded(self.cwds | moved)  # a cd may fail: the shell may still be where it was
 
     def nested(self, command: str, strict: bool, leak: bool, probe: bool = False) -> None:
         """Walk ``command``, a string the shell runs (``bash -c``, ``eval``); ``leak``: its ``cd``
@@ -372,13 +379,18 @@ def analyse(command: str) -> CommandAnalysis:
     except RecursionError:
         return CommandAnalysis(command, problem="the command is nested too deeply to check")
     writes = list(found.writes)
-    for link_text, certain in found.links:
-        others = [w for w in found.writes if w.text != link_text]
-        if others and certain:
+    # each write, once, with a link made by another part of the command (one pass per link over the
+    # writes was quadratic: `ln -s a b; ` 4,000 times made 16 million)
+    written = {w.text for w in found.writes}
+    certain = list(dict.fromkeys(text for text, sure in found.links if sure))
+    for w in found.writes if certain else ():
+        link_text = next((t for t in certain[:2] if t != w.text), None)  # unique: one of two differs
+        if link_text is not None:
             why = f"is written after `{link_text}` made a symbolic link in the same command, so where it lands " \
                   "cannot be known here; make links in a separate call"
-            writes.extend(Write(w.target, w.text, w.cwd, w.dynamic, w.tilde, why) for w in others)
-        elif others:
+            writes.append(Write(w.target, w.text, w.cwd, w.dynamic, w.tilde, why))
+    for link_text in dict.fromkeys(text for text, sure in found.links if not sure):
+        if len(written) > 1 or (written and link_text not in written):  # a write by another part
             found.concerns.append(Concern(link_text, "copies symbolic links, and this command writes after it "
                                                      "through paths that may be links"))
     concerns = tuple(dict.fromkeys(found.concerns))

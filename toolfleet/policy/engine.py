@@ -133,12 +133,13 @@ def _command_verdict(
                 "write only to paths inside the workspace (relative paths, no .., no ~)",
                 "commands.workspace",
             )
-    concerns = [f"`{c.text}`: {c.why}" for c in analysis.concerns]
+    # (text, what follows it): formatted only for the reasons shown, MAX_REASONS of them (each one
+    # quotes its command's text: formatting them all was quadratic in a long command's words)
+    concerns: list[tuple[str, str]] = list(dict.fromkeys((c.text, f": {c.why}") for c in analysis.concerns))
     for mention in analysis.mentions:
         why = outside_workspace(mention, workspace)
         if why is not None:
-            concerns.append(f"`{redact_text(mention.text)}` is given {redact_text(repr(mention.target))}, {why}, "
-                            "where it may write")
+            concerns.append((mention.text, f" is given {redact_text(repr(mention.target))}, {why}, where it may write"))
     asks: list[tuple[Segment, str]] = []
     for segment in analysis.segments:
         if segment.probe:
@@ -161,14 +162,15 @@ def _command_verdict(
     still = [(segment, why) for segment, why in asks
              if not any(r.action == "allow" and _remembered(r, segment, matches_allowed) for r in fetched)]
     if concerns:  # what the policy cannot account for always needs a person, call by call
-        items = list(dict.fromkeys(concerns + [f"{_shown(segment)} {why}" for segment, why in still]))
-        more = f"; and {len(items) - MAX_REASONS} more" if len(items) > MAX_REASONS else ""
-        reason = "; ".join(items[:MAX_REASONS]) + more
-        return Verdict("ask", f"needs a person's approval, the policy cannot account for it: {reason}",
+        items: list[tuple[str, str] | tuple[Segment, str]] = [*dict.fromkeys(concerns), *still]
+        shown = list(dict.fromkeys(_reason(item) for item in items[:MAX_REASONS * 4]))[:MAX_REASONS]
+        more = f"; and {len(items) - len(shown)} more" if len(items) > len(shown) else ""
+        return Verdict("ask", f"needs a person's approval, the policy cannot account for it: {'; '.join(shown)}{more}",
                        UNACCOUNTED_HINT, "commands.unaccounted")
     if not still:
         return Verdict("allow", "every part of the command is allowed (remembered rules)", rule="remembered")
-    reason = "; ".join(f"{_shown(segment)} {why}" for segment, why in still)
+    more = f"; and {len(still) - MAX_REASONS} more" if len(still) > MAX_REASONS else ""
+    reason = "; ".join(_reason(item) for item in still[:MAX_REASONS]) + more
     return Verdict("ask", f"needs a person's approval: {reason}", rule=still[0][1])
 
 
@@ -208,18 +210,34 @@ def matches_denied(pattern: str, segment: Segment) -> bool:
     return False
 
 
-def _match(pattern: list[str], words: list[str], dynamic: list[bool], i: int = 0, j: int = 0) -> bool:
-    if i == len(pattern):
-        return j == len(words) or all(dynamic[j:])
-    if pattern[i] == "*" and i == len(pattern) - 1:
-        return True  # a final * takes any remaining words, none included
-    if j == len(words):
-        return False
-    if dynamic[j]:  # may expand to any number of words
-        return _match(pattern, words, dynamic, i, j + 1) or any(
-            _match(pattern, words, dynamic, k, j + 1) for k in range(i + 1, len(pattern) + 1)
-        )
-    return fnmatchcase(words[j], pattern[i]) and _match(pattern, words, dynamic, i + 1, j + 1)
+def _match(pattern: list[str], words: list[str], dynamic: list[bool]) -> bool:
+    """Whether ``words`` match the ``pattern`` words (``fnmatch`` each; a final ``*`` takes any
+    remaining words, none included; a ``dynamic`` word may stand for any number of words, none
+    included). Bottom-up over (pattern word, word): time O(words x pattern words^2), no recursion
+    (the recursive form took exponential time on many dynamic words, and raised RecursionError past
+    about 1,000 of them)."""
+    size, count = len(pattern), len(words)
+    rest_dynamic = [True] * (count + 1)  # rest_dynamic[j]: every word from j on is dynamic
+    for j in range(count - 1, -1, -1):
+        rest_dynamic[j] = dynamic[j] and rest_dynamic[j + 1]
+    later: list[bool] = []  # the row of word j + 1: later[i] = pattern[i:] matches words[j + 1:]
+    for j in range(count, -1, -1):
+        row = [False] * (size + 1)
+        row[size] = rest_dynamic[j]
+        any_after = False  # any(later[k] for k > i), built as i goes down
+        for i in range(size - 1, -1, -1):
+            if j < count:
+                any_after = any_after or later[i + 1]
+            if pattern[i] == "*" and i == size - 1:
+                row[i] = True
+            elif j == count:
+                row[i] = False
+            elif dynamic[j]:  # may expand to any number of words
+                row[i] = later[i] or any_after
+            else:
+                row[i] = later[i + 1] and fnmatchcase(words[j], pattern[i])
+        later = row
+    return later[0]
 
 
 def outside_workspace(write: Write, workspace: str | None) -> str | None:
@@ -253,6 +271,15 @@ def outside_workspace(write: Write, workspace: str | None) -> str | None:
 
 def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _reason(item: tuple[str, str] | tuple[Segment, str]) -> str:
+    """One reason of a verdict: a concern or mention ``(text, what follows)``, or an asked segment
+    ``(segment, why)``."""
+    first, rest = item
+    if isinstance(first, Segment):
+        return f"{_shown(first)} {rest}"
+    return f"`{redact_text(first)}`{rest}"
 
 
 def _shown(segment: Segment) -> str:

@@ -23,6 +23,7 @@ import posixpath
 from . import launchers
 from . import shellmodel as model
 from .code_runners import STDIN_PATHS, awk, flag_dynamic, generic, interpreter, sed
+from .command_types import MAX_PROBE_WORDS
 from .commands import MAX_PROBES, Segment, Walker, Word
 from .shellmodel import Grammar, option_span, parse_options
 
@@ -193,9 +194,10 @@ def probe_words(w: Walker, name: str, words: list[Word], text: str) -> None:
     if w.depth >= 3:
         return
     for k in range(1, len(words)):
-        if w.found.probes >= MAX_PROBES:
+        if w.found.probes >= MAX_PROBES or w.found.probe_words >= MAX_PROBE_WORDS:
             return
         w.found.probes += 1
+        w.found.probe_words += len(words) - k
         word = words[k]
         if word.dynamic:
             continue
@@ -233,6 +235,7 @@ def evaluator(w: Walker, name: str, words: list[Word], text: str) -> None:
 
 
 def setter(w: Walker, name: str, words: list[Word], text: str) -> None:
+    export_flag = any(x.text.startswith("-") and "x" in x.text for x in words[1:])  # once, not per word
     for word in words[1:]:
         target = word.text.split("=", 1)[0]  # the name part: the value may be anything
         if word.dynamic and any(ch in target for ch in "$`"):
@@ -247,7 +250,7 @@ def setter(w: Walker, name: str, words: list[Word], text: str) -> None:
             return
         variable = model.var_name(word.text)
         if variable and word.text.startswith(variable):
-            exported = name == "export" or any(x.text.startswith("-") and "x" in x.text for x in words[1:])
+            exported = name == "export" or export_flag
             w.assignment(word.text, text, exported=exported or name not in ("read", "printf", "getopts", "test", "["))
 
 
@@ -263,7 +266,7 @@ def find(w: Walker, name: str, words: list[Word], text: str) -> None:
     starts = starts or [Word(".")]
     if any(x.dynamic for x in words[i:]):
         w.concern(text, "gives find an expression known only at run time, which may run or delete")
-    k = i
+    k, deletes = i, False
     while k < len(texts):
         word = texts[k]
         if word in ("-exec", "-execdir", "-ok", "-okdir"):
@@ -276,7 +279,8 @@ def find(w: Walker, name: str, words: list[Word], text: str) -> None:
                     run(w, inner, text, (), wrapped_by="find")
             k = end + 1
             continue
-        if word == "-delete":
+        if word == "-delete" and not deletes:  # once: each start is written once however many -delete
+            deletes = True
             for start in starts:
                 w.add_write(start, text)
         elif word in ("-fprint", "-fprint0", "-fls", "-fprintf") and k + 1 < len(texts):

@@ -94,28 +94,32 @@ def brace_expand(word: str) -> list[str] | None:
 
 
 def _first_brace(word: str) -> tuple[str, list[str], str] | None:
-    for start, ch in enumerate(word):
-        if ch != "{":
-            continue
-        depth, commas = 0, []
-        for end in range(start, len(word)):
-            if word[end] == "{":
-                depth += 1
-            elif word[end] == "}":
-                depth -= 1
-                if depth == 0:
-                    body = word[start + 1 : end]
-                    if commas:
-                        cuts = [start, *commas, end]
-                        alts = [word[a + 1 : b] for a, b in zip(cuts, cuts[1:], strict=False)]
-                        return word[:start], alts, word[end + 1 :]
-                    seq = re.fullmatch(r"(-?\w+)\.\.(-?\w+)(\.\.-?\d+)?", body)
-                    if seq:
-                        return word[:start], [seq.group(1), seq.group(2)], word[end + 1 :]
-                    break
-            elif word[end] == "," and depth == 1:
-                commas.append(end)
-    return None
+    """The first brace expression of ``word`` that bash expands (the one whose ``{`` comes first
+    among those that close and hold a comma at their own depth, or are a sequence ``a..b``):
+    ``(before, alternatives, after)``, or ``None``. One pass with a stack (one scan per ``{`` was
+    quadratic: ``{`` repeated 4,000 times took a second)."""
+    best: tuple[int, int, list[int]] | None = None  # (start, end, commas) of the first valid one so far
+    opened: list[tuple[int, list[int]]] = []  # the open braces: (start, commas directly inside)
+    for at, ch in enumerate(word):
+        if ch == "{":
+            opened.append((at, []))
+        elif ch == "," and opened:
+            opened[-1][1].append(at)
+        elif ch == "}" and opened:
+            start, commas = opened.pop()
+            if best is not None and start > best[0]:
+                continue
+            if commas or re.fullmatch(r"(-?\w+)\.\.(-?\w+)(\.\.-?\d+)?", word[start + 1 : at]):
+                best = (start, at, commas)
+    if best is None:
+        return None
+    start, end, commas = best
+    if commas:
+        cuts = [start, *commas, end]
+        return word[:start], [word[a + 1 : b] for a, b in zip(cuts, cuts[1:], strict=False)], word[end + 1 :]
+    seq = re.fullmatch(r"(-?\w+)\.\.(-?\w+)(\.\.-?\d+)?", word[start + 1 : end])
+    assert seq is not None
+    return word[:start], [seq.group(1), seq.group(2)], word[end + 1 :]
 
 
 def glob_target(path: str) -> str | None:
