@@ -119,6 +119,7 @@ class _Slot:
     final: str | dict[str, Any] | None = None
     done: bool = False
     released: bool = False
+    scan: JsonDepth = field(default_factory=lambda: JsonDepth())
 
     def arguments(self) -> str | dict[str, Any]:
         """The final arguments if given, else the fragments joined (surrogate pairs cut between
@@ -234,6 +235,35 @@ def parses_as_object(text: str) -> bool:
         return _balanced(text)
     except ValueError as exc:
         return not isinstance(exc, json.JSONDecodeError) and _balanced(text)
+
+
+class JsonDepth:
+    """The bracket depth of JSON text fed in pieces (strings and escapes followed), so a stream need
+    not join and read all its fragments again at each one to learn whether its arguments may be
+    complete: :meth:`feed` is linear in the fragment."""
+
+    def __init__(self) -> None:
+        self.depth, self.in_string, self.escaped, self.opened, self.last = 0, False, False, False, ""
+
+    def feed(self, text: str) -> bool:
+        """Take the next fragment; True when the text so far may be a whole JSON object (brackets
+        balanced outside strings, ending with ``}``): then :func:`parses_as_object` decides."""
+        depth, in_string, escaped = self.depth, self.in_string, self.escaped
+        for char in text:
+            if in_string:
+                escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
+            elif char == '"':
+                in_string = True
+            elif char in "{[":
+                depth += 1
+                self.opened = True
+            elif char in "}]":
+                depth -= 1
+        self.depth, self.in_string, self.escaped = depth, in_string, escaped
+        stripped = text.rstrip()
+        if stripped:
+            self.last = stripped[-1]
+        return self.opened and depth == 0 and not in_string and self.last == "}"
 
 
 def _balanced(text: str) -> bool:

@@ -165,8 +165,8 @@ class OpenAIChatStreamParser:
                                      f"complete was ignored: {text[:60]!r}")
             return
         slot.parts.append(text)
-        if parses_as_object(join_surrogates("".join(slot.parts))):
-            slot.done = True
+        if slot.scan.feed(text) and parses_as_object(join_surrogates("".join(slot.parts))):
+            slot.done = True  # read whole only when its brackets may have closed: linear in the stream
 
     def _slot(self, index: int | None, call_id: str, name: str) -> Any:
         if index is None:  # no index: a new id starts a new call, no id continues the last one
@@ -200,10 +200,10 @@ class OpenAIChatStreamParser:
         message: dict[str, Any] = {"role": "assistant", "content": join_surrogates("".join(self._content)) or None}
         if self._refusal:
             message["refusal"] = join_surrogates("".join(self._refusal))
-        message.update({k: v for k, v in self._extra.items() if k not in message})
+        message.update({k: _final(v) for k, v in self._extra.items() if k not in message})
         tool_calls = []
         for slot in self.calls.slots():
-            extra = dict(self._call_extra.get(slot.index, {}))
+            extra = _final(self._call_extra.get(slot.index, {}))
             if slot.id in self.custom:
                 tool_calls.append({"id": slot.id, "type": "custom",
                                    "custom": {"name": slot.name, "input": join_surrogates("".join(slot.parts))}})
@@ -216,30 +216,62 @@ class OpenAIChatStreamParser:
                 "choices": [{"index": 0, "message": for_chat_wire(message), "finish_reason": self._finish}]}
 
 
+class _Joined(list):
+    """Text of a delta field not interpreted, its pieces kept apart until :func:`_final` (joining
+    at each delta was quadratic in a long field, e.g. ``reasoning_content``)."""
+
+
 def _merge(old: Any, new: Any, join_text: bool = True) -> Any:
-    """A delta field not interpreted, accumulated: text joined (``join_text``), lists extended
-    (dict items with the same ``index`` merged into one), objects merged, anything else replaced."""
+    """A delta field not interpreted, accumulated: text joined (``join_text``; as a :class:`_Joined`
+    until :func:`_final`), lists extended (dict items with the same ``index`` merged into one),
+    objects merged, anything else replaced. What it returns is its own (``new`` is copied, never
+    kept), so later deltas extend it in place: linear in the stream."""
     if old is None:
-        return new
-    if join_text and isinstance(old, str) and isinstance(new, str):
-        return old + new
-    if isinstance(old, list) and isinstance(new, list):
-        out = list(old)
+        return _owned(new)
+    if join_text and isinstance(new, str) and isinstance(old, (str, _Joined)):
+        if isinstance(old, str):
+            return _Joined([old, new])
+        old.append(new)
+        return old
+    if isinstance(old, list) and not isinstance(old, _Joined) and isinstance(new, list):
         for item in new:
-            same = next((i for i, o in enumerate(out) if isinstance(o, dict) and isinstance(item, dict)
-                         and "index" in item and o.get("index") == item.get("index")
-                         and o.get("type") == item.get("type")), None)
-            out.append(item) if same is None else out.__setitem__(same, _merge(out[same], item))
-        return out
+            same = None
+            if isinstance(item, dict) and "index" in item:
+                same = next((i for i, o in enumerate(old) if isinstance(o, dict) and o.get("index") == item["index"]
+                             and o.get("type") == item.get("type")), None)
+            if same is None:
+                old.append(_owned(item))
+            else:
+                old[same] = _merge(old[same], item)
+        return old
     if isinstance(old, dict) and isinstance(new, dict):
-        merged = dict(old)
         for key, value in new.items():
             if key in ("index", "type", "id", "format") or value is None:
-                merged.setdefault(key, value)
+                old.setdefault(key, _owned(value))
             else:
-                merged[key] = _merge(merged.get(key), value, join_text)
-        return merged
-    return new
+                old[key] = _merge(old.get(key), value, join_text)
+        return old
+    return _owned(new)
+
+
+def _owned(value: Any) -> Any:
+    """``value`` with its lists and objects copied (the caller's event is never changed)."""
+    if isinstance(value, dict):
+        return {k: _owned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_owned(v) for v in value]
+    return value
+
+
+def _final(value: Any) -> Any:
+    """``value`` with each :class:`_Joined` text joined."""
+    if isinstance(value, _Joined):
+        return "".join(value)
+    if isinstance(value, dict):
+        return {k: _final(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_final(v) for v in value]
+    return value
 
 
 class OpenAIChatStreamAdapter(StreamFormat, OpenAIChatAdapter):
