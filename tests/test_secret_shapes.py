@@ -55,6 +55,9 @@ EXACT = [
      "echo *** | docker login -u bob --password-stdin reg.io"),
     ("echo 'my pass' | sudo -S apt-get update", "echo '***' | sudo -S apt-get update"),
     ("echo pw9 | sudo sudo -k -S id", "echo *** | sudo sudo -k -S id"),
+    ('echo "pw9 | sudo -S id', 'echo "***| sudo -S id'),  # an unclosed quote: its value up to the pipe
+    ("-----BEGIN RSA PRIVATE KEY-----\nMIIb\n  -----END RSA PRIVATE KEY-----",
+     "-----BEGIN RSA PRIVATE KEY-----\n***\n  -----END RSA PRIVATE KEY-----"),
     ("echo pw9 | sudo id; sudo -S id", "echo pw9 | sudo id; sudo -S id"),  # -S is another command's
     ("mysql -pA1 -h db -pB2 -pC3 -pD4 -pE5 -pF6 -pG7 -pH8 -pI9 -pJ0 shop",
      "mysql -p*** -h db -p*** -p*** -p*** -p*** -p*** -p*** -p*** -p*** -p*** shop"),  # every repeat, not 8
@@ -264,6 +267,11 @@ def test_deep_nesting_never_raises(depth):
     "ldapsearch " * 40_000, "smbclient " * 40_000, "echo a |" + " sudo" * 80_000, "echo a | passwd" + " x" * 80_000,
     # a secret name repeated inside its own value: each name once scanned the rest of the line
     "password=" * 40_000, "token:" * 60_000, '"secret": "' * 30_000,
+    # a name that is no secret's read its whole would-be value, for every name inside it
+    "key=" * 50_000, "-key=" * 40_000,
+    # a look-ahead tried again at every character of a run of white space
+    "-----BEGIN RSA PRIVATE KEY-----\nx" + " " * 200_000, 'echo "' + " " * 200_000 + " sudo",
+    "echo '" + "\t" * 200_000 + " sudo", ".-" * 100_000 + " pass",
 ])
 def test_adversarial_text_is_redacted_quickly(text):
     started = time.monotonic()

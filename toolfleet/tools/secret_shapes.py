@@ -42,6 +42,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from functools import lru_cache
+from typing import Any
 
 MASK = "***"
 
@@ -110,9 +111,10 @@ def looks_like_credential(value: str) -> bool:
             or any(not c.isalnum() for c in value))
 
 
-_PRIVATE_KEY = re.compile(
+_PRIVATE_KEY = re.compile(  # the white space before END is the body's (kept by _private_key): a
+    # "\s*" there was tried again at every character of the body, quadratic in a run of spaces
     r"(-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----\s*)([\s\S]*?)"
-    r"(\s*-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)"
+    r"(-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)"
 )
 _TOKENS = re.compile(
     r"(?=[sgrpxAyenhSd])(?<![A-Za-z0-9_-])(?:"  # the look-ahead: a fast no at most places
@@ -184,7 +186,8 @@ _PROGRAM_SECRETS = [  # (words one of which the text must hold, pattern): the wo
 # (group 3) is looked at by _reads_password
 _ECHOED = (("-stdin", "sudo", "chpasswd", "--passphrase-fd"), re.compile(
     r"(\b(?:echo(?:[ \t]+-[neE]{1,3})?|printf(?:[ \t]+(?:'%s[^'\n]*'|\"%s[^\"\n]*\"|%s\S*))?)[ \t]+)"
-    + _ARG + _VALUE + r"(?=[ \t]*\|([^|;&\n]*))"))
+    + _ARG + r"(\"[^\"\n]*+\"|\"[^\"\n|]*+|'[^'\n]*+'|'[^'\n|]*+|[^\s\"'|;&-][^\s\"'|;&]*+)"  # possessive: no
+    + r"(?=[ \t]*\|([^|;&\n]*))"))  # retry of the look-ahead per character of a long value
 _READS_PASSWORD = re.compile(r"--password-stdin|--passphrase-stdin|--passphrase-fd|\bchpasswd\b")
 _SUDO = re.compile(r"\bsudo\b")
 _SUDO_STDIN = re.compile(r"\s-S\b")
@@ -194,20 +197,41 @@ _HINT = re.compile(_HINT_WORDS)  # in ASCII-lowered text: a line without one of 
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")  # keeps every index
 _QUOTED = r"""(?P<q>["'])(?P<qv>(?:\\.|(?!(?P=q))[^\\\n])*)(?P<qe>(?P=q))?"""
 _UNQUOTED = r"""(?P<v>[^\s"'&;,<>()\[\]{}\\]+)"""
-# The value is matched in a look-ahead, so a name that is no secret's consumes only itself and
-# a secret assignment inside its would-be value (``x: PGPASSWORD=1``) is still found.
-_VALUE_AHEAD = r"(?=" + _QUOTED + "|" + _UNQUOTED + ")"
+# The patterns below match a name and what follows it (the head); its value (_VALUE_AT) is read
+# after the head only when the name is a secret's (_mask_values), so a name that is no secret's
+# consumes only itself, a secret assignment inside its would-be value (``x: PGPASSWORD=1``) is
+# still found, and no value is scanned for every name inside it (``key=key=...`` was quadratic).
+_VALUE_AT = re.compile(_QUOTED + "|" + _UNQUOTED)
+_VALUE_GROUPS = frozenset({"q", "qv", "qe", "v"})
 # --name=value, --name value, -name value
 _OPTION = re.compile(
-    r"(?<![\w-])(?P<head>--?(?P<name>" + _NAME + r"[A-Za-z][\w.-]{0,255})(?P<sep>=|[ \t]+))" + _VALUE_AHEAD
+    r"(?<![\w.-])(?P<head>--?(?P<name>" + _NAME + r"[A-Za-z][\w.-]{0,255})(?P<sep>=|[ \t]+))"
 )
 # name=value, name: value, "name": "value", 'name'='value', ?name=value&
 _ASSIGNMENT = re.compile(
     r"(?<![\w.$/-])(?P<head>(?P<nq>[\"']?)(?P<name>" + _NAME + r"[A-Za-z_][\w.-]{0,255})(?P=nq)"
-    r"[ \t]*(?P<sep>[=:])[ \t]*)" + _VALUE_AHEAD
+    r"[ \t]*(?P<sep>[=:])[ \t]*)"
 )
 # name value (no separator): only a credential-looking value, or a quoted one
-_BARE = re.compile(r"(?<![\w.$/-])(?P<head>(?P<name>" + _NAME + r"[A-Za-z_][\w.-]{0,255})[ \t]+)" + _VALUE_AHEAD)
+_BARE = re.compile(r"(?<![\w.$/-])(?P<head>(?P<name>" + _NAME + r"[A-Za-z_][\w.-]{0,255})[ \t]+)")
+
+
+class _Named:
+    """A head match and its value match, read as one match (``group``, ``start``, ``end``)."""
+
+    __slots__ = ("head", "value")
+
+    def __init__(self, head: re.Match[str], value: re.Match[str]) -> None:
+        self.head, self.value = head, value
+
+    def group(self, name: str) -> Any:
+        return (self.value if name in _VALUE_GROUPS else self.head).group(name)
+
+    def start(self, name: str) -> int:
+        return (self.value if name in _VALUE_GROUPS else self.head).start(name)
+
+    def end(self, name: str) -> int:
+        return (self.value if name in _VALUE_GROUPS else self.head).end(name)
 
 
 def _value_span(match: re.Match[str]) -> tuple[int, int]:
@@ -217,13 +241,21 @@ def _value_span(match: re.Match[str]) -> tuple[int, int]:
     return match.start("v"), match.end("v")
 
 
-def _mask_values(pattern: re.Pattern[str], secret: Callable[[re.Match[str]], bool], text: str) -> str:
-    """``text`` with the value of each ``pattern`` match that ``secret`` accepts replaced by the mask."""
+def _mask_values(pattern: re.Pattern[str], secret: Callable[[Any], bool], text: str) -> str:
+    """``text`` with the value of each ``pattern`` match (a head, then :data:`_VALUE_AT`) that
+    ``secret`` accepts replaced by the mask. Linear: a value is read only after a secret's name."""
     out: list[str] = []
     done = 0  # text[:done] is in ``out``
     pos = 0
-    while (match := pattern.search(text, pos)) is not None:
-        pos = match.end()  # the name's end: the value is in a look-ahead
+    while (head := pattern.search(text, pos)) is not None:
+        pos = head.end()
+        name = head.group("name")
+        if name.lower() in _HEADER_NAMES or not is_secret_name(name):
+            continue
+        value = _VALUE_AT.match(text, pos)
+        if value is None:
+            continue
+        match = _Named(head, value)
         if not secret(match):
             continue
         start, end = _value_span(match)
@@ -317,6 +349,11 @@ def _echoed_value(match: re.Match[str]) -> str:
     return _program_value(match) if reads else match.group(0)
 
 
+def _private_key(match: re.Match[str]) -> str:
+    body = match.group(2)
+    return f"{match.group(1)}{MASK}{body[len(body.rstrip()):]}{match.group(3)}"
+
+
 def _lowered(text: str) -> str:
     """``text`` in lower case, each character still at its index (``str.lower`` lengthens a few)."""
     lower = text.lower()
@@ -355,7 +392,7 @@ def mask_secrets(text: str, known: Iterable[str] = ()) -> str:
     raise only on a bug in a pattern (callers catch: :func:`toolfleet.tools.redact.redact_text`)."""
     for value in sorted({k for k in known if isinstance(k, str) and len(k) >= 3}, key=len, reverse=True):
         text = text.replace(value, MASK)
-    text = _PRIVATE_KEY.sub(lambda m: f"{m.group(1)}{MASK}{m.group(3)}", text)
+    text = _PRIVATE_KEY.sub(_private_key, text)
     text = _TOKENS.sub(MASK, text)
     text = _SLACK_WEBHOOK.sub(r"\1" + MASK, text)
     lower = _lowered(text)
