@@ -175,8 +175,14 @@ def test_closing_a_session_ends_its_live_shell_too(start_worker, fast, live, wor
     first, second = marker(), marker()
     [a] = sh(live, workspace, "closing-1", f"sleep {first} & echo bg")
     assert a.ok and processes_with(first)
+    [state] = sh(live, workspace, "closing-1", "export LEFT_BEHIND=old-state; cd /tmp")
+    assert state.ok
     assert live.close_session("closing-1") is True
+    # at once, before the holder's housekeeping: a new shell, nothing of the closed one (a breaker's find)
+    [fresh] = sh(live, workspace, "closing-1", 'echo "[${LEFT_BEHIND:-unset}]"; pwd')
+    assert fresh.ok and fresh.content == f"[unset]\n{workspace}\n", fresh.content
     assert wait_gone(first, 5.0) == []
+    assert live.close_session("closing-1") is True  # the new shell
     assert live.close_session("closing-1") is False
     [b] = sh(live, workspace, "closing-2", f"sleep {second} & echo bg")
     assert b.ok and processes_with(second)

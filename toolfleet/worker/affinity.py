@@ -204,7 +204,12 @@ class SessionHost:
         with self.lock:
             session = self.sessions.get(sid)
         if session is not None:
-            return session, None
+            if self.redis.eval(_RENEW_IF, 1, self.keys.live_holder(sid), self.worker, int(idle_ttl_s() * 1000)):
+                return session, None
+            # the holder key is gone (the session was closed) or another's: this shell is no longer the
+            # session's. Without this check a call right after a close ran in the old shell, its cwd and
+            # exported variables kept, until the next housekeeping ended it (up to 1 s)
+            self.end(sid)
         with self.create_lock:
             with self.lock:
                 session = self.sessions.get(sid)
