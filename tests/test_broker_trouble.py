@@ -44,6 +44,10 @@ def test_broker_url_password_is_masked():
     error = BrokerUnavailable("amqp://guest:secret@rabbit:5672//", "refused")
     assert "secret" not in str(error) and "rabbit:5672" in str(error)
     assert "redis-server --port 6399" in str(BrokerUnavailable("redis://127.0.0.1:6399/0"))  # the URL's port
+    for url in ("redis://:6390/Zq9+kLmN0pQ=@127.0.0.1:6379/0", "redis://:pa#Sekr1t@h:6379/0",  # a breaker's finds
+                "redis://:pa?Sekr1t@h/0", "amqp://u:pw1@h1//;amqp://u:Sekr1t@h2//", " redis://u:Sekr1t@h"):
+        shown = str(BrokerUnavailable(url))
+        assert "Sekr1t" not in shown and "Zq9" not in shown and "--port 6390" not in shown, shown
 
 
 @given(st.text(max_size=40), st.sampled_from(["redis://", "rediss://", "redis+cluster://", "amqp://", "unix://", ""]),

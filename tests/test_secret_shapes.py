@@ -62,6 +62,8 @@ EXACT = [
     ("mysql -pA1 -h db -pB2 -pC3 -pD4 -pE5 -pF6 -pG7 -pH8 -pI9 -pJ0 shop",
      "mysql -p*** -h db -p*** -p*** -p*** -p*** -p*** -p*** -p*** -p*** -p*** shop"),  # every repeat, not 8
     ("mysql -p'a;b' shop && mysql -pX2", "mysql -p'***' shop && mysql -p***"),
+    ('redis-cli -a "x;y" -a Hunter22', 'redis-cli -a "***" -a ***'),  # the command goes on after "x;y"
+    ('docker login -p "a|b" -p Hunter22 r.io', 'docker login -p "***" -p *** r.io'),
     ("printf '%s\\n' hunter2 | podman login --password-stdin -u me q.io",
      "printf '%s\\n' *** | podman login --password-stdin -u me q.io"),
     ("echo -n \"bob:Zq9pLm\" | chpasswd", "echo -n \"***\" | chpasswd"),

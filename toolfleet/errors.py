@@ -61,20 +61,23 @@ class BrokerUnavailable(ToolfleetError):
         super().__init__(message)
 
 
-_USERINFO = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?([^/?#@:]*):([^/?#]*)@")
+# user:password@ after a scheme's // (the password up to the last @ before white space or ";", so
+# one holding "/", "?", "#" or "@" is masked whole), or at the start of a URL without a scheme
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://|^\s*)([^\s;:/@]*):([^\s;]*)@")
 
 
 def shown_url(url: str) -> str:
-    """``url`` with its password masked: kombu's ``maybe_sanitize_url``, then any ``user:password@``
-    it left (a URL it cannot parse, with a port that is no number or a list of hosts, raised
-    ``ValueError``; one without a scheme came back as it was) masked here. Never raises."""
+    """``url`` with its password masked: kombu's ``maybe_sanitize_url``, then every ``user:password@``
+    left (kombu raises ``ValueError`` for a port that is no number or a list of hosts, returns a URL
+    without a scheme as it was, and masks only the first of a failover list ``a;b``) masked here,
+    the user kept. Never raises."""
     from kombu.utils.url import maybe_sanitize_url
 
     try:
         shown = maybe_sanitize_url(url)
     except ValueError:
         shown = url
-    return _USERINFO.sub(lambda m: f"{m.group(1) or ''}{m.group(2)}:**@", shown, count=1)
+    return _USERINFO.sub(lambda m: f"{m.group(1)}{m.group(2)}:**@", shown)
 
 
 def _port_of(url: str) -> int:

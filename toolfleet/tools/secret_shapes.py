@@ -333,6 +333,9 @@ def _mask_program_options(text: str, program: re.Pattern[str], option: re.Patter
             out.append(text[done:found.start()])
             out.append(_program_value(found))
             done = at = found.end()
+            if at > command_end:  # the quoted value held "|;&": the command goes on after it
+                ends = _SEGMENT_END.search(text, at)
+                command_end = len(text) if ends is None else ends.start()
         pos = max(command_end, at)
     out.append(text[done:])
     return "".join(out)
