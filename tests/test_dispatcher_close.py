@@ -49,3 +49,47 @@ def test_closing_a_dispatcher_cancels_its_running_turn_and_marks_it_ended(settin
     ledger = Ledger(settings)
     assert ledger.redis.get(ledger.keys.turn_ended(turn.turn_id)) == b"cancelled"
     ledger.redis.close()
+
+
+def test_close_racing_turns_opened_in_other_threads_raises_nothing_and_leaves_none_running(settings):
+    """A breaker's find: close() took a snapshot of a WeakSet that other threads were adding to
+    ("Set changed size during iteration": no turn cancelled, no connection closed), turns opened
+    during or after close() started on reopened connections and were never cancelled, and a second
+    close() waited the whole bound again. Now: every turn opened before close() is ended by it, a
+    later open is refused, and close() again returns at once."""
+    for _ in range(3):
+        _close_while_four_threads_open_turns(settings)
+
+
+def _close_while_four_threads_open_turns(settings) -> None:
+    import threading
+
+    from toolfleet.errors import ToolfleetError
+
+    dispatcher = Dispatcher(settings, make_registry())
+    opened, refused, stop = [], [], threading.Event()
+
+    def open_turns() -> None:
+        while not stop.is_set():
+            try:
+                opened.append(dispatcher.open_turn())
+            except ToolfleetError:
+                refused.append(1)
+                return
+
+    threads = [threading.Thread(target=open_turns) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while len(opened) < 20 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert len(opened) >= 20
+    dispatcher.close()  # raises nothing
+    stop.set()
+    for thread in threads:
+        thread.join(10)
+    assert len(refused) == 4  # each thread's next open after close() was refused
+    assert all(turn.done for turn in opened)  # ended by close(): none left to its lease
+    began = time.monotonic()
+    dispatcher.close()
+    assert time.monotonic() - began < 0.5

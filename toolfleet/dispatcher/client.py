@@ -72,6 +72,8 @@ class Dispatcher:
             catalog_registry(self.settings, default_registry(), self.ledger.redis)
         self.app = create_app(self.settings, self.registry)
         self._turns: weakref.WeakSet[Turn] = weakref.WeakSet()
+        self._turns_lock = threading.Lock()  # adding a turn vs close()'s snapshot (a WeakSet is not thread-safe)
+        self._closed = False
         self.submitter = Submitter(self.app, self.settings, self.ledger.audit)
         self.rules = RuleStore(self.ledger.redis, self.ledger.keys, self.settings.redis_url)
         self.approvals = Approvals(self.ledger, self.rules)
@@ -127,6 +129,8 @@ class Dispatcher:
         workers run none of its calls until :meth:`~toolfleet.ledger.Ledger.arm` (what
         :meth:`submit` does once the whole batch is sent).
         """
+        if self._closed:
+            raise ToolfleetError("this dispatcher is closed: open a new Dispatcher")
         turn_id = turn_id or uuid.uuid4().hex
         for what, text in (("turn_id", turn_id), ("workspace", workspace), ("session_id", session_id)):
             if text is not None and not encodable(text):  # Redis and JSON could not carry it
@@ -152,8 +156,11 @@ class Dispatcher:
             events_after=opened,
             registered=registered,
         )
-        self._turns.add(turn)
-        return turn.start()
+        with self._turns_lock:
+            if not self._closed:  # else close() could not see it: never started, its lease lapses (E1)
+                self._turns.add(turn)
+                return turn.start()
+        raise ToolfleetError("this dispatcher was closed while the turn opened; it did not start")
 
     def submit(self, calls: Sequence[ToolCall], *, failed: Mapping[str, ToolResult] | None = None,
                **options: Any) -> Turn:
@@ -254,8 +261,13 @@ class Dispatcher:
         (reason "the dispatcher was closed": calls not started never start, running ones stop), and
         every turn's driver gets up to ``cancel_grace_s`` + :data:`CLOSE_WAIT_S` seconds in all to record
         the final results and mark its turn ended in the ledger (a driver still at it then is logged;
-        its turn's lease lapses within ``turn_lease_s``, E1). Idempotent; raises nothing."""
-        turns = list(self._turns)
+        its turn's lease lapses within ``turn_lease_s``, E1). Idempotent (a second call returns at once);
+        raises nothing. A closed dispatcher opens no turn (:class:`~toolfleet.errors.ToolfleetError`)."""
+        with self._turns_lock:
+            if self._closed:
+                return
+            self._closed = True  # no turn opens from now on
+            turns = list(self._turns)
         deadline = time.monotonic() + self.settings.cancel_grace_s + CLOSE_WAIT_S
         # each turn is cancelled in a thread of its own: with Redis frozen a cancel waits for a socket
         # timeout (BROKER_SOCKET_TIMEOUT_S), and one after another that was one timeout per turn
