@@ -330,6 +330,43 @@ def test_a_tool_whose_workers_all_stopped_is_unavailable_not_unknown(settings, s
     assert unknown.code is ErrorCode.UNKNOWN_TOOL, unknown.content
 
 
+def test_junk_in_the_seen_tools_or_a_catalog_never_breaks_a_dispatcher(settings) -> None:
+    """A breaker's find: one bad field in ``<ns>:tools:seen`` (kept 7 days) made every new
+    ``Dispatcher(settings)`` raise (RecursionError on deep JSON) or its calls crash (a text or NaN
+    time limit). Each unreadable record is skipped; a record older than the TTL is not read, though
+    the hash's own TTL is renewed by every worker start (a retired tool is forgotten)."""
+    import time as clock
+
+    import redis
+
+    from toolfleet.keys import Keys
+    from toolfleet.worker.catalog import TOOLS_SEEN_TTL_S
+
+    keys, client = Keys(settings.namespace), redis.Redis.from_url(settings.redis_url)
+    good = describe(default_registry().get("read_file")) | {"name": "seen_good", "version": "s1"}
+
+    def record(tool: object, at: float | None = None) -> str:
+        return json.dumps({"tool": tool, "worker": "w@h", "at": clock.time() if at is None else at})
+
+    client.hset(keys.tools_seen, mapping={
+        "deep": "[" * 100_000 + "]" * 100_000,
+        "text_limit": record(good | {"name": "text_limit", "timeout_s": "abc"}),
+        "nan_limit": record(good | {"name": "nan_limit"}).replace('"timeout_s": 30', '"timeout_s": NaN'),
+        "huge_limit": record(good | {"name": "huge_limit", "timeout_s": 1e308}),
+        "list_queue": record(good | {"name": "list_queue", "queue": ["a"]}),
+        "not_json": "{", "not_object": "[1]", "retired": record(good | {"name": "retired"}, at=1.0),
+        "seen_good": record(good),
+    })
+    client.set(keys.catalog("junk@host"), "[" * 100_000, px=30_000)
+    client.sadd(keys.workers, "junk@host")
+    assert client.ttl(keys.tools_seen) == -1 or client.ttl(keys.tools_seen) <= TOOLS_SEEN_TTL_S
+    with Dispatcher(settings) as dispatcher:
+        names = set(dispatcher.registry.names())
+        assert "seen_good" in names and dispatcher.registry.sources["seen_good"] == "seen"
+        assert not names & {"deep", "text_limit", "nan_limit", "huge_limit", "list_queue", "retired"}
+        assert dispatcher.tools()  # listing them raises nothing either
+
+
 def test_a_tools_module_that_is_not_there_says_how_to_name_one(tmp_path) -> None:
     from toolfleet.errors import ConfigurationError
 

@@ -165,6 +165,15 @@ def spec_from_description(entry: Mapping[str, Any]) -> ToolSpec:
     """A dispatcher-side spec (no handler: a call run here fails saying so) from a published
     description. Raises :class:`ConfigurationError` for a description that is not usable (bad
     name, parameters that are not a JSON Schema, missing fields)."""
+    for key in ("timeout_s", "max_timeout_s", "poll_interval_s", "max_output_chars"):
+        value = entry.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 < value < 1e9):  # NaN fails both comparisons
+            raise ConfigurationError(f"published tool {entry.get('name')!r} cannot be read: {key} {value!r} is not "
+                                     "a positive number below 1e9")
+    for key in ("queue", "risk", "command_arg", "timeout_arg"):
+        if entry.get(key) is not None and not isinstance(entry[key], str):
+            raise ConfigurationError(f"published tool {entry.get('name')!r} cannot be read: {key} is not text")
     try:
         options: dict[str, Any] = {
             key: entry[key] for key in ("queue", "timeout_s", "max_output_chars", "cancellable", "idempotent",
@@ -188,7 +197,7 @@ def spec_from_description(entry: Mapping[str, Any]) -> ToolSpec:
                                 access=access, resources=resources_from_form(entry.get("resources", "*")), **options)
     except ConfigurationError:
         raise
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
         raise ConfigurationError(f"published tool {entry.get('name')!r} cannot be read: {exc}") from exc
     if entry.get("version"):
         object.__setattr__(spec, "_published_version", str(entry["version"]))

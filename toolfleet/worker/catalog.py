@@ -128,11 +128,13 @@ def seen_tools(settings: Settings, client: redis.Redis | None = None) -> list[di
     for raw in client.hvals(Keys(settings.namespace).tools_seen):
         try:
             record = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # junk another process wrote: skipped
             continue
         tool = record.get("tool") if isinstance(record, dict) else None
-        if isinstance(tool, dict) and isinstance(tool.get("name"), str):
-            found.append(tool)
+        at = record.get("at") if isinstance(record, dict) else None
+        fresh = isinstance(at, (int, float)) and time.time() - at < TOOLS_SEEN_TTL_S  # the hash's TTL is renewed
+        if fresh and isinstance(tool, dict) and isinstance(tool.get("name"), str):  # by every start: each
+            found.append(tool)  # record counts from its own
     return found
 
 
@@ -146,10 +148,15 @@ def live_catalog(settings: Settings, client: redis.Redis | None = None) -> list[
         return []
     entries, dead = [], []
     for name, raw in zip(names, mget(client, [keys.catalog(n) for n in names]), strict=True):
-        if raw:
-            entries.append(json.loads(raw))
-        else:
+        if not raw:
             dead.append(name)
+            continue
+        try:
+            entry = json.loads(raw)
+        except (ValueError, RecursionError):  # junk another process wrote: that worker's tools unread
+            continue
+        if isinstance(entry, dict):
+            entries.append(entry)
     if dead:
         client.srem(keys.workers, *dead)
     return entries
