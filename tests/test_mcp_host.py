@@ -127,6 +127,7 @@ def test_a_worker_whose_mcp_server_cannot_start_says_why(settings):
     )
     assert proc.returncode != 0
     assert "--mcp gone" in proc.stderr and "cannot start" in proc.stderr
+    assert "not found" in proc.stderr and "ExceptionGroup" not in proc.stderr  # said plainly
 
 
 def _gone(pid: int) -> bool:

@@ -33,6 +33,7 @@ import concurrent.futures
 import os
 import re
 import shlex
+import shutil
 import signal
 import sys
 import threading
@@ -311,6 +312,9 @@ def load_server_tools(name: str, argv: list[str]) -> tuple[list[ToolSpec], list[
     """Start the server once, list its tools, stop it. Returns ``(specs, warnings)`` (a tool that cannot
     be a fleet tool is skipped with a warning). Raises :class:`ConfigurationError` when the server
     cannot be started or listed within :data:`START_TIMEOUT_S`."""
+    if shutil.which(argv[0]) is None:  # said plainly: under bwrap it came back as an ExceptionGroup
+        raise ConfigurationError(f"--mcp {name}: cannot start {shlex.join(argv)!r}: the command {argv[0]!r} was "
+                                 "not found (not on PATH, or not an executable file)")
     server = HostedServer(name, argv)
     try:
         tools = server.run(server.list_tools(), START_TIMEOUT_S + 5)

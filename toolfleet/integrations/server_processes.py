@@ -20,7 +20,9 @@ namespace's init ends, the kernel SIGKILLs every process in it (pid_namespaces(7
 process killed outright (a hard time limit, the OOM killer) takes the whole server with it:
 ``npx``'s node child, a browser the server launched, a process that left the server's process group
 or session (``setsid``). A death signal on the server process alone, and ``killpg`` of its group,
-miss those. A fresh ``/proc`` shows the server its own processes only.
+miss those. A fresh ``/proc`` shows the server its own processes only (it sees itself as pid 2);
+bubblewrap sets ``no_new_privs``, so setuid helpers (``sudo``, ``ping`` on some systems) gain no
+privilege in a server of a worker not run as root.
 Sources: bwrap(1) (``--unshare-pid``, ``--die-with-parent``, ``--proc``), pid_namespaces(7).
 
 Where bubblewrap cannot run (not installed, namespaces refused), the server runs as before and the
