@@ -63,6 +63,10 @@ EXACT = [
      "mysql -p*** -h db -p*** -p*** -p*** -p*** -p*** -p*** -p*** -p*** -p*** shop"),  # every repeat, not 8
     ("mysql -p'a;b' shop && mysql -pX2", "mysql -p'***' shop && mysql -p***"),
     ('redis-cli -a "x;y" -a Hunter22', 'redis-cli -a "***" -a ***'),  # the command goes on after "x;y"
+    ('mysql -e "select 1; select 2" -pX2z shop', 'mysql -e "select 1; select 2" -p*** shop'),  # a breaker's
+    ("echo pw9 | sudo -kS id", "echo *** | sudo -kS id"),  # finds, missed before too
+    ("echo pw9 | sudo --stdin id", "echo *** | sudo --stdin id"),
+    ("echo pw9 | sudo -k id; x -S", "echo pw9 | sudo -k id; x -S"),
     ('docker login -p "a|b" -p Hunter22 r.io', 'docker login -p "***" -p *** r.io'),
     ("printf '%s\\n' hunter2 | podman login --password-stdin -u me q.io",
      "printf '%s\\n' *** | podman login --password-stdin -u me q.io"),

@@ -154,7 +154,7 @@ _BEARER = re.compile(r"(?i)(\b(?:bearer|basic)\s+)([A-Za-z0-9._~+/=-]{8,})")
 
 _ARG = r"(?![\"']?\*\*\*[\"']?(?![^\s\"'|;&]))"  # not a value masked already (so a repeated option is found)
 _VALUE = r"(\"[^\"\n]*\"?|'[^'\n]*'?|[^\s\"'|;&-][^\s\"'|;&]*)"  # a word, quoted or not
-_SEGMENT_END = re.compile(r"[|;&\n]")  # where one simple command ends
+_COMMAND_PART = re.compile(r"\"[^\"\n]*\"|'[^'\n]*'|[|;&\n]")  # a quoted string, or where a simple command ends
 # (words one of which the text must hold, program, option): in a simple command that names the
 # program, every value of the option after it is masked. The words skip an entry cheaply; the
 # program and the option are looked for apart, each once per command, so the time is linear in the
@@ -190,7 +190,7 @@ _ECHOED = (("-stdin", "sudo", "chpasswd", "--passphrase-fd"), re.compile(
     + r"(?=[ \t]*\|([^|;&\n]*))"))  # retry of the look-ahead per character of a long value
 _READS_PASSWORD = re.compile(r"--password-stdin|--passphrase-stdin|--passphrase-fd|\bchpasswd\b")
 _SUDO = re.compile(r"\bsudo\b")
-_SUDO_STDIN = re.compile(r"\s-S\b")
+_SUDO_STDIN = re.compile(r"\s(?:-[A-Za-z]*S[A-Za-z]*|--stdin)\b")  # -S, -kS, --stdin
 _PASSWD = re.compile(r"\bpasswd\b")
 _PASSWD_STDIN = re.compile(r"--stdin")
 _HINT = re.compile(_HINT_WORDS)  # in ASCII-lowered text: a line without one of these names no secret
@@ -323,8 +323,7 @@ def _mask_program_options(text: str, program: re.Pattern[str], option: re.Patter
     done = 0  # text[:done] is in ``out``
     pos = 0
     while (named := program.search(text, pos)) is not None:
-        ends = _SEGMENT_END.search(text, named.end())
-        command_end = len(text) if ends is None else ends.start()
+        command_end = _command_end(text, named.end())
         at = named.end()
         while (found := option.search(text, at, command_end)) is not None:
             found = option.match(text, found.start())  # again without the end: a quoted value may hold "|;&"
@@ -333,12 +332,20 @@ def _mask_program_options(text: str, program: re.Pattern[str], option: re.Patter
             out.append(text[done:found.start()])
             out.append(_program_value(found))
             done = at = found.end()
-            if at > command_end:  # the quoted value held "|;&": the command goes on after it
-                ends = _SEGMENT_END.search(text, at)
-                command_end = len(text) if ends is None else ends.start()
+            if at > command_end:  # an unclosed quoted value held "|;&": the command goes on after it
+                command_end = _command_end(text, at)
         pos = max(command_end, at)
     out.append(text[done:])
     return "".join(out)
+
+
+def _command_end(text: str, start: int) -> int:
+    """Where the simple command going on at ``start`` ends: the first ``| ; &`` or new line outside
+    quotes (``mysql -e "a; b" -pX`` is one command), or the text's end."""
+    for part in _COMMAND_PART.finditer(text, start):
+        if part.group()[0] not in "\"'":
+            return part.start()
+    return len(text)
 
 
 def _echoed_value(match: re.Match[str]) -> str:
