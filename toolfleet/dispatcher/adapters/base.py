@@ -267,14 +267,7 @@ class JsonDepth:
 
 
 def _balanced(text: str) -> bool:
-    depth, in_string, escaped = 0, False, False
-    for char in text:
-        if in_string:
-            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
-        elif char == '"':
-            in_string = True
-        elif char in "{[":
-            depth += 1
-        elif char in "}]":
-            depth -= 1
-    return depth == 0 and not in_string
+    """Brackets of ``text`` balanced outside strings (:class:`JsonDepth` fed it whole)."""
+    scan = JsonDepth()
+    scan.feed(text)
+    return scan.depth == 0 and not scan.in_string

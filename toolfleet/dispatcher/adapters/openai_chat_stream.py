@@ -40,6 +40,7 @@ with the JSON pointer of the field, the event's position first (``/3/choices/0/d
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -224,10 +225,10 @@ class _Joined(list):
 def _merge(old: Any, new: Any, join_text: bool = True) -> Any:
     """A delta field not interpreted, accumulated: text joined (``join_text``; as a :class:`_Joined`
     until :func:`_final`), lists extended (dict items with the same ``index`` merged into one),
-    objects merged, anything else replaced. What it returns is its own (``new`` is copied, never
-    kept), so later deltas extend it in place: linear in the stream."""
+    objects merged, anything else replaced. What it returns is its own (``new`` is deep-copied:
+    the caller's event is never changed), so later deltas extend it in place: linear in the stream."""
     if old is None:
-        return _owned(new)
+        return copy.deepcopy(new)
     if join_text and isinstance(new, str) and isinstance(old, (str, _Joined)):
         if isinstance(old, str):
             return _Joined([old, new])
@@ -240,27 +241,18 @@ def _merge(old: Any, new: Any, join_text: bool = True) -> Any:
                 same = next((i for i, o in enumerate(old) if isinstance(o, dict) and o.get("index") == item["index"]
                              and o.get("type") == item.get("type")), None)
             if same is None:
-                old.append(_owned(item))
+                old.append(copy.deepcopy(item))
             else:
                 old[same] = _merge(old[same], item)
         return old
     if isinstance(old, dict) and isinstance(new, dict):
         for key, value in new.items():
             if key in ("index", "type", "id", "format") or value is None:
-                old.setdefault(key, _owned(value))
+                old.setdefault(key, copy.deepcopy(value))
             else:
                 old[key] = _merge(old.get(key), value, join_text)
         return old
-    return _owned(new)
-
-
-def _owned(value: Any) -> Any:
-    """``value`` with its lists and objects copied (the caller's event is never changed)."""
-    if isinstance(value, dict):
-        return {k: _owned(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_owned(v) for v in value]
-    return value
+    return copy.deepcopy(new)
 
 
 def _final(value: Any) -> Any:
