@@ -59,7 +59,6 @@ class Sender:
     def __init__(self, turn: Turn, availability: Any, locks: Any) -> None:
         self.turn = turn
         self.availability = availability
-        self.locks = locks
         self.sent_at: dict[str, float] = {}  # call id -> monotonic time of its latest send
         self.resends: dict[str, int] = {}  # call id -> times sent again after its worker died
         self._to_send: list[str] = []  # ready, not sent yet (waiting for locks or the broker)

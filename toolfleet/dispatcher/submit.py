@@ -49,6 +49,12 @@ def priority_of(rank: int, broker_url: str) -> int:
     return 3 * urgency
 
 
+def hard_limit_s(settings: Settings, limit_s: float) -> float:
+    """How long after its start an execution with time limit ``limit_s`` (s) may still act: the
+    limit, :data:`SOFT_LIMIT_MARGIN_S` to Celery's hard limit, and ``kill_grace_s`` for the kill."""
+    return limit_s + SOFT_LIMIT_MARGIN_S + settings.kill_grace_s
+
+
 def message_expiry_s(settings: Settings, limit_s: float) -> float:
     """Seconds after sending at which a call's message expires (Celery ``expires``): a worker that
     receives it later, or takes it from the queue later, discards it without running it (state
@@ -56,7 +62,7 @@ def message_expiry_s(settings: Settings, limit_s: float) -> float:
     call ``TOOL_UNAVAILABLE``) plus the call's hard limit. The expiry is an absolute time from the
     dispatcher's clock, compared with the worker's: keep the clocks in sync (NTP). The ledger's
     claim (turn ended, cancelled, lease lapsed) is the check that does not depend on clocks."""
-    return settings.max_queue_wait_s + limit_s + SOFT_LIMIT_MARGIN_S + settings.kill_grace_s
+    return settings.max_queue_wait_s + hard_limit_s(settings, limit_s)
 
 
 def task_id(turn_id: str, call_id: str) -> str:
@@ -185,7 +191,7 @@ class Submitter:
             shown = shown[: KWARGSREPR_MAX_CHARS - 3] + "..."
         tid = task_id(turn_id, call_id)
         queue = live_queue(self.settings, spec, session_id) or self.keys.queue(spec.queue)  # live sessions
-        soft_s, hard_s = limit_s + SOFT_LIMIT_MARGIN_S, limit_s + SOFT_LIMIT_MARGIN_S + self.settings.kill_grace_s
+        soft_s, hard_s = limit_s + SOFT_LIMIT_MARGIN_S, hard_limit_s(self.settings, limit_s)
         body = envelope.model_dump(mode="json")
         if self.fleet_keys is not None:  # bound: envelope, task id, queue, the limits the worker enforces
             body["signature"] = sign(self.fleet_keys, task=TASK_NAME, task_id=tid, queue=queue,

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..models import ErrorCode, ToolResult
 from .locks import LAPSED, lease_s, lock_names
-from .submit import SOFT_LIMIT_MARGIN_S
+from .submit import hard_limit_s
 
 if TYPE_CHECKING:
     from .turn import Turn
@@ -137,7 +137,7 @@ class TurnLocks:
     def hard_s(self, call_id: str) -> float:
         """The hard limit (s) of ``call_id``: how long after its start its execution may still act."""
         run = self.turn._runnable[call_id]
-        return run.spec.time_limit_s(run.arguments) + SOFT_LIMIT_MARGIN_S + self.turn._settings.kill_grace_s
+        return hard_limit_s(self.turn._settings, run.spec.time_limit_s(run.arguments))
 
     def release(self) -> None:
         """The turn is over: its locks go (those under a hold stay until it ends)."""

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from ..ledger import not_executed
 from ..models import ErrorCode, ToolResult
 from .availability import liveness_bound_s
-from .submit import SOFT_LIMIT_MARGIN_S
+from .submit import hard_limit_s
 
 if TYPE_CHECKING:
     from .turn import Turn
@@ -95,7 +95,7 @@ class Watchdog:
         """The call's hard limit (s): how long after its start its execution may still act."""
         turn = self.turn
         run = turn._runnable[call_id]
-        return run.spec.time_limit_s(run.arguments) + SOFT_LIMIT_MARGIN_S + turn._settings.kill_grace_s
+        return hard_limit_s(turn._settings, run.spec.time_limit_s(run.arguments))
 
     def _check_queued(self, call_id: str, spec: Any, waited: float, bound_s: float, now: float) -> None:
         """A call sent and not started: end it when no live worker serves its tool; send it again

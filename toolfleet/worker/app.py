@@ -63,10 +63,10 @@ log = logging.getLogger(__name__)
 def longest_hard_limit_s(settings: Settings, registry: Registry) -> float:
     """The longest a call of ``registry`` may run before it is killed (s): the largest time limit a
     call can ask for, plus the soft-limit margin and the kill grace the dispatcher adds."""
-    from ..dispatcher.submit import SOFT_LIMIT_MARGIN_S  # the dispatcher imports this module
+    from ..dispatcher.submit import hard_limit_s  # the dispatcher imports this module
 
     limits = [spec.max_timeout_s if spec.timeout_arg else spec.timeout_s for spec in registry]
-    return max(limits, default=0.0) + SOFT_LIMIT_MARGIN_S + settings.kill_grace_s
+    return hard_limit_s(settings, max(limits, default=0.0))
 
 
 def visibility_timeout_s(settings: Settings, registry: Registry) -> float:

@@ -66,9 +66,9 @@ def hard_limit_for(runtime: Runtime, env: CallEnvelope) -> float:
     """How long after its claim a call's execution may still act (s), when the message does not
     say (its Celery ``time_limit`` does): its time limit, the soft limit's margin and this
     worker's kill grace."""
-    from ..dispatcher.submit import SOFT_LIMIT_MARGIN_S  # the dispatcher imports the worker's app
+    from ..dispatcher.submit import hard_limit_s  # the dispatcher imports the worker's app
 
-    return env.time_limit_s + SOFT_LIMIT_MARGIN_S + runtime.settings.kill_grace_s
+    return hard_limit_s(runtime.settings, env.time_limit_s)
 
 
 def run_guarded(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnvelope, claim: str,
