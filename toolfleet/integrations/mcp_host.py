@@ -45,6 +45,7 @@ from ..errors import CallCancelled, ConfigurationError, ToolFailure
 from ..tools import sandbox
 from ..tools.context import ToolContext
 from ..tools.registry import Registry
+from ..tools.spec import GROUP_SEPARATOR as SEPARATOR
 from ..tools.spec import ToolSpec, tool_from_schema
 from .server_processes import confined, dying_with, group_alive
 
@@ -53,7 +54,6 @@ PING_TIMEOUT_S = 5.0  # liveness check before each call
 TERM_GRACE_S = 0.1  # an interrupted call's server: between SIGTERM and SIGKILL of its process group (s)
 KILL_WAIT_S = 2.0  # after the SIGKILL: how long the group may take to be gone before the call is OUTCOME_UNKNOWN
 POLL_S = 0.02  # how often a call's wait looks at its cancel signal (s)
-SEPARATOR = "__"
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,40}$")
 
 

@@ -30,6 +30,10 @@ ResourceFn = Callable[[Mapping[str, Any]], Iterable[str]]
 AccessFn = Callable[[Mapping[str, Any]], str]
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI and Anthropic both limit names to this
+GROUP_SEPARATOR = "__"
+"""Between a group's name and its tool's in a fleet tool name, ``GROUP__tool``: a hosted MCP
+server's tools (:mod:`toolfleet.integrations.mcp_host`), a Responses namespace's functions
+(:mod:`toolfleet.dispatcher.adapters.namespaces`)."""
 
 
 @dataclass(frozen=True)

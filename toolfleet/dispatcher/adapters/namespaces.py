@@ -30,9 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ...models import ToolCall
-
-SEPARATOR = "__"
-"""Between a group's name and its tool's in a fleet tool name (the MCP host's ``NAME__tool``)."""
+from ...tools.spec import GROUP_SEPARATOR as SEPARATOR
 
 
 def item_namespace(item: Mapping[str, Any]) -> str | None:
