@@ -23,8 +23,8 @@ import posixpath
 from . import launchers
 from . import shellmodel as model
 from .code_runners import STDIN_PATHS, awk, flag_dynamic, generic, interpreter, sed
-from .command_types import MAX_PROBE_WORDS
-from .commands import MAX_PROBES, Segment, Walker, Word
+from .command_types import MAX_PROBE_WORDS, MAX_PROBES
+from .commands import Segment, Walker, Word
 from .shellmodel import Grammar, option_span, parse_options
 
 SYSTEM_DIRS = frozenset({"/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin", "/usr/local/sbin"})

@@ -93,12 +93,15 @@ def brace_expand(word: str) -> list[str] | None:
     return list(reversed(done))
 
 
+_SEQUENCE = re.compile(r"(-?\w+)\.\.(-?\w+)(\.\.-?\d+)?")  # a brace body bash expands as a sequence
+
+
 def _first_brace(word: str) -> tuple[str, list[str], str] | None:
     """The first brace expression of ``word`` that bash expands (the one whose ``{`` comes first
     among those that close and hold a comma at their own depth, or are a sequence ``a..b``):
     ``(before, alternatives, after)``, or ``None``. One pass with a stack (one scan per ``{`` was
     quadratic: ``{`` repeated 4,000 times took a second)."""
-    best: tuple[int, int, list[int]] | None = None  # (start, end, commas) of the first valid one so far
+    best: tuple[int, int, list[int], re.Match[str] | None] | None = None  # the first valid one so far
     opened: list[tuple[int, list[int]]] = []  # the open braces: (start, commas directly inside)
     for at, ch in enumerate(word):
         if ch == "{":
@@ -109,17 +112,16 @@ def _first_brace(word: str) -> tuple[str, list[str], str] | None:
             start, commas = opened.pop()
             if best is not None and start > best[0]:
                 continue
-            if commas or re.fullmatch(r"(-?\w+)\.\.(-?\w+)(\.\.-?\d+)?", word[start + 1 : at]):
-                best = (start, at, commas)
+            seq = None if commas else _SEQUENCE.fullmatch(word, start + 1, at)
+            if commas or seq:
+                best = (start, at, commas, seq)
     if best is None:
         return None
-    start, end, commas = best
-    if commas:
-        cuts = [start, *commas, end]
-        return word[:start], [word[a + 1 : b] for a, b in zip(cuts, cuts[1:], strict=False)], word[end + 1 :]
-    seq = re.fullmatch(r"(-?\w+)\.\.(-?\w+)(\.\.-?\d+)?", word[start + 1 : end])
-    assert seq is not None
-    return word[:start], [seq.group(1), seq.group(2)], word[end + 1 :]
+    start, end, commas, seq = best
+    if seq is not None:
+        return word[:start], [seq.group(1), seq.group(2)], word[end + 1 :]
+    cuts = [start, *commas, end]
+    return word[:start], [word[a + 1 : b] for a, b in zip(cuts, cuts[1:], strict=False)], word[end + 1 :]
 
 
 def glob_target(path: str) -> str | None:
