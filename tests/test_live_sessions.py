@@ -5,6 +5,7 @@ SESSION_LOST within the bound, and no process is left after close, expiry or shu
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -186,10 +187,23 @@ def test_closing_a_session_ends_its_live_shell_too(start_worker, fast, live, wor
     assert live.close_session("closing-1") is False
     [b] = sh(live, workspace, "closing-2", f"sleep {second} & echo bg")
     assert b.ok and processes_with(second)
-    cli = subprocess.run([sys.executable, "-m", "toolfleet", "sessions", "--redis-url", fast.redis_url,
-                          "--namespace", fast.namespace, "--close", "closing-2"],
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
-    assert cli.returncode == 0 and "closed session closing-2" in cli.stdout, cli.stdout + cli.stderr
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "toolfleet", "sessions", "--redis-url", fast.redis_url,
+                               "--namespace", fast.namespace, *args],
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
+
+    # listed though it has no stored state: a live shell, and the worker that holds it
+    [listed] = [s for s in json.loads(cli("--json").stdout) if s["session_id"] == "closing-2"]
+    holder = live_holder(fast, "closing-2")
+    assert listed["states"] == {} and listed["opened_at"] is None
+    assert listed["live_shell"]["worker"] == holder and listed["live_shell"]["worker_alive"] is True
+    assert 0 < listed["live_shell"]["idle_expires_in_s"] <= 1800
+    table = cli()
+    assert table.returncode == 0 and "closing-2" in table.stdout, table.stdout + table.stderr
+    closed = cli("--close", "closing-2")
+    assert closed.returncode == 0 and "closed session closing-2" in closed.stdout, closed.stdout + closed.stderr
+    assert all(s["session_id"] != "closing-2" for s in json.loads(cli("--json").stdout))
     assert wait_gone(second, 5.0) == []
 
 

@@ -258,6 +258,10 @@ def test_cli_sessions_open_list_close(settings: Settings) -> None:
     assert "cli-1" in cli().stdout
     assert "closed session cli-1" in cli("--close", "cli-1").stdout
     assert json.loads(cli("--json").stdout) == []
+    for option in ("--close", "--open"):  # an empty id is refused, not taken for "list"
+        empty = cli(option, "", "--tools", "examples.vfs") if option == "--open" else cli(option, " ")
+        assert empty.returncode == 1 and "give a session id" in empty.stdout + empty.stderr, empty.stdout
+        assert "Traceback" not in empty.stderr
 
 
 def test_worker_without_builtins_and_with_a_replaced_grep(settings: Settings, start_worker) -> None:

@@ -184,6 +184,12 @@ class Keys:
         """String (TTL: the idle TTL): the worker that holds the session's shell."""
         return f"{self.ns}:live:holder:{session_id}"
 
+    @property
+    def live_holders_pattern(self) -> str:
+        """SCAN pattern of every ``live_holder`` key of the namespace (``toolfleet sessions`` lists
+        the live shells with it)."""
+        return f"{self.ns}:live:holder:*"
+
     def live_worker(self, worker: str) -> str:
         """String (TTL: two heartbeats): set while ``worker`` can hold live sessions."""
         return f"{self.ns}:live:worker:{worker}"

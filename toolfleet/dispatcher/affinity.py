@@ -53,6 +53,31 @@ def live_holder(settings: Settings, session_id: str) -> str | None:
     return None if raw is None else raw.decode()
 
 
+LIST_SCAN_COUNT = 500
+"""Keys a ``SCAN`` step of :func:`live_sessions` asks for (Redis's COUNT hint)."""
+
+
+def live_sessions(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The live shells held now: ``{session_id: {"worker": str, "worker_alive": bool,
+    "idle_expires_in_s": int}}`` (``idle_expires_in_s``: seconds until the shell's idle TTL ends
+    it, ``-1`` when Redis says none). Found by ``SCAN`` of ``<ns>:live:holder:*`` (every master of a
+    cluster), ``LIST_SCAN_COUNT`` keys a step: time linear in the ledger's keys, no index to keep.
+    Raises ``redis.RedisError`` when Redis does not answer."""
+    keys = Keys(settings.namespace)
+    client = _client(settings.ledger)
+    prefix = len(keys.live_holders_pattern) - 1
+    found = {}
+    for raw in client.scan_iter(match=keys.live_holders_pattern, count=LIST_SCAN_COUNT):
+        key = raw.decode() if isinstance(raw, bytes) else raw
+        holder, ttl_ms = client.get(key), client.pttl(key)
+        if holder is None:  # ended between the SCAN and the read
+            continue
+        worker = holder.decode()
+        found[key[prefix:]] = {"worker": worker, "worker_alive": bool(client.exists(keys.live_worker(worker))),
+                               "idle_expires_in_s": -1 if ttl_ms < 0 else round(ttl_ms / 1000)}
+    return found
+
+
 def close_live_session(settings: Settings, session_id: str) -> str | None:
     """Close ``session_id``'s live shell: its holder ends it (and every process of its sandbox) at
     its next housekeeping, within ``min(heartbeat_s / 2, 1 s)`` (docs/guarantees.md). Returns the
