@@ -10,7 +10,9 @@ that). Each command is written to the channel as one block:
     printf '\\n<end marker> %d\\n' "$?"            # the end marker, with the command's exit status
 
 The end marker holds a random nonce made for that command, so the output of the command cannot end
-it early by accident. stdout and stderr share one pipe, so the output is in the order printed.
+it early by accident. stdout and stderr share one output channel (a socketpair, not a pipe: a process
+of the session can neither read it nor learn a nonce; :mod:`.shell_start`), so the output is in the
+order printed.
 A command reads ``/dev/null`` as its stdin: it cannot eat the blocks that follow it.
 
 Every write to the shell is non-blocking and bounded by the call's deadline (an absolute
@@ -52,7 +54,7 @@ from typing import Any
 
 from ..tools import sandbox
 from ..tools.command import _SandboxInit
-from .shell_start import channel, children, killpg, living, popen, send_signal
+from .shell_start import channel, children, killpg, living, output_channel, popen, send_signal
 
 TERM_GRACE_S = 0.25  # between TERM and KILL of the command's processes (s)
 STOP_WAIT_S = 0.75  # after KILL, how long the end marker may take before the shell is restarted (s)
@@ -99,6 +101,7 @@ class Shell:
         self._eof = False
         self.proc: subprocess.Popen[bytes] | None = None
         self._chan: socket.socket | None = None  # the worker's end of the command channel
+        self._out: socket.socket | None = None  # the worker's end of the output channel
         self.init: _SandboxInit | None = None
         self.unsandboxed = False
         self._hidden: tuple[str, ...] = ()  # the secret mounts of the running sandbox (sandbox.hidden_now)
@@ -111,11 +114,13 @@ class Shell:
         self.unsandboxed = box.unsandboxed
         info_r, info_w = (None, None) if box.unsandboxed else os.pipe()
         self._chan, shell_end = channel()
+        self._out, shell_out = output_channel()
         try:  # what covers the secrets, taken before the argv: a rotation in between restarts, never leaks
             self._hidden = box.hidden_now(self.workspace)
-            self.proc = popen(box, self.workspace, self._spawn, shell_end, info_w)
+            self.proc = popen(box, self.workspace, self._spawn, shell_end, shell_out, info_w)
         finally:
             shell_end.close()
+            shell_out.close()
             if info_w is not None:
                 os.close(info_w)
         self.init = None
@@ -133,11 +138,11 @@ class Shell:
         with self._cond:
             self._buf.clear()
             self._eof = False
-        threading.Thread(target=self._drain, args=(self.proc,), name="toolfleet-shell-out", daemon=True).start()
+        threading.Thread(target=self._drain, args=(self.proc, self._out), name="toolfleet-shell-out",
+                         daemon=True).start()
 
-    def _drain(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None
-        for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+    def _drain(self, proc: subprocess.Popen[bytes], out: socket.socket) -> None:
+        for chunk in iter(lambda: _recv(out), b""):
             with self._cond:
                 if proc is not self.proc:
                     return
@@ -180,8 +185,9 @@ class Shell:
     def _close(self) -> None:
         proc, init = self.proc, self.init
         if proc is None:
-            if self._chan is not None:
-                self._chan.close()  # bwrap did not start
+            for end in (self._chan, self._out):  # bwrap did not start
+                if end is not None:
+                    end.close()
             return
         if init is not None and init.pid is not None:
             init.kill()
@@ -195,10 +201,12 @@ class Shell:
         if init is not None:
             init.wait_gone()
             init.close()
-        for pipe in (self._chan, proc.stdout):
+        for end in (self._chan, self._out):
             try:
-                if pipe is not None:
-                    pipe.close()
+                if end is not None:
+                    if end is self._out:
+                        end.shutdown(socket.SHUT_RDWR)  # wakes the drain thread if it still waits
+                    end.close()
             except OSError:
                 pass
 
@@ -382,3 +390,11 @@ def _text(data: bytes, dropped: int) -> str:
         half = len(text) // 2
         text = text[:half] + f"\n[... {dropped} bytes of output dropped ...]\n" + text[half:]
     return text
+
+
+def _recv(out: socket.socket) -> bytes:
+    """The next bytes of the output channel; ``b""`` at its end, or once the worker closed its end."""
+    try:
+        return out.recv(65536)
+    except OSError:  # closed under the drain by close(): the shell is gone
+        return b""

@@ -7,6 +7,13 @@ reads as commands: by the kernel, not by parsing what the command's processes wr
   (``shutdown(SHUT_WR)``, which holds for every descriptor of that socket): a process that holds it
   anyway (a forked subshell of the command, before it execs) can write nothing the shell would read.
   Only the worker's end, which never enters the sandbox, writes to the shell.
+- **The output channel is a second socketpair**, not a pipe, for the same reason the other way: a
+  process that holds the shell's stdout (a daemon a program of the session left behind) could
+  reopen a pipe *for reading* through ``/proc/self/fd/1``, race the worker for the shell's output,
+  see a command's end marker with its nonce and write a forged one (a later command "ok" with text
+  it never printed). A socket cannot be opened by path, and what the shell's end holds is only what
+  the worker's end wrote to it: nothing (shut for writing). Bytes the shell writes can be read at
+  the worker's end alone.
 - **The shell cannot be traced by the processes it starts.** Without Yama (as on this kernel), a
   process of the sandbox (same uid) may ``ptrace`` its parent shell or ``pidfd_getfd`` its fds, and
   so run anything as the shell. The shell's ``bash`` is exec'd from an execute-only copy
@@ -43,10 +50,20 @@ def channel() -> tuple[socket.socket, socket.socket]:
     return host, shell
 
 
+def output_channel() -> tuple[socket.socket, socket.socket]:
+    """``(worker's end, shell's end)`` of the output channel: the shell's end writes only (the shell's
+    stdout and stderr), the worker's end reads only (blocking)."""
+    host, shell = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    shell.shutdown(socket.SHUT_RD)
+    host.shutdown(socket.SHUT_WR)
+    return host, shell
+
+
 def popen(box: Any, workspace: Path, spawn: Callable[[Callable[[], Any]], Any], stdin: socket.socket,
-          info_w: int | None) -> subprocess.Popen[bytes]:
-    """Start the shell in ``box`` (a :class:`~toolfleet.tools.sandbox.SandboxState`) reading ``stdin``,
-    stdout and stderr to one pipe; ``spawn`` runs the start (``--die-with-parent``: a long-lived thread)."""
+          stdout: socket.socket, info_w: int | None) -> subprocess.Popen[bytes]:
+    """Start the shell in ``box`` (a :class:`~toolfleet.tools.sandbox.SandboxState`) reading ``stdin``
+    (the shell's end of :func:`channel`), stdout and stderr both to ``stdout`` (the shell's end of
+    :func:`output_channel`); ``spawn`` runs the start (``--die-with-parent``: a long-lived thread)."""
     bash_fd = None
     try:
         if box.unsandboxed:
@@ -58,8 +75,8 @@ def popen(box: Any, workspace: Path, spawn: Callable[[Callable[[], Any]], Any], 
                                     mounts=["--perms", "0111", "--ro-bind-data", str(bash_fd), SHELL_PATH])
         fds = tuple(fd for fd in (info_w, bash_fd) if fd is not None)
         return spawn(lambda: subprocess.Popen(
-            argv, cwd=workspace, env=env, stdin=stdin.fileno(), stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, pass_fds=fds))
+            argv, cwd=workspace, env=env, stdin=stdin.fileno(), stdout=stdout.fileno(),
+            stderr=stdout.fileno(), start_new_session=True, pass_fds=fds))
     finally:
         if bash_fd is not None:
             os.close(bash_fd)
