@@ -117,3 +117,43 @@ def test_through_a_worker_the_stack_home_is_not_readable(start_worker, dispatche
     command = f"cat {home}/fleet.key; echo listing; ls -A {home}; echo end"
     [result] = dispatcher.run([call("c", "run_command", command=command)], workspace=str(workspace), timeout_s=60)
     assert KEY not in result.content and result.content.split("listing\n")[1] == "end\n", result.content
+
+
+@pytest.mark.parametrize("how", ["mv ops ops2", "mv ops/.toolfleet ops/moved", "mv ops/.toolfleet/fleet.key x",
+                                 "ln ops/.toolfleet/fleet.key x", "rm -rf ops", "mv . ../elsewhere"])
+def test_a_secret_in_the_workspace_cannot_be_moved_out_of_its_cover(place, how):
+    """Renaming the folder that holds a covered secret (a breaker's case: ``mv ops ops2``, then the
+    next command read ``ops2/.toolfleet/fleet.key``) would move it, on the host, to where the next
+    sandbox does not look. Every directory between the workspace and the secret is a mount point
+    in the sandbox: the kernel refuses to rename or remove it (EBUSY)."""
+    workspace = place / "ws"
+    home = workspace / "ops" / ".toolfleet"
+    _secret(home / "fleet.key")
+    config = sandbox.SandboxConfig.from_settings(Settings(), {"TOOLFLEET_HOME": str(home)})
+    first = _run(config, workspace, f"{how} 2>&1; cat ops/.toolfleet/fleet.key 2>&1; echo end")
+    assert KEY not in first.stdout and first.stdout.endswith("end\n"), first.stdout
+    assert (home / "fleet.key").read_text() == KEY + "\n"  # still where the cover is
+    found = _run(config, workspace, "grep -rs fleet-key . ..; echo end")
+    assert KEY not in found.stdout, found.stdout
+
+
+def test_the_secret_folder_move_through_a_worker(start_worker, dispatcher, workspace, monkeypatch):
+    home = workspace / "ops" / ".toolfleet"
+    _secret(home / "fleet.key")
+    monkeypatch.setenv("TOOLFLEET_HOME", str(home))
+    start_worker()
+    [first] = dispatcher.run([call("c", "run_command", command="cat ops/.toolfleet/fleet.key; mv ops ops2")],
+                             workspace=str(workspace), timeout_s=60)
+    assert KEY not in first.content, first.content
+    both = "cat ops2/.toolfleet/fleet.key ops/.toolfleet/fleet.key"
+    [second] = dispatcher.run([call("c", "run_command", command=both)], workspace=str(workspace), timeout_s=60)
+    assert KEY not in second.content, second.content
+
+
+@pytest.mark.parametrize("shared", ["/tmp", "/var/tmp", "/dev/shm", "/run", "/var/run"])
+def test_a_workspace_the_host_shares_is_refused(shared):
+    """Bound read-write, the host's /tmp would hand a command the Unix sockets of other services and of
+    the worker's own session host (a breaker's hardening note), whatever the sandbox's network."""
+    with pytest.raises(sandbox.ToolFailure) as refused:
+        sandbox.SandboxState(sandbox.SandboxConfig()).command(["true"], Path(shared))
+    assert refused.value.code == "PERMISSION_DENIED" and "/tmp" in str(refused.value)

@@ -51,6 +51,10 @@ PROBE_SCRIPT = ("echo ok > probe && test ! -w /usr"
                 " && ! (cat /proc/sys/kernel/core_uses_pid > /proc/sys/kernel/core_uses_pid) 2>/dev/null")
 """Run in the sandbox at start-up: the workspace is writable, the root is not, and neither is
 /proc/sys (writing a sysctl's own value back changes nothing when the check fails open)."""
+SHARED_DIRECTORIES = frozenset({"/", "/tmp", "/var/tmp", "/dev", "/dev/shm", "/run", "/var/run", "/proc", "/sys"})
+"""Workspaces refused: bound read-write, they would hand a command what the sandbox hides (the host's
+``/tmp`` holds the Unix sockets of other services and of the worker's own session host, reachable
+with network ``"none"``; ``/run`` those of databases and Docker)."""
 SANDBOXED_TOOLS = frozenset({"run_command", "shell"})
 """Tools a worker does not serve when the sandbox cannot be created (and ``sandbox`` is not ``"none"``)."""
 UNSANDBOXED_NOTE = '[unsandboxed: this worker runs commands without a sandbox (sandbox = "none", set by the operator)]'
@@ -107,17 +111,28 @@ def _hide(paths: Sequence[str], root: str) -> tuple[list[str], list[str]]:
     """bwrap arguments that cover ``paths`` (resolved now, those that exist), split into those
     that go before the workspace's bind (a directory holding the workspace: the workspace is bound
     again inside the empty tmpfs) and those after it (everything else, so a secret inside the
-    workspace stays covered). The workspace itself and ``/`` are never covered."""
+    workspace stays covered). The workspace itself and ``/`` are never covered.
+
+    A secret inside the workspace also gets each directory between the workspace and it bound onto
+    itself first: the kernel refuses to rename a mount point (``EBUSY``), so a command cannot move
+    the folder that holds the secret (``mv ops ops2``) and leave it, on the host, where the next
+    sandbox does not look (a breaker read a covered key so, one command after the ``mv``)."""
     before: list[str] = []
+    pinned: list[str] = []  # directories between the workspace and a secret in it, shallowest first
     after: list[str] = []
+    inside = root.rstrip("/") + "/"
     for path in dict.fromkeys(os.path.realpath(p) for p in paths):
         if path in (root, "/") or not os.path.lexists(path):
             continue
+        if path.startswith(inside):
+            parts = path[len(inside):].split("/")[:-1]
+            pinned.extend(inside + "/".join(parts[:n]) for n in range(1, len(parts) + 1))
         if os.path.isdir(path):
             (before if root.startswith(path.rstrip("/") + "/") else after).extend(["--tmpfs", path])
         else:
             after.extend(["--ro-bind", "/dev/null", path])
-    return before, after
+    binds = [arg for d in sorted(dict.fromkeys(pinned), key=lambda d: d.count("/")) for arg in ("--bind", d, d)]
+    return before, binds + after
 
 
 @dataclass(frozen=True)
@@ -183,10 +198,10 @@ def bwrap_argv(config: SandboxConfig, argv: Sequence[str], workspace: Path, netw
     """The bubblewrap command line that runs ``argv`` confined to ``workspace`` (see the module doc).
     Mount order matters: later mounts cover earlier ones, so the workspace comes after ``/tmp``."""
     root = os.path.realpath(workspace)
-    if root == "/" or not os.path.isdir(root):
+    if root in SHARED_DIRECTORIES or not os.path.isdir(root):
         raise ToolFailure(f"run_command refused: the workspace {str(workspace)!r} is not a directory that can be "
-                          "confined (it must exist and not be /)", "give the turn a workspace directory",
-                          code="PERMISSION_DENIED")
+                          "confined (it must exist and be neither / nor a directory the host shares, such as "
+                          "/tmp)", "give the turn a workspace directory of its own", code="PERMISSION_DENIED")
     if network not in ("none", "host"):
         raise ToolFailure(f"unknown sandbox network {network!r}", 'use "none" or "host"', code="INVALID_ARGUMENT")
     # /proc read-only: a worker running as root maps the sandbox's user to host uid 0, and files of
