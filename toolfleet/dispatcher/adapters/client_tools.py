@@ -166,7 +166,7 @@ def _timeout(action: dict[str, Any]) -> dict[str, Any]:
     value = action.get("timeout_ms")
     if value is None:
         return {}
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
         raise _Unreadable(f"action.timeout_ms must be a positive number of milliseconds, not {kind(value)} "
                           f"{str(value)[:40]}")
     return {"timeout_s": value / 1000}

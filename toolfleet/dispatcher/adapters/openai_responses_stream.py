@@ -198,13 +198,19 @@ class OpenAIResponsesStreamParser:
 
     def _announced(self, item: dict[str, Any]) -> int | None:
         """The position of the call item the stream already announced that ``item`` is (the same
-        non-empty ``call_id``, or the same item ``id``), or None."""
-        for position, known in enumerate(self._items):
-            if known.get("type") != item.get("type"):
-                continue
-            for field in ("call_id", "id"):
-                if isinstance(item.get(field), str) and item[field] and known.get(field) == item[field]:
-                    return position
+        non-empty ``call_id``; else the same item ``id``, unless both have call ids that differ), or None."""
+        def text(value: Any) -> str:
+            return value if isinstance(value, str) else ""
+
+        for field in ("call_id", "id"):
+            for position, known in enumerate(self._items):
+                if known.get("type") != item.get("type") or not text(item.get(field)) \
+                        or known.get(field) != item[field]:
+                    continue
+                if field == "id" and text(known.get("call_id")) and text(item.get("call_id")) \
+                        and known["call_id"] != item["call_id"]:
+                    continue  # one item id on two calls: the call ids tell them apart
+                return position
         return None
 
     def _namespace(self, item: dict[str, Any], call_id: str) -> None:
