@@ -176,6 +176,14 @@ def test_a_client_item_without_a_call_id_refuses_the_batch_as_a_function_call_do
     assert refused.value.reason == "unreadable_payload" and refused.value.pointer == "/output/0/call_id"
 
 
+def test_a_bare_list_of_client_items_is_told_as_responses():
+    from toolfleet.dispatcher.adapters import detect
+
+    assert detect([shell("s1", ["ls"])]).name == "openai_responses"
+    assert [c.id for c in detect([local_shell("l1", ["ls"]), PATCH]).parse([local_shell("l1", ["ls"]), PATCH])] == [
+        "l1", "patch"]
+
+
 def test_a_computer_call_refuses_the_batch_before_anything_runs(worker, dispatcher, workspace):
     write = function("w", "write_file", '{"path": "never.txt", "content": "x"}')
     with pytest.raises(BatchRejected) as refused:
@@ -216,6 +224,24 @@ def test_streamed_client_items_are_answered_as_the_whole_response_is(worker, dis
     assistant = turn.assistant_messages()
     assert [i["type"] for i in assistant] == [i["type"] for i in items]  # not rewritten as function calls
     sdk_accepts(assistant, messages)
+
+
+def test_a_shell_item_the_token_limit_cut_off_does_not_run(worker, dispatcher, workspace):
+    """A command cut short by max_output_tokens must not run (docs/guarantees.md I4), whole or streamed."""
+    item = {**local_shell("cut", ["touch", "cut.txt"]), "status": "incomplete"}
+    cut_response = {**response(item), "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}}
+    for payload in (cut_response, stream_events([item])):
+        turn, by_id, messages = run(dispatcher, workspace, payload)
+        assert by_id["cut"].code is ErrorCode.INVALID_ARGUMENT and "cut off" in by_id["cut"].content
+        assert messages == [{"type": "local_shell_call_output", "call_id": "cut", "output": by_id["cut"].content}]
+    still_open = {**shell("open", ["touch open.txt"]), "status": "in_progress"}
+    open_at_end = [e for e in stream_events([still_open])
+                   if e["type"] not in ("response.output_item.done", "response.completed")]
+    open_at_end.append({"type": "response.incomplete", "response": {
+        **response(still_open), "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}}})
+    turn, by_id, messages = run(dispatcher, workspace, open_at_end)
+    assert by_id["open"].code is ErrorCode.INVALID_ARGUMENT and messages[0]["type"] == "shell_call_output"
+    assert not (workspace / "cut.txt").exists() and not (workspace / "open.txt").exists()
 
 
 def test_client_items_only_in_the_terminal_response_are_calls_too(worker, dispatcher, workspace):
@@ -364,3 +390,27 @@ def test_any_mix_of_client_items_gives_exactly_one_answer_per_call_id(batch):
         assert all(isinstance(m["output"], str) for m in messages if m["type"] == "local_shell_call_output")
         history = adapter_.assistant_messages(payload) + messages
         assert [r.kind for r in repair_history(history, "openai_responses").repairs] == []
+
+
+@settings(max_examples=int(300 * float(os.environ.get("TOOLFLEET_PROPERTY_SCALE", "1"))), derandomize=True,
+          database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(items=st.lists(st.fixed_dictionaries({"type": st.sampled_from([*ANSWER_OF, *ANSWER_OF.values()]) | s.GARBAGE},
+                                            optional={k: s.GARBAGE for k in ("call_id", "id", "action", "operation",
+                                                                              "arguments", "execution", "environment",
+                                                                              "status", "output")}), max_size=4))
+def test_garbled_client_items_give_answers_or_batch_rejected_never_a_crash(items):
+    for adapter, source in ((get_adapter("openai_responses"), response(*items)),
+                            (get_adapter("openai_responses_stream"), stream_events([], False)[:1] + [
+                                {"type": "response.output_item.done", "output_index": n, "item": i}
+                                for n, i in enumerate(items)] + [{"type": "response.completed",
+                                                                   "response": response(*items)}])):
+        try:
+            calls = adapter.parse(source)
+            payload = adapter.replay(source).response() if adapter.streamed else source
+            client = adapter.client_calls(payload)
+            messages = adapter.format_results(fabricated(calls, client_results(calls, client, lambda name: True)),
+                                              response=payload)
+            repair_history(adapter.assistant_messages(payload) + messages, "openai_responses")
+        except BatchRejected:
+            continue
+        assert [m["call_id"] for m in messages] == [c.id for c in calls]

@@ -257,8 +257,8 @@ def history_roles(items: Sequence[Any]) -> dict[int, tuple[str, str]]:
     call id)}`` of the client-executed built-in tool items of a Responses history and of their
     answers. Left out (kept where they are): the items of calls the server ran and their outputs,
     and ``computer_call`` items and their outputs (no placeholder could stand in for a screenshot)."""
-    server = {i.get("call_id") for i in items if isinstance(i, Mapping) and i.get("type") in CLIENT_CALLS
-              and not is_client_call(i)}
+    server = {i["call_id"] for i in items if isinstance(i, Mapping) and isinstance(i.get("call_id"), str)
+              and isinstance(i.get("type"), str) and i["type"] in CLIENT_CALLS and not is_client_call(i)}
     skipped = {*UNANSWERABLE, *(CLIENT_CALLS[k] for k in UNANSWERABLE)}
     out = {}
     for n, item in enumerate(items):

@@ -160,6 +160,8 @@ class OpenAIResponsesStreamParser:
         slot.id = slot.id or call_id
         self._builtin.add(slot.id)
         if done or item.get("type") == "computer_call":
+            if done and item.get("status") == "incomplete" and not slot.done:  # the token limit ended it (.cut_off)
+                self._cut(slot.id, "status incomplete")
             client = read_item(item, slot.index, here)
             refuse_unanswerable([(client, here)])
             self.client[slot.id] = client
@@ -189,6 +191,8 @@ class OpenAIResponsesStreamParser:
                                      need_text(item.get("name"), at(here, "name"), "a function name"))
             slot = self.calls.get(position)
             if item.get("type") == "custom_tool_call" or builtin or slot is None or slot.done:
+                if builtin and item.get("call_id") in cut and not (slot is not None and slot.done):
+                    item = {**item, "status": "incomplete"}  # still open at the token limit (.cut_off)
                 self._call(item, position, here, done=True)
                 continue
             self._namespace(item, slot.id)
