@@ -61,7 +61,8 @@ from typing import Any
 
 from ...errors import BatchRejected
 from ...models import ErrorCode, ToolCall, ToolResult
-from .wire import at, kind, need_text
+from ...tools.validation import MAX_NESTING
+from .wire import at, depth_of, kind, need_text
 
 CLIENT_CALLS = {
     "local_shell_call": "local_shell_call_output",
@@ -137,14 +138,19 @@ def read_item(item: Mapping[str, Any], index: int, here: str) -> ClientCall:
             arguments = _local_shell(action)
         elif kind_ == "shell_call":
             arguments, limit = _shell(action)
-        elif kind_ == "apply_patch_call" and isinstance(item.get("operation"), dict):
+        elif kind_ == "apply_patch_call" and _shallow(item.get("operation")):  # kept for the record; not run
             arguments = {"operation": item["operation"]}
-        elif kind_ == "tool_search_call" and isinstance(item.get("arguments"), dict):
+        elif kind_ == "tool_search_call" and _shallow(item.get("arguments")):
             arguments = dict(item["arguments"])
     except _Unreadable as exc:
         problem = (f"{kind_} {call_id}: {exc}; it did not run", "send the call again with the action as the "
                    "tool describes it")
     return ClientCall(kind_, ToolCall(id=call_id, name=name, arguments=arguments, index=index), problem, limit)
+
+
+def _shallow(value: Any) -> bool:
+    """An object nested no deeper than validation reads (``MAX_NESTING``)."""
+    return isinstance(value, dict) and depth_of(value, MAX_NESTING) <= MAX_NESTING
 
 
 def tool_name(kind_: str) -> str:
