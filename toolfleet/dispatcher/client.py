@@ -31,6 +31,7 @@ from ..tools.registry import Registry, default_registry
 from ..tools.state import SessionStore
 from ..worker.app import create_app
 from .adapters import Adapter, as_dict, detect, get_adapter
+from .adapters.client_tools import client_results
 from .adapters.custom_calls import custom_call_results
 from .adapters.cut_off import cut_off_results
 from .adapters.namespaces import resolve as resolve_namespaces
@@ -197,7 +198,11 @@ class Dispatcher:
         Raises :class:`~toolfleet.errors.BatchRejected` (with the JSON ``pointer``) for a payload
         that cannot be read. A call the response's token limit cut off gets ``INVALID_ARGUMENT``
         and does not run (:mod:`~toolfleet.dispatcher.adapters.cut_off`), as does a custom tool call
-        (``UNKNOWN_TOOL``: :mod:`~toolfleet.dispatcher.adapters.custom_calls`).
+        (``UNKNOWN_TOOL``: :mod:`~toolfleet.dispatcher.adapters.custom_calls`). A Responses built-in
+        tool item the client executes is a call answered in its own shape: shells run as
+        ``run_command``, the others get the answers of
+        :mod:`~toolfleet.dispatcher.adapters.client_tools`; a ``computer_call`` refuses the batch
+        (reason ``unanswerable_call``) before anything runs.
         """
         adapter = get_adapter(format) if format else detect(payload)
         if adapter.streamed:
@@ -207,7 +212,13 @@ class Dispatcher:
         if hasattr(adapter, "namespaces"):  # Responses: a namespaced function's fleet tool (.adapters.namespaces)
             calls = resolve_namespaces(calls, adapter.namespaces(payload), self.registry.__contains__)
         failed = {**cut_off_results(adapter.name, payload, calls), **custom_call_results(adapter, payload, calls)}
+        if hasattr(adapter, "client_calls"):  # Responses: built-in tools the client executes (.adapters.client_tools)
+            failed.update(client_results(calls, adapter.client_calls(payload), self._known))
         return self.submit(calls, failed=failed, adapter=adapter, response=payload, **options)
+
+    def _known(self, name: str) -> bool:
+        """The registry has a tool called ``name`` (a catalog registry reads the catalog again first)."""
+        return self.registry.get(name) is not None
 
     def open_stream(self, *, format: str | None = None, **options: Any) -> TurnStream:
         """A :class:`TurnStream`: ``feed`` it each event of a provider stream as it arrives; each

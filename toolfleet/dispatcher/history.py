@@ -8,7 +8,8 @@ immediately after"). A run that was interrupted, or a history edited by hand, le
 
 - ``missing_result``: a call without a result gets an ``ABORTED`` placeholder result, placed right
   after its call (Chat: among the tool messages after the assistant message; Responses: the item
-  after the ``function_call``; Anthropic: in the ``user`` message after the assistant message,
+  after the ``function_call``, or after a built-in tool item the client executes, in that item's
+  answer shape, :mod:`.adapters.client_tools`; Anthropic: in the ``user`` message after the assistant message,
   which is inserted when there is none);
 - ``duplicate_result``: a second result for one call id is dropped (the first is kept);
 - ``orphan_result``: a result whose call id no call has is dropped;
@@ -38,6 +39,7 @@ from ..errors import BatchRejected
 from ..models import ErrorCode, ToolResult
 from .adapters import as_dict, get_adapter
 from .adapters.anthropic import result_block
+from .adapters.client_tools import CLIENT_CALLS, history_roles, placeholder_answer
 from .adapters.openai_responses import OUTPUT_OF
 from .adapters.wire import arguments_for_wire, need_list, need_object, need_text
 
@@ -116,7 +118,7 @@ def _check_shape(items: list[Any], name: str) -> None:
             if item.get("role") == "tool":
                 need_text(item.get("tool_call_id"), f"{here}/tool_call_id", "tool_call_id")
         elif name == "openai_responses":
-            if item.get("type") in (*OUTPUT_OF, *OUTPUT_OF.values()):
+            if item.get("type") in (*OUTPUT_OF, *OUTPUT_OF.values(), *CLIENT_CALLS, *CLIENT_CALLS.values()):
                 need_text(item.get("call_id"), f"{here}/call_id", "a call_id")
         else:
             content = item.get("content")
@@ -185,7 +187,7 @@ def detect_history_format(items: Sequence[Any]) -> str:
     for item in items:
         if not isinstance(item, dict):
             continue
-        if item.get("type") in (*OUTPUT_OF, *OUTPUT_OF.values(), "reasoning"):
+        if item.get("type") in (*OUTPUT_OF, *OUTPUT_OF.values(), *CLIENT_CALLS, *CLIENT_CALLS.values(), "reasoning"):
             return "openai_responses"
         if item.get("role") == "tool" or item.get("tool_calls"):
             return "openai_chat"
@@ -272,12 +274,13 @@ def _responses(items: list[Any], repairs: list[Repair]) -> list[Any]:
     results = _Results()
     calls: dict[str, int] = {}
     kinds, answers = tuple(OUTPUT_OF), tuple(OUTPUT_OF.values())  # compared, not hashed: a type may be any JSON value
+    roles = history_roles(items)  # built-in tool items the client executes, and their answers (.adapters.client_tools)
     for position, item in enumerate(items):
         if not isinstance(item, dict):
             continue
-        if item.get("type") in answers:
-            results.add(str(item.get("call_id") or ""), position, item)
-        elif item.get("type") in kinds:
+        if item.get("type") in answers or roles.get(position, ("",))[0] == "result":
+            results.add(roles[position][1] if position in roles else str(item.get("call_id") or ""), position, item)
+        elif item.get("type") in kinds or position in roles:
             calls.setdefault(str(item.get("call_id") or ""), position)
     placed: dict[int, Any] = {}  # position of a call -> the result to put right after it
     in_place: set[int] = set()
@@ -285,8 +288,11 @@ def _responses(items: list[Any], repairs: list[Repair]) -> list[Any]:
         found = results.take(call_id)
         if found is None:
             name = str(items[at_call].get("name") or "")
-            placed[at_call] = {**get_adapter("openai_responses").format_results([_placeholder(call_id, name)])[0],
-                               "type": OUTPUT_OF[items[at_call]["type"]]}
+            if at_call in roles:
+                placed[at_call] = placeholder_answer(items[at_call]["type"], _placeholder(call_id, name))
+            else:
+                placed[at_call] = {**get_adapter("openai_responses").format_results([_placeholder(call_id, name)])[0],
+                                   "type": OUTPUT_OF[items[at_call]["type"]]}
             repairs.append(Repair("missing_result", call_id, at_call,
                                   "the call had no result; an ABORTED placeholder was added after it"))
         elif found[0] < at_call:
@@ -297,7 +303,8 @@ def _responses(items: list[Any], repairs: list[Repair]) -> list[Any]:
             in_place.add(found[0])
     out: list[Any] = []
     for position, item in enumerate(items):
-        if isinstance(item, dict) and item.get("type") in answers and position not in in_place:
+        if isinstance(item, dict) and (item.get("type") in answers or roles.get(position, ("",))[0] == "result") \
+                and position not in in_place:
             continue
         out.append(item)
         if position in placed:

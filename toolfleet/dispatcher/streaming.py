@@ -14,11 +14,12 @@ order, as for a whole response. A call the stream itself says the output token l
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from ..errors import BatchRejected
 from ..models import ErrorCode, ToolCall, ToolResult
 from .adapters import detect_event, get_adapter
+from .adapters.client_tools import client_results
 from .adapters.custom_calls import custom_call_result
 from .adapters.cut_off import cut_off_result
 from .adapters.namespaces import resolve as resolve_namespaces
@@ -63,7 +64,12 @@ class TurnStream:
             events, self._pending = [*self._pending, event], []
         else:
             events = [event]
-        calls = [call for e in events for call in self.parser.feed(e)]
+        try:
+            calls = [call for e in events for call in self.parser.feed(e)]
+        except BatchRejected as exc:
+            if exc.reason != "unanswerable_call":
+                raise
+            self._refuse(exc)  # a call toolfleet cannot answer (.adapters.client_tools): the turn ends here
         return self._take(calls, cut_off=set(self.parser.cut_off))  # an event may complete a call by cutting it off
 
     def close(self) -> Turn:
@@ -109,18 +115,27 @@ class TurnStream:
         }
         custom = getattr(self.parser, "custom", ())
         failed.update({call.id: custom_call_result(call) for call in calls if call.id in custom})
+        client = getattr(self.parser, "client", None)  # Responses: built-in tools the client executes
+        if client:
+            answers = client_results(calls, client, lambda name: self.turn.registry.get(name) is not None)
+            failed.update({k: v for k, v in answers.items() if k not in failed})
         try:
             self.turn.add_calls(calls, failed=failed)
         except BatchRejected as exc:
-            self.turn.cancel(f"stream refused: {exc.reason}")
-            self.turn.close()
-            raise BatchRejected(
-                f"{exc} (at stream event {self.events_read}; calls taken before it keep running or "
-                "finished results, calls not started were cancelled)",
-                reason=exc.reason,
-                call_ids=exc.call_ids,
-            ) from exc
+            self._refuse(exc)
         return calls
+
+    def _refuse(self, exc: BatchRejected) -> NoReturn:
+        """The stream is refused at this event: cancel and close the turn, and raise ``exc`` saying so."""
+        self.turn.cancel(f"stream refused: {exc.reason}")
+        self.turn.close()
+        raise BatchRejected(
+            f"{exc} (at stream event {self.events_read}; calls taken before it keep running or "
+            "finished results, calls not started were cancelled)",
+            reason=exc.reason,
+            call_ids=exc.call_ids,
+            pointer=exc.pointer,
+        ) from exc
 
     def __enter__(self) -> TurnStream:
         return self

@@ -4,7 +4,8 @@
 format                        what it reads
 ============================  ==================================================================
 ``openai_chat``               a chat completion (or its assistant message): ``tool_calls``
-``openai_responses``          a response (or its ``output`` list): ``function_call`` items
+``openai_responses``          a response (or its ``output`` list): ``function_call`` items (and
+                              the built-in tool items the client executes: :mod:`.client_tools`)
 ``anthropic``                 a message (or its ``content`` list): ``tool_use`` blocks
 ``openai_chat_stream``        ``chat.completion.chunk`` events
 ``openai_responses_stream``   ``response.*`` events
@@ -22,6 +23,7 @@ from ...errors import BatchRejected
 from .anthropic import AnthropicAdapter
 from .anthropic_stream import AnthropicStreamAdapter
 from .base import Adapter, StreamParser, as_dict
+from .client_tools import CLIENT_CALLS
 from .openai_chat import OpenAIChatAdapter
 from .openai_chat_stream import OpenAIChatStreamAdapter
 from .openai_responses import OpenAIResponsesAdapter
@@ -65,7 +67,7 @@ def detect(payload: Any) -> Any:
                 return found
         if data and all(isinstance(i, dict) and isinstance(i.get("type"), str) and i["type"] for i in data):
             kinds = {i["type"] for i in data}
-            if kinds & {"function_call", "function_call_output", "reasoning"}:
+            if kinds & {"function_call", "function_call_output", "reasoning", *CLIENT_CALLS, *CLIENT_CALLS.values()}:
                 return ADAPTERS["openai_responses"]
             if kinds & {"tool_use", "text", "thinking"}:
                 return ADAPTERS["anthropic"]

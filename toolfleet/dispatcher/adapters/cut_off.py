@@ -11,9 +11,10 @@ workspace instead of one folder), so it gets ``INVALID_ARGUMENT`` instead:
   last ``tool_use`` block, when it is the message's last block (text after it means it was
   finished);
 - OpenAI Chat Completions: ``finish_reason: "length"``: the last tool call;
-- OpenAI Responses: a ``function_call`` item whose ``status`` is ``"incomplete"``, and the last
-  output item of a response whose ``status`` is ``"incomplete"`` for ``max_output_tokens`` when it
-  is a ``function_call`` not marked ``"completed"``.
+- OpenAI Responses: a ``function_call`` item (or a built-in tool item the client executes,
+  :data:`RUNNABLE`: a shell command cut short must not run) whose ``status`` is ``"incomplete"``,
+  and the last output item of a response whose ``status`` is ``"incomplete"`` for
+  ``max_output_tokens`` when it is such an item not marked ``"completed"``.
 
 Streams, where a call runs the moment its end is signalled, follow the same rules where the
 stream says so before the call completes, so a streamed call and the same call whole get the same
@@ -42,6 +43,8 @@ from ...models import ErrorCode, ToolCall, ToolResult
 from .base import as_dict
 
 ANTHROPIC_CUT = ("max_tokens", "model_context_window_exceeded")
+RUNNABLE = ("function_call", "local_shell_call", "shell_call", "apply_patch_call", "tool_search_call")
+"""Responses items of calls toolfleet takes whose arguments the model writes (:mod:`.client_tools`)."""
 
 
 def cut_off_results(adapter_name: str, payload: Any, calls: Sequence[ToolCall]) -> dict[str, ToolResult]:
@@ -78,7 +81,7 @@ def cut_off_result(call: ToolCall, why: str) -> ToolResult:
 
 
 def responses_cut_calls(response: dict[str, Any]) -> list[str]:
-    """The ``call_id`` of each ``function_call`` item of a Responses ``response`` (plain data) that
+    """The ``call_id`` of each call item (:data:`RUNNABLE`) of a Responses ``response`` (plain data) that
     the token limit cut off: its ``status`` is ``"incomplete"``, or it is the last output item of a
     response whose ``status`` is ``"incomplete"`` for ``max_output_tokens`` (or no reason given)
     and it is not marked ``"completed"``. Items that are not objects are skipped."""
@@ -88,7 +91,7 @@ def responses_cut_calls(response: dict[str, Any]) -> list[str]:
     cut_at_limit = response.get("status") == "incomplete" and reason in (None, "max_output_tokens")
     cut = []
     for n, item in enumerate(items):
-        if item.get("type") != "function_call" or not isinstance(item.get("call_id"), str):
+        if item.get("type") not in RUNNABLE or not isinstance(item.get("call_id"), str):
             continue
         last_of_incomplete = cut_at_limit and n == len(items) - 1 and item.get("status") != "completed"
         if item.get("status") == "incomplete" or last_of_incomplete:

@@ -12,6 +12,11 @@ guide) is a call too, in model order, answered by a ``custom_tool_call_output`` 
 function tools only, so it gets ``UNKNOWN_TOOL`` (:mod:`.custom_calls`) instead of going unanswered,
 which the API refuses.
 
+The built-in tool items the client executes (``local_shell_call``, ``shell_call``,
+``apply_patch_call``, ``tool_search_call``, ``computer_call``) are calls too, in model order, each
+answered in its own shape (:mod:`.client_tools`: shells run as ``run_command``; a
+``computer_call`` refuses the batch, reason ``unanswerable_call``).
+
 A ``function_call`` with a ``namespace`` (a function of a ``namespace`` tool) runs the fleet tool
 ``namespace__name`` when the registry has one, else ``name``; the item goes back as it came
 (:mod:`.namespaces`, applied by the dispatcher with :meth:`OpenAIResponsesAdapter.namespaces`).
@@ -25,6 +30,7 @@ from typing import Any
 from ...errors import BatchRejected
 from ...models import ToolCall, ToolResult
 from .base import as_dict, tool_descriptions
+from .client_tools import ClientCall, answer, answered_ids, is_client_call, read_item, refuse_unanswerable
 from .namespaces import namespaces_of
 from .wire import arguments_for_wire, at, call_arguments, for_wire, need_object, need_text
 
@@ -44,10 +50,20 @@ class OpenAIResponsesAdapter:
     streamed = False
 
     def parse(self, payload: Any) -> list[ToolCall]:
-        calls = []
+        """The calls in model order: ``function_call`` and ``custom_tool_call`` items and the
+        client-executed built-in tool items (:mod:`.client_tools`). Raises BatchRejected for a
+        payload that cannot be read, and (reason ``unanswerable_call``) for one holding a
+        ``computer_call``."""
+        calls: list[ToolCall] = []
         items, where = self._items(payload)
+        answered, clients = answered_ids(items), []
         for n, item in enumerate(items):
             here = at(where, n)
+            if is_client_call(item, answered):
+                client = read_item(item, len(calls), here)
+                calls.append(client.call)
+                clients.append((client, here))
+                continue
             if not _answered(item):
                 continue
             custom = item.get("type") == "custom_tool_call"
@@ -59,7 +75,21 @@ class OpenAIResponsesAdapter:
                     index=len(calls),
                 )
             )
+        refuse_unanswerable(clients)
         return calls
+
+    def client_calls(self, payload: Any) -> dict[str, ClientCall]:
+        """``{call_id: ClientCall}`` of the response's client-executed built-in tool items
+        (:mod:`.client_tools`); BatchRejected as :meth:`parse`."""
+        items, where = self._items(payload)
+        answered, out, n_calls = answered_ids(items), {}, 0
+        for n, item in enumerate(items):
+            if is_client_call(item, answered):
+                client = read_item(item, n_calls, at(where, n))
+                out[client.call.id] = client
+            if is_client_call(item, answered) or _answered(item):
+                n_calls += 1
+        return out
 
     def namespaces(self, payload: Any) -> dict[str, str]:
         """``{call_id: namespace}`` of the response's ``function_call`` items that carry a
@@ -111,9 +141,12 @@ class OpenAIResponsesAdapter:
 
     def format_results(self, results: Sequence[ToolResult], response: Any = None) -> list[dict[str, Any]]:
         """One output item per result; a result of a ``custom_tool_call`` of ``response`` (the
-        payload the calls came from) is a ``custom_tool_call_output``."""
+        payload the calls came from) is a ``custom_tool_call_output``, one of a client-executed
+        built-in tool item the answer of its kind (:func:`.client_tools.answer`)."""
         custom = self.custom_call_ids(response) if response is not None else set()
-        return [{"type": OUTPUT_OF["custom_tool_call" if r.call_id in custom else "function_call"],
+        client = self.client_calls(response) if response is not None else {}
+        return [answer(client[r.call_id], r) if r.call_id in client else
+                {"type": OUTPUT_OF["custom_tool_call" if r.call_id in custom else "function_call"],
                  "call_id": r.call_id, "output": r.content} for r in results]
 
     def tools(self, source: Any) -> list[dict[str, Any]]:

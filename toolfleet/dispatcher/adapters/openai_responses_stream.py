@@ -16,6 +16,14 @@ item is a call from its ``output_item.added``, complete at its ``output_item.don
 ``input``; a stream ending before it cuts it off), listed in
 :attr:`OpenAIResponsesStreamParser.custom` (it gets ``UNKNOWN_TOOL``: :mod:`.custom_calls`).
 
+A built-in tool item the client executes (``local_shell_call``, ``shell_call``,
+``apply_patch_call``, client ``tool_search_call``: :mod:`.client_tools`) is a call from its
+``output_item.added`` (its place in model order), complete at its ``output_item.done`` (the whole
+item: a ``shell_call``'s commands stream in before it), or taken whole from the terminal response
+as above; each is read into :attr:`OpenAIResponsesStreamParser.client` (``{call_id: ClientCall}``),
+from which the dispatcher answers it. A ``computer_call`` raises
+:class:`~toolfleet.errors.BatchRejected` (reason ``unanswerable_call``) at its first event.
+
 A ``function_call`` item's ``namespace`` (from any copy of the item: added, done or the terminal
 response's) is kept in :attr:`OpenAIResponsesStreamParser.namespaces` (``{call_id: namespace}``)
 before the call is released; the dispatcher resolves the tool it runs from it (:mod:`.namespaces`).
@@ -31,6 +39,8 @@ from typing import Any
 
 from ...models import ToolCall
 from .base import CallAssembler, StreamFormat, as_dict
+from .client_tools import ClientCall, answered_ids, is_client_call, read_item, refuse_unanswerable
+from .client_tools import tool_name as client_tool_name
 from .cut_off import responses_cut_calls
 from .namespaces import item_namespace
 from .openai_responses import OpenAIResponsesAdapter
@@ -46,6 +56,8 @@ class OpenAIResponsesStreamParser:
         self.cut_off: list[str] = []
         self.cut_why: dict[str, str] = {}  # call id -> what cut it off at the token limit (.cut_off)
         self.custom: set[str] = set()  # call ids of custom_tool_call items
+        self.client: dict[str, ClientCall] = {}  # call id -> its built-in tool item, read when whole (.client_tools)
+        self._builtin: set[str] = set()  # call ids of built-in tool items the client executes, from their start
         self.namespaces: dict[str, str] = {}  # call id -> its function_call item's namespace (.namespaces)
         self.warnings: list[str] = []
         self._base: dict[str, Any] = {}
@@ -123,6 +135,9 @@ class OpenAIResponsesStreamParser:
             if done:
                 self.calls.complete(position, {"input": item.get("input")})
             return
+        if is_client_call(item, answered_ids(self._items)):
+            self._client(item, position, here, done)
+            return
         if item.get("type") != "function_call":
             return
         call_id = need_text(item.get("call_id"), at(here, "call_id"), "a call_id")
@@ -138,16 +153,32 @@ class OpenAIResponsesStreamParser:
         elif item.get("arguments"):
             slot.parts.append(need_text(item["arguments"], at(here, "arguments"), "arguments"))
 
+    def _client(self, item: dict[str, Any], position: int, here: str, done: bool) -> None:
+        """Start (or, ``done``, complete) the call of a built-in tool item the client executes."""
+        call_id = need_text(item.get("call_id"), at(here, "call_id"), "a call_id")
+        slot = self.calls.start(position, call_id, client_tool_name(str(item["type"])))
+        slot.id = slot.id or call_id
+        self._builtin.add(slot.id)
+        if done or item.get("type") == "computer_call":
+            if done and item.get("status") == "incomplete" and not slot.done:  # the token limit ended it (.cut_off)
+                self._cut(slot.id, "status incomplete")
+            client = read_item(item, slot.index, here)
+            refuse_unanswerable([(client, here)])
+            self.client[slot.id] = client
+            self.calls.complete(position, client.call.arguments)
+
     def _end(self, final: dict[str, Any], where: str) -> None:
         """The terminal event's ``response``: its calls still open complete with the arguments it
         gives (those the token limit cut off, :func:`.cut_off.responses_cut_calls`, do not run), and
         its calls the stream never announced are taken whole, in output order."""
         output = need_list(final.get("output"), at(where, "output"), "output")
         cut = set(responses_cut_calls(final))
+        answered = answered_ids(output)
         for n, item in enumerate(output):
             here = at(at(where, "output"), n)
             item = need_object(item, here, "an output item")
-            if item.get("type") not in ("function_call", "custom_tool_call"):
+            builtin = is_client_call(item, answered)
+            if item.get("type") not in ("function_call", "custom_tool_call") and not builtin:
                 continue
             position = self._announced(item)
             if position is None:  # a call only the terminal response carries: taken whole, in output order
@@ -159,7 +190,9 @@ class OpenAIResponsesStreamParser:
                     self.calls.start(position, need_text(item.get("call_id"), at(here, "call_id"), "a call_id"),
                                      need_text(item.get("name"), at(here, "name"), "a function name"))
             slot = self.calls.get(position)
-            if item.get("type") == "custom_tool_call" or slot is None or slot.done:
+            if item.get("type") == "custom_tool_call" or builtin or slot is None or slot.done:
+                if builtin and item.get("call_id") in cut and not (slot is not None and slot.done):
+                    item = {**item, "status": "incomplete"}  # still open at the token limit (.cut_off)
                 self._call(item, position, here, done=True)
                 continue
             self._namespace(item, slot.id)
@@ -169,13 +202,19 @@ class OpenAIResponsesStreamParser:
 
     def _announced(self, item: dict[str, Any]) -> int | None:
         """The position of the call item the stream already announced that ``item`` is (the same
-        non-empty ``call_id``, or the same item ``id``), or None."""
-        for position, known in enumerate(self._items):
-            if known.get("type") != item.get("type"):
-                continue
-            for field in ("call_id", "id"):
-                if isinstance(item.get(field), str) and item[field] and known.get(field) == item[field]:
-                    return position
+        non-empty ``call_id``; else the same item ``id``, unless both have call ids that differ), or None."""
+        def text(value: Any) -> str:
+            return value if isinstance(value, str) else ""
+
+        for field in ("call_id", "id"):
+            for position, known in enumerate(self._items):
+                if known.get("type") != item.get("type") or not text(item.get(field)) \
+                        or known.get(field) != item[field]:
+                    continue
+                if field == "id" and text(known.get("call_id")) and text(item.get("call_id")) \
+                        and known["call_id"] != item["call_id"]:
+                    continue  # one item id on two calls: the call ids tell them apart
+                return position
         return None
 
     def _namespace(self, item: dict[str, Any], call_id: str) -> None:
@@ -206,7 +245,7 @@ class OpenAIResponsesStreamParser:
         for position, item in enumerate(self._items):
             item = dict(item)
             slot = self.calls.get(position)
-            if slot is not None and slot.id not in self.custom:  # a call that started stays one
+            if slot is not None and slot.id not in self.custom and slot.id not in self._builtin:  # a call stays one
                 item.update(type="function_call", call_id=slot.id, name=slot.name)
                 item["arguments"] = slot.arguments()
                 item["status"] = "incomplete" if slot.id in self.cut_off else "completed"
