@@ -271,7 +271,7 @@ def test_anthropic_and_responses_streams_start_a_new_call_when_an_index_is_reuse
 
 def test_sse_lines_are_read_as_events(tmp_path):
     """A stream saved as the raw server-sent-events body (comments, data: lines, [DONE])."""
-    from toolfleet.cli import _read_payload
+    from toolfleet.cli_run import _read_payload
 
     path = tmp_path / "stream.sse"
     path.write_text(": OPENROUTER PROCESSING\n\nevent: chunk\ndata: {\"a\": 1}\n\ndata: [DONE]\n\n")

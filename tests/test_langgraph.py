@@ -267,7 +267,7 @@ def test_a_resume_in_another_process_takes_the_turn_over_and_runs_nothing_twice(
 
 
 def test_resume_values_read_by_call_id_or_as_one_answer_for_all():
-    from toolfleet.integrations.langgraph import _decision, decisions_for
+    from toolfleet.integrations.langgraph_approvals import _decision, decisions_for
 
     assert decisions_for(["a", "b"], {"a": "approve", "z": "deny"}) == {"a": "approve"}  # b stays pending
     assert decisions_for(["b"], {"a": "approve"}) == {}  # an answer for a call decided before: nothing for b

@@ -26,7 +26,7 @@ with ``Command(resume=answer)``; ``answer`` is a map by call id (``{"c2": "appro
 "deny", "reason": "not on Fridays"}}``) or one decision for every pending call (``"approve"``,
 ``True``, ``"deny"``, ``False``, ``{"decision": ..., "reason": ...}``). A pending call the answer does
 not mention stays pending and is asked about again (a second interrupt). An answer that is not
-understood is a denial (fail closed), whose reason says so.
+understood is a denial (fail closed), whose reason says so (:mod:`.langgraph_approvals`).
 
 **Resume never re-runs a call.** LangGraph re-executes an interrupted node from its start. The
 node's first turn id is derived from the thread id, the AIMessage's id and each call's id, name and
@@ -71,19 +71,15 @@ from langgraph.errors import GraphInterrupt
 from langgraph.types import interrupt
 
 from ..aio import AsyncTurn, _in_thread
-from ..dispatcher.approvals import PendingCall
 from ..dispatcher.client import Dispatcher
 from ..dispatcher.turn import Turn
 from ..dispatcher.wire import clean_call
-from ..errors import BrokerUnavailable, NotPending, ToolfleetError
+from ..errors import BrokerUnavailable, ToolfleetError
 from ..models import ErrorCode, ToolCall, ToolResult
 from . import takeover
+from .langgraph_approvals import _ask, answer_pending, decisions_for
 
 __all__ = ["FleetToolNode", "decisions_for", "to_tool_messages"]
-
-_APPROVE = {"approve", "approved", "allow", "allowed", "accept", "yes", "y", "ok"}
-_DENY = {"deny", "denied", "reject", "rejected", "refuse", "no", "n"}
-
 
 @dataclass
 class _Live:
@@ -149,7 +145,7 @@ class FleetToolNode(RunnableLambda):
         try:
             while pending := turn.wait_settled(self.timeout_s):
                 answer = interrupt(_ask(turn.turn_id, pending))  # raises GraphInterrupt the first time
-                self._answer(turn, pending, answer)
+                answer_pending(turn, pending, answer)
             results = self._final(batch, live, calls)
         except TimeoutError:
             turn.cancel(f"the LangGraph node gave up after {self.timeout_s} s")
@@ -174,7 +170,7 @@ class FleetToolNode(RunnableLambda):
         try:
             while pending := await turn.wait_settled(self.timeout_s):
                 answer = interrupt(_ask(turn.turn_id, pending))
-                await _in_thread(lambda a=answer, p=pending: self._answer(turn.turn, p, a))
+                await _in_thread(lambda a=answer, p=pending: answer_pending(turn.turn, p, a))
             results = await _in_thread(lambda: self._final(batch, live, calls), on_cancel=lambda: turn.cancel())
         except TimeoutError:
             turn.cancel(f"the LangGraph node gave up after {self.timeout_s} s")
@@ -322,17 +318,6 @@ class FleetToolNode(RunnableLambda):
         by_id = {**live.standing, **{r.call_id: (live.turn.turn_id, r) for r in results}}
         return [by_id[c.id] for c in calls]
 
-    def _answer(self, turn: Turn, pending: Sequence[PendingCall], answer: Any) -> None:
-        """Apply a resume value to the calls still pending (an answer for a call already decided, in
-        an earlier run of this node, is skipped)."""
-        for call_id, value in decisions_for([p.call_id for p in pending], answer).items():
-            verdict, reason, remember = _decision(value)
-            with suppress(NotPending):  # decided meanwhile (another process, an earlier run)
-                if verdict == "approve":
-                    turn.approve(call_id, by="langgraph", remember=remember)
-                else:
-                    turn.deny(call_id, reason, by="langgraph", remember=remember)
-
     def _output(self, state: Any, results: list[tuple[str, ToolResult]]) -> Any:
         messages = to_tool_messages([r for _, r in results], [t for t, _ in results])
         if isinstance(state, list):
@@ -396,34 +381,3 @@ def _messages(state: Any, key: str) -> list[Any]:
     if isinstance(state, dict):
         return list(state.get(key) or [])
     return list(getattr(state, key, None) or [])
-
-
-def _ask(turn_id: str, pending: Sequence[PendingCall]) -> dict[str, Any]:
-    return {"turn_id": turn_id,
-            "pending": [{"call_id": p.call_id, "name": p.name, "arguments": p.arguments, "reason": p.reason}
-                        for p in pending]}
-
-
-def decisions_for(pending: Sequence[str], answer: Any) -> dict[str, Any]:
-    """The answer for each of the ``pending`` call ids in a resume value: a map by call id (a call
-    it leaves out stays pending; ids not pending are skipped: decided before), or, for anything else
-    (``"approve"``, ``True``, ``{"decision": ..., "reason": ...}``), that one answer for every call."""
-    if isinstance(answer, dict) and not ({"decision", "action", "type"} & set(answer)):
-        return {cid: answer[cid] for cid in pending if cid in answer}
-    return {cid: answer for cid in pending}
-
-
-def _decision(value: Any) -> tuple[str, str, str | bool]:
-    """(``approve`` | ``deny``, reason, remember) from one answer; not understood: a denial."""
-    reason, remember = "a person denied it", False
-    if isinstance(value, dict):
-        reason = str(value.get("reason") or reason)
-        remember = value.get("remember", False)
-        if not isinstance(remember, str | bool):
-            remember = False
-        value = value.get("decision", value.get("action", value.get("type")))
-    if value is True or (isinstance(value, str) and value.strip().lower() in _APPROVE):
-        return "approve", reason, remember
-    if value is False or (isinstance(value, str) and value.strip().lower() in _DENY):
-        return "deny", reason, remember
-    return "deny", f"the answer {value!r} was not understood as approve or deny, so the call was denied", False

@@ -24,7 +24,8 @@ came back without the shell), the next call of the session gets ``SESSION_LOST``
 is dropped, so the call after it starts a new shell. A shell holds more than cwd and environment
 (background processes, shell functions, files under its private ``/tmp``), so restarting it quietly
 would let the model believe in state that no longer exists. A call already sent to the queue of a
-holder that died is answered ``SESSION_LOST`` by another live worker (it drains that queue).
+holder that died is answered ``SESSION_LOST`` by another live worker (it drains that queue:
+:mod:`.live_rescue`).
 
 Close and expiry: :func:`toolfleet.dispatcher.affinity.close_live_session` drops the holder key;
 the holder's housekeeping (every ``heartbeat_s / 2``, at most 1 s) then ends the shell. A shell idle
@@ -34,7 +35,6 @@ every shell; a killed worker takes its shells with it (``--die-with-parent``, PI
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
@@ -54,9 +54,7 @@ from celery.signals import celeryd_after_setup, worker_shutdown
 
 from ..errors import ToolFailure
 from ..keys import Keys
-from ..models import ErrorCode, ToolResult
 from ..redis_client import client_for
-from .authenticity import message_problem, report_drop
 from .catalog import mget
 from .live_shell import Shell
 
@@ -65,7 +63,6 @@ LIVE_TOOLS = frozenset({"shell"})
 """Tools whose calls go to the worker that holds their session's process."""
 END_LOCK_WAIT_S = 30.0  # how long an ended session's closer waits for the call using its shell (s)
 LOCK_POLL_S = 0.05  # how often a call waiting for its session's lock looks at its cancel and deadline (s)
-PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")  # kombu's Redis priority queues
 _host: SessionHost | None = None  # in the main process; its socket path is inherited by pool processes
 socket_path: str | None = None
 
@@ -254,7 +251,7 @@ class SessionHost:
             try:
                 self.beat()
                 self._end_unheld()
-                self._rescue()
+                live_rescue.rescue_lost_calls(self)
             except Exception as exc:  # noqa: BLE001 - Redis away: keys lapse, shells stay until it is back
                 log.warning("live sessions: housekeeping failed (%s)", exc)
 
@@ -294,45 +291,6 @@ class SessionHost:
         closer = threading.Thread(target=_close_shell, args=(session,), name="toolfleet-live-end", daemon=True)
         closer.start()
         return closer
-
-    def _rescue(self) -> None:
-        """Answer ``SESSION_LOST`` to calls waiting in the queue of a holder that died."""
-        for name in self.redis.smembers(self.keys.live_workers):
-            worker = _s(name)
-            if worker == self.worker or self.redis.exists(self.keys.live_worker(worker)):
-                continue
-            q = worker_queue(self.keys, worker)
-            for suffix in PRIORITY_SUFFIXES:
-                while (raw := self.redis.lpop(q + suffix)) is not None:
-                    self._answer_lost(raw, worker)
-            self.redis.srem(self.keys.live_workers, worker)
-
-    def _answer_lost(self, raw: bytes, worker: str) -> None:
-        try:
-            message = json.loads(raw)
-            body = message["body"]
-            if message.get("properties", {}).get("body_encoding") == "base64":
-                body = base64.b64decode(body)
-            from .app import TASK_NAME  # app.py imports this module
-
-            envelope = json.loads(body)[1]["envelope"]
-            headers = message.get("headers") or {}
-            routing = ((message.get("properties") or {}).get("delivery_info") or {}).get("routing_key")
-            problem = message_problem(self.runtime, task=headers.get("task"), task_id=headers.get("id"),
-                                      queue=routing, timelimit=headers.get("timelimit"),
-                                      kwargs={"envelope": envelope})
-            if problem or headers.get("task") != TASK_NAME:  # a forged message settles nothing
-                report_drop(self.runtime, problem or "malformed", task_id=headers.get("id"),
-                            kwargs={"envelope": envelope}, where=f"in the queue of the lost worker {worker}")
-                return
-            reply = lost_reply(worker)
-            result = ToolResult.failure(envelope["call_id"], envelope["name"], ErrorCode.SESSION_LOST,
-                                        reply["message"], reply["hint"])
-            self.runtime.ledger.record_result(envelope["turn_id"], result, unless_started=True)
-            if envelope.get("session_id"):  # the call after this one starts a new shell
-                _delete_if(self.redis, self.keys.live_holder(envelope["session_id"]), worker)
-        except Exception as exc:  # noqa: BLE001 - not a call message: dropped, said
-            log.warning("live sessions: dropped a message of %s's queue that is not a call (%s)", worker, exc)
 
     def close(self) -> None:
         """Worker shutdown: end every shell; the holder keys stay, so the next call says SESSION_LOST."""
@@ -436,3 +394,6 @@ def connect_affinity(app: Celery, runtime: Any) -> None:
 
 
 _main_pid: dict[str, int] = {}
+
+# the rescue of calls stranded in a dead holder's queue (live_rescue.py imports the names above)
+from . import live_rescue  # noqa: E402,I001
