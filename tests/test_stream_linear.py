@@ -242,3 +242,46 @@ def test_a_long_chat_stream_costs_its_size():
     assert _timed(OpenAIChatStreamParser(), ending) < 8.0
     indexless = (_chunk(call(i, "{")) for i in range(n))
     assert _timed(OpenAIChatStreamParser(), indexless) < 8.0
+
+
+class RereadingParser(OpenAIChatStreamParser):
+    """The parser as it was: arguments balanced and closed are read whole at every such fragment."""
+
+    def _fragment(self, fragment: dict[str, Any], where: str) -> None:
+        super()._fragment(fragment, where)
+        for slot in self.calls.slots():
+            slot.scan.never_json = False
+
+
+json_bits = ['{', '}', '"a"', ':', '1', ',', ' ', '[', ']', 'x', '"', '\\', '{}', '"}"']
+argument_pieces = st.lists(st.sampled_from(json_bits), max_size=4).map("".join)
+fragment_streams = st.lists(st.tuples(st.integers(0, 1), argument_pieces), max_size=20)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fragment_streams)
+def test_chat_arguments_complete_where_rereading_completed_them(fragments):
+    def stream() -> list[dict[str, Any]]:
+        events = [_chunk({"tool_calls": [{"index": i, "id": f"c{i}", "type": "function",
+                                          "function": {"name": "f", "arguments": ""}}]}) for i in (0, 1)]
+        events += [_chunk({"tool_calls": [{"index": i, "function": {"arguments": text}}]}) for i, text in fragments]
+        return [*events, _chunk({}, "tool_calls")]
+
+    def run(parser: OpenAIChatStreamParser) -> list[Any]:
+        out: list[Any] = [[c.model_dump() for c in parser.feed(e)] for e in stream()]
+        return [*out, [c.model_dump() for c in parser.finish()], parser.response(), parser.warnings, parser.cut_off]
+
+    assert run(OpenAIChatStreamParser()) == run(RereadingParser())
+
+
+def test_arguments_that_cannot_become_json_are_not_reread_at_each_fragment():
+    """A call whose arguments closed at depth 0 without being JSON, followed by 8,000 "{}"
+    fragments, took 5.4 s (2,000: 0.53 s): each one read the whole text again. 16,000 now."""
+    broken = '{"a": "' + "x" * 160_000 + '", b}'
+    head = _chunk({"tool_calls": [{"index": 0, "id": "c", "type": "function",
+                                   "function": {"name": "f", "arguments": broken}}]})
+    rest = (_chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}) for _ in range(16_000))
+    parser = OpenAIChatStreamParser()
+    assert _timed(parser, [head, *rest]) < 8.0
+    call = parser.response()["choices"][0]["message"]["tool_calls"][0]
+    assert call["function"]["arguments"] == broken + "{}" * 16_000

@@ -250,6 +250,9 @@ class JsonDepth:
 
     def __init__(self) -> None:
         self.depth, self.in_string, self.escaped, self.opened, self.last = 0, False, False, False, ""
+        # the text was balanced and closed with ``}`` yet no JSON object: an object ends where its
+        # first bracket closes, so the rest can only be extra data (the reader's business)
+        self.never_json = False
 
     def feed(self, text: str) -> bool:
         """Take the next fragment; True when the text so far may be a whole JSON object (brackets

@@ -166,8 +166,11 @@ class OpenAIChatStreamParser:
                                      f"complete was ignored: {text[:60]!r}")
             return
         slot.parts.append(text)
-        if slot.scan.feed(text) and parses_as_object(join_surrogates("".join(slot.parts))):
-            slot.done = True  # read whole only when its brackets may have closed: linear in the stream
+        if slot.scan.feed(text) and not slot.scan.never_json:  # read whole only when its brackets may have closed
+            if parses_as_object(join_surrogates("".join(slot.parts))):
+                slot.done = True
+            else:  # closed at depth 0 yet not an object: nothing appended can make it one, so it
+                slot.scan.never_json = True  # is not read whole again at each fragment (quadratic)
 
     def _slot(self, index: int | None, call_id: str, name: str) -> Any:
         if index is None:  # no index: a new id starts a new call, no id continues the last one
