@@ -205,20 +205,29 @@ def _placeholder(call_id: str, name: str) -> ToolResult:
 
 class _Results:
     """The results of a history by call id, in history order: the first is kept, the rest are
-    duplicates; ``take`` hands out the first result of an id once."""
+    duplicates; ``take`` hands out the first result of an id once. Results of an id are handed
+    out in order, so each id keeps where the next one is: a history whose calls all share one id
+    (servers that send none, or reuse ``call_0``) is not searched from its start at every call."""
 
     def __init__(self) -> None:
         self.by_id: dict[str, list[tuple[int, Any]]] = defaultdict(list)
         self.taken: set[int] = set()
+        self._next: dict[str, int] = {}  # call id -> how many of its results were handed out
 
     def add(self, call_id: str, position: int, result: Any) -> None:
         self.by_id[call_id].append((position, result))
 
     def take(self, call_id: str) -> tuple[int, Any] | None:
-        for position, result in self.by_id.get(call_id, ()):
-            if id(result) not in self.taken:
+        found = self.by_id.get(call_id, ())
+        n = self._next.get(call_id, 0)
+        while n < len(found):
+            position, result = found[n]
+            n += 1
+            if id(result) not in self.taken:  # one object listed twice is handed out once
+                self._next[call_id] = n
                 self.taken.add(id(result))
                 return position, result
+        self._next[call_id] = n
         return None
 
     def leftovers(self, calls: set[str], repairs: list[Repair]) -> None:

@@ -6,6 +6,12 @@ it conflicts with. So every result equals the result of running the batch one ca
 model order, and everything else runs at once: reads with no earlier conflicting write form the
 parallel group; writes form serial chains per resource.
 
+``deps[c]`` holds the immediate ones (:mod:`.plan_index`): every earlier call ``c`` conflicts
+with is in ``deps[c]`` or waited for by one of those, transitively, and none it does not conflict
+with is. A chain of writes is a chain (each waits for the one before), not a triangle. So a call
+may start once its deps are *finished*: they have their results and so have the calls they wait
+for (a call denied while those ran has its result early; turn_driver.py counts it later).
+
 When more calls are ready than there are free worker processes, the order they start in decides
 the makespan: each call's ``rank`` (the calls on the longest chain from it to the end of the plan,
 itself included) lets the submitter start the calls that head long chains first, the classic
@@ -25,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..tools.resources import EVERYTHING, overlaps
+from .plan_index import ConflictIndex
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,8 @@ def conflicts(a: PlanItem, b: PlanItem) -> bool:
 
 @dataclass(frozen=True)
 class Plan:
-    """``order``: runnable calls in model order; ``deps[c]``: the earlier calls ``c`` waits for;
+    """``order``: runnable calls in model order; ``deps[c]``: the earlier calls ``c`` waits for
+    (its immediate conflicting predecessors: with theirs, transitively, every earlier call it conflicts with);
     ``rank[c]``: the number of calls on the longest chain from ``c`` on (1 for a call nothing waits for)."""
 
     order: tuple[str, ...]
@@ -87,6 +95,9 @@ class Planner:
         self.deps: dict[str, frozenset[str]] = {}
         self.dependents: dict[str, list[str]] = {}
         self._links_may_change = False  # a write on everything was added
+        self._index = ConflictIndex()
+        self._rank_from = 0  # _rank holds the ranks of the calls from this position on ...
+        self._rank: dict[str, int] = {}  # ... until the next add (which may lengthen every chain)
 
     def add(self, item: PlanItem) -> frozenset[str]:
         """Plan ``item`` after every call added so far; returns the calls it waits for."""
@@ -94,7 +105,8 @@ class Planner:
             if self._links_may_change:
                 item = widened(item)
             self._links_may_change |= EVERYTHING in item.resources
-        waits = frozenset(earlier.call_id for earlier in self._items if conflicts(earlier, item))
+        waits = self._index.add(item.call_id, item.access, item.resources)
+        self._rank = {}
         self._position[item.call_id] = len(self._items)
         self._items.append(item)
         self.deps[item.call_id] = waits
@@ -105,12 +117,16 @@ class Planner:
 
     def ranks(self, call_ids: Iterable[str]) -> dict[str, int]:
         """For each of ``call_ids``: the calls on the longest chain from it through the calls added
-        so far, itself included (1 when nothing waits for it). One pass over the plan's tail."""
+        so far, itself included (1 when nothing waits for it). One pass over the plan's tail, kept
+        until the next :meth:`add`: a batch whose calls start one after another (a chain, each
+        sent when the one before has its result) sweeps the plan once, not once per call."""
         call_ids = list(call_ids)
         if not call_ids:
             return {}
-        rank = self._ranks(min(self._position[c] for c in call_ids))
-        return {c: rank[c] for c in call_ids}
+        start = min(self._position[c] for c in call_ids)
+        if not self._rank or start < self._rank_from:
+            self._rank, self._rank_from = self._ranks(start), start
+        return {c: self._rank[c] for c in call_ids}
 
     def _ranks(self, start: int = 0) -> dict[str, int]:
         rank: dict[str, int] = {}

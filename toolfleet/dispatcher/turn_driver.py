@@ -168,7 +168,7 @@ class TurnDriver:
                 if result.call_id in self._results:
                     continue
                 self._results[result.call_id] = result
-                self._finished.add(result.call_id)
+                self._mark_finished(result.call_id)
                 all_in = self._closed and len(self._results) == len(self._calls)
                 self._changed.notify_all()
             if self._obs is not None:
@@ -198,13 +198,11 @@ class TurnDriver:
             if result.call_id in self._results or result.call_id not in self._names:
                 return
             self._results[result.call_id] = result
-            self._finished.add(result.call_id)
             self._held.pop(result.call_id, None)  # denied, or cancelled while held
             ready = [
                 d
-                for d in self._planner.dependents.get(result.call_id, ())
+                for d in self._finish(result.call_id)
                 if d not in self._scheduled and d not in self._finished and d not in self._held
-                and self._planner.deps[d] <= self._finished
             ]
             self._changed.notify_all()
             cancelled = self._cancelled_at is not None
@@ -221,6 +219,55 @@ class TurnDriver:
             self._done.set()
             with self._changed:
                 self._changed.notify_all()
+
+    # ---- finished calls (under self._lock) ----
+    # A call waits for its immediate predecessors in the plan only (plan.py), so "finished" must
+    # mean "has its result and so has every call it waits for": a call that has its result before
+    # the calls it waits for (denied while they ran) counts as finished only once they are, or the
+    # call after it would start beside them. Each result costs its dependents, not the plan (a
+    # count of unfinished dependencies per call, kept from its first use).
+
+    def _finish(self, call_id: str) -> list[str]:
+        """``call_id`` has its result: count it finished (when the calls it waits for are), and with
+        it each call that had its result early and waited for it; return the calls now ready."""
+        ready: list[str] = []
+        todo = [call_id]
+        while todo:
+            c = todo.pop()
+            if c in self._finished or self._unfinished_deps(c):
+                continue
+            for d in self._mark_finished(c):
+                (todo if d in self._results else ready).append(d)
+        return ready
+
+    def _mark_finished(self, call_id: str) -> list[str]:
+        """Add ``call_id`` to ``_finished``; return its dependents whose dependencies are now all finished."""
+        self._finished.add(call_id)
+        counts = self._deps_left()
+        out = []
+        for d in self._planner.dependents.get(call_id, ()):
+            left = counts.get(d)
+            left = counts[d] = self._count_unfinished(d) if left is None else left - 1
+            if left == 0:
+                out.append(d)
+        return out
+
+    def _unfinished_deps(self, call_id: str) -> int:
+        counts = self._deps_left()
+        left = counts.get(call_id)
+        if left is None:
+            left = counts[call_id] = self._count_unfinished(call_id)
+        return left
+
+    def _count_unfinished(self, call_id: str) -> int:
+        return sum(1 for d in self._planner.deps.get(call_id, ()) if d not in self._finished)
+
+    def _deps_left(self) -> dict[str, int]:
+        """Per call (once counted): how many of the calls it waits for are not finished."""
+        counts: dict[str, int] | None = getattr(self, "_deps_left_counts", None)
+        if counts is None:
+            counts = self._deps_left_counts = {}
+        return counts
 
 
 def _worker(data: str) -> str:

@@ -54,6 +54,7 @@ from typing import Any
 
 from ..tools import sandbox
 from ..tools.command import _SandboxInit
+from .shell_output import ShellOutput
 from .shell_start import channel, children, killpg, living, output_channel, popen, send_signal
 
 TERM_GRACE_S = 0.25  # between TERM and KILL of the command's processes (s)
@@ -96,12 +97,11 @@ class Shell:
         self.workspace = workspace
         self._spawn = spawn
         self._cond = threading.Condition()
-        self._buf = bytearray()
-        self._dropped = 0
+        self._out = ShellOutput(MAX_OUTPUT_BYTES)  # the output so far, head and tail (.shell_output)
         self._eof = False
         self.proc: subprocess.Popen[bytes] | None = None
         self._chan: socket.socket | None = None  # the worker's end of the command channel
-        self._out: socket.socket | None = None  # the worker's end of the output channel
+        self._reader: socket.socket | None = None  # the worker's end of the output channel
         self.init: _SandboxInit | None = None
         self.unsandboxed = False
         self._hidden: tuple[str, ...] = ()  # the secret mounts of the running sandbox (sandbox.hidden_now)
@@ -114,7 +114,7 @@ class Shell:
         self.unsandboxed = box.unsandboxed
         info_r, info_w = (None, None) if box.unsandboxed else os.pipe()
         self._chan, shell_end = channel()
-        self._out, shell_out = output_channel()
+        self._reader, shell_out = output_channel()
         try:  # what covers the secrets, taken before the argv: a rotation in between restarts, never leaks
             self._hidden = box.hidden_now(self.workspace)
             self.proc = popen(box, self.workspace, self._spawn, shell_end, shell_out, info_w)
@@ -136,9 +136,9 @@ class Shell:
         # not taken in time: seen at the first command (the shell is restarted when its block cannot be)
         self._write(BOOTSTRAP, time.monotonic() + BOOTSTRAP_WRITE_S, threading.Event())
         with self._cond:
-            self._buf.clear()
+            self._out.clear()
             self._eof = False
-        threading.Thread(target=self._drain, args=(self.proc, self._out), name="toolfleet-shell-out",
+        threading.Thread(target=self._drain, args=(self.proc, self._reader), name="toolfleet-shell-out",
                          daemon=True).start()
 
     def _drain(self, proc: subprocess.Popen[bytes], out: socket.socket) -> None:
@@ -146,12 +146,7 @@ class Shell:
             with self._cond:
                 if proc is not self.proc:
                     return
-                self._buf += chunk
-                if len(self._buf) > MAX_OUTPUT_BYTES:  # keep the head and the newest tail
-                    half = MAX_OUTPUT_BYTES // 2
-                    cut = len(self._buf) - MAX_OUTPUT_BYTES
-                    del self._buf[half:half + cut]
-                    self._dropped += cut
+                self._out.add(chunk)  # past MAX_OUTPUT_BYTES: the head and the newest tail
                 self._cond.notify_all()
         with self._cond:
             if proc is self.proc:
@@ -185,7 +180,7 @@ class Shell:
     def _close(self) -> None:
         proc, init = self.proc, self.init
         if proc is None:
-            for end in (self._chan, self._out):  # bwrap did not start
+            for end in (self._chan, self._reader):  # bwrap did not start
                 if end is not None:
                     end.close()
             return
@@ -201,10 +196,10 @@ class Shell:
         if init is not None:
             init.wait_gone()
             init.close()
-        for end in (self._chan, self._out):
+        for end in (self._chan, self._reader):
             try:
                 if end is not None:
-                    if end is self._out:
+                    if end is self._reader:
                         end.shutdown(socket.SHUT_RDWR)  # wakes the drain thread if it still waits
                     end.close()
             except OSError:
@@ -236,8 +231,8 @@ class Shell:
         assert self.proc is not None
         before = self._descendants()
         with self._cond:
-            start = len(self._buf)
-            self._dropped = 0
+            start = len(self._out)
+            self._out.dropped = 0
         block = f"__tf_c={script}\n__tf_run </dev/null\nprintf '\\n%s %d\\n' '{mark.decode()}' \"$?\"\n"
         written = self._write(block.encode(), deadline, cancelled)
         if written == 0 and not self._eof_seen():
@@ -284,19 +279,19 @@ class Shell:
 
     def _wait_mark(self, mark: bytes, start: int, timeout_s: float) -> tuple[str, int] | None:
         with self._cond:
-            at = self._buf.find(mark, 0)
+            at = self._out.find(mark)  # goes on from its last look: linear in the output (.shell_output)
             if at < 0:
                 self._cond.wait(timeout_s)
-                at = self._buf.find(mark, 0)
+                at = self._out.find(mark)
             if at < 0:
                 return None
-            end = self._buf.find(b"\n", at)
+            end = self._out.find_newline(at)
             if end < 0:
                 return None  # the status is still on its way
-            status = int(self._buf[at + len(mark):end].strip() or b"0")
-            text = bytes(self._buf[:max(at - 1, 0)])  # the newline printed before the marker is ours
-            dropped = self._dropped
-            del self._buf[:end + 1]
+            status = int(self._out.slice(at + len(mark), end).strip() or b"0")
+            text = self._out.slice(0, max(at - 1, 0))  # the newline printed before the marker is ours
+            dropped = self._out.dropped
+            self._out.consume(end + 1)
         return _text(text, dropped), status
 
     def _eof_seen(self) -> bool:
@@ -305,8 +300,8 @@ class Shell:
 
     def _take(self) -> str:
         with self._cond:
-            text, dropped = bytes(self._buf), self._dropped
-            self._buf.clear()
+            dropped = self._out.dropped
+            text = self._out.take()
         return _text(text, dropped)
 
     def _ended(self, note: str) -> Outcome:

@@ -146,6 +146,10 @@ class CallAssembler:
     def __contains__(self, key: Any) -> bool:
         return key in self._slots
 
+    def __len__(self) -> int:
+        """The calls started so far."""
+        return len(self._order)
+
     def get(self, key: Any) -> _Slot | None:
         return self._slots.get(key)
 
@@ -169,7 +173,7 @@ class CallAssembler:
 
     def open_before(self, index: int) -> list[_Slot]:
         """Slots started before position ``index`` and not yet complete."""
-        return [s for s in self._order[:index] if not s.done]
+        return [s for s in self._order[self._next:index] if not s.done]
 
     def release(self) -> list[ToolCall]:
         """The completed calls not yet released whose earlier calls are all released."""
@@ -182,7 +186,9 @@ class CallAssembler:
         return out
 
     def open_slots(self) -> list[_Slot]:
-        return [s for s in self._order if not s.done]
+        """Slots not yet complete (those released are: a stream that ends a choice at every chunk
+        does not look at every call so far each time)."""
+        return [s for s in self._order[self._next:] if not s.done]
 
 
 class StreamFormat:
@@ -244,6 +250,9 @@ class JsonDepth:
 
     def __init__(self) -> None:
         self.depth, self.in_string, self.escaped, self.opened, self.last = 0, False, False, False, ""
+        # the text was balanced and closed with ``}`` yet no JSON object: an object ends where its
+        # first bracket closes, so the rest can only be extra data (the reader's business)
+        self.never_json = False
 
     def feed(self, text: str) -> bool:
         """Take the next fragment; True when the text so far may be a whole JSON object (brackets

@@ -166,15 +166,18 @@ class OpenAIChatStreamParser:
                                      f"complete was ignored: {text[:60]!r}")
             return
         slot.parts.append(text)
-        if slot.scan.feed(text) and parses_as_object(join_surrogates("".join(slot.parts))):
-            slot.done = True  # read whole only when its brackets may have closed: linear in the stream
+        if slot.scan.feed(text) and not slot.scan.never_json:  # read whole only when its brackets may have closed
+            if parses_as_object(join_surrogates("".join(slot.parts))):
+                slot.done = True
+            else:  # closed at depth 0 yet not an object: nothing appended can make it one, so it
+                slot.scan.never_json = True  # is not read whole again at each fragment (quadratic)
 
     def _slot(self, index: int | None, call_id: str, name: str) -> Any:
         if index is None:  # no index: a new id starts a new call, no id continues the last one
             last = self.calls.get(self._last_key)
             if last is not None and (not call_id or call_id == last.id):
                 return last
-            key = ("position", len(self.calls.slots()))
+            key = ("position", len(self.calls))
             if last is not None:
                 last.done = True  # nothing can address it any more
         else:
@@ -185,7 +188,7 @@ class OpenAIChatStreamParser:
                 return current
             if current is not None:  # the index reused with a new id: a new call
                 current.done = True
-            key = ("index", index, len(self.calls.slots()))
+            key = ("index", index, len(self.calls))
             self._keys[index] = key
         self._last_key = key
         return self.calls.start(key, call_id, name)
@@ -222,6 +225,48 @@ class _Joined(list):
     at each delta was quadratic in a long field, e.g. ``reasoning_content``)."""
 
 
+class _Items(list):
+    """A list field not interpreted (``reasoning_details``), with the position of the first item of
+    each ``(index, type)``: a delta's item finds the one it extends without a search of every item
+    so far (which was quadratic in a stream whose items each bring a new index). Keys that cannot
+    be hashed, or are not equal to themselves (NaN), are searched for as before."""
+
+    def __init__(self, items: list[Any]) -> None:
+        super().__init__(items)
+        self._first: dict[tuple[Any, Any], int] = {}
+        self._odd: list[int] = []  # positions of dict items whose key cannot be a dict key
+        for position, item in enumerate(items):
+            self._note(position, item)
+
+    def _note(self, position: int, item: Any) -> None:
+        if not isinstance(item, dict):
+            return
+        k = (item.get("index"), item.get("type"))
+        if _usable(k):
+            self._first.setdefault(k, position)
+        else:
+            self._odd.append(position)
+
+    def add(self, item: Any) -> None:
+        self.append(item)
+        self._note(len(self) - 1, item)
+
+    def find(self, item: dict[str, Any]) -> int | None:
+        """The position of the first dict item with ``item``'s ``index`` and ``type``, or None."""
+        k = (item["index"], item.get("type"))
+        if _usable(k):
+            return self._first.get(k)
+        return next((i for i in self._odd if self[i].get("index") == k[0] and self[i].get("type") == k[1]), None)
+
+
+def _usable(k: tuple[Any, Any]) -> bool:
+    try:
+        hash(k)
+    except TypeError:
+        return False
+    return all(x == x for x in k)  # NaN is not equal to itself: never found by equality, so not by the dict
+
+
 def _merge(old: Any, new: Any, join_text: bool = True) -> Any:
     """A delta field not interpreted, accumulated: text joined (``join_text``; as a :class:`_Joined`
     until :func:`_final`), lists extended (dict items with the same ``index`` merged into one),
@@ -235,13 +280,12 @@ def _merge(old: Any, new: Any, join_text: bool = True) -> Any:
         old.append(new)
         return old
     if isinstance(old, list) and not isinstance(old, _Joined) and isinstance(new, list):
+        if not isinstance(old, _Items):
+            old = _Items(old)
         for item in new:
-            same = None
-            if isinstance(item, dict) and "index" in item:
-                same = next((i for i, o in enumerate(old) if isinstance(o, dict) and o.get("index") == item["index"]
-                             and o.get("type") == item.get("type")), None)
+            same = old.find(item) if isinstance(item, dict) and "index" in item else None
             if same is None:
-                old.append(copy.deepcopy(item))
+                old.add(copy.deepcopy(item))
             else:
                 old[same] = _merge(old[same], item)
         return old
