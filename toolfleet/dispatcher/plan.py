@@ -115,6 +115,14 @@ class Planner:
             self.dependents[d].append(item.call_id)
         return waits
 
+    def item(self, call_id: str) -> PlanItem:
+        """The planned item of ``call_id`` (widened as it was planned); ``KeyError`` if never added."""
+        return self._items[self._position[call_id]]
+
+    def position(self, call_id: str) -> int:
+        """``call_id``'s place in model order among the planned calls (0 first)."""
+        return self._position[call_id]
+
     def ranks(self, call_ids: Iterable[str]) -> dict[str, int]:
         """For each of ``call_ids``: the calls on the longest chain from it through the calls added
         so far, itself included (1 when nothing waits for it). One pass over the plan's tail, kept

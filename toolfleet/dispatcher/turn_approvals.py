@@ -79,7 +79,7 @@ class TurnApprovals:
                 self._cancelled_at is None
                 and call_id not in self._scheduled
                 and call_id not in self._finished
-                and self._planner.deps[call_id] <= self._finished
+                and self._ready(call_id)
             )
             if ready:
                 self._scheduled.add(call_id)

@@ -20,6 +20,7 @@ import redis
 from ..errors import BrokerUnavailable, ToolfleetError
 from ..models import ErrorCode, ToolResult
 from ..redis_client import REDIS_DOWN
+from .plan import conflicts
 
 log = logging.getLogger(__name__)
 BLOCK_MS = 100
@@ -199,11 +200,7 @@ class TurnDriver:
                 return
             self._results[result.call_id] = result
             self._held.pop(result.call_id, None)  # denied, or cancelled while held
-            ready = [
-                d
-                for d in self._finish(result.call_id)
-                if d not in self._scheduled and d not in self._finished and d not in self._held
-            ]
+            ready = self._now_ready(result.call_id)
             self._changed.notify_all()
             cancelled = self._cancelled_at is not None
             if not cancelled:
@@ -226,6 +223,49 @@ class TurnDriver:
     # the calls it waits for (denied while they ran) counts as finished only once they are, or the
     # call after it would start beside them. Each result costs its dependents, not the plan (a
     # count of unfinished dependencies per call, kept from its first use).
+
+    def _now_ready(self, call_id: str) -> list[str]:
+        """``call_id`` has just got its result: the calls that may start now, in model order. Those
+        whose deps are all finished, and, while some call had its result early (:meth:`_ready`),
+        the calls after one of those that the rule lets start: a read after a write denied while
+        an earlier read runs starts beside that read, as with every conflicting call a dependency.
+        Without early results the counts alone decide (each result costs its dependents)."""
+        candidates = set(self._finish(call_id))
+        early = self._early_results()
+        if call_id not in self._finished:
+            early.add(call_id)
+        early -= self._finished
+        for e in early:  # a call ready by the rule and not by the counts waits for one of these directly
+            candidates.update(d for d in self._planner.dependents.get(e, ()) if self._ready(d))
+        return sorted((d for d in candidates
+                       if d not in self._scheduled and d not in self._results and d not in self._held),
+                      key=self._planner.position)
+
+    def _ready(self, call_id: str) -> bool:
+        """The plan rule, from the immediate deps: every earlier call ``call_id`` conflicts with has
+        its result. A finished dep covers the calls it waits for; one that had its result early (denied
+        or cancelled while held, before the calls it waits for ended) does not, so the search goes on
+        through it, and only the calls without a result that conflict with ``call_id`` hold it back.
+        Linear in the unfinished calls before it (none in a batch without early results)."""
+        item = self._planner.item(call_id)
+        seen: set[str] = set()
+        stack = list(self._planner.deps.get(call_id, ()))
+        while stack:
+            d = stack.pop()
+            if d in seen or d in self._finished:
+                continue
+            seen.add(d)
+            if d not in self._results and conflicts(self._planner.item(d), item):
+                return False
+            stack.extend(self._planner.deps.get(d, ()))
+        return True
+
+    def _early_results(self) -> set[str]:
+        """Calls with a result and not finished yet (kept from one result to the next)."""
+        early: set[str] | None = getattr(self, "_early", None)
+        if early is None:
+            early = self._early = set()
+        return early
 
     def _finish(self, call_id: str) -> list[str]:
         """``call_id`` has its result: count it finished (when the calls it waits for are), and with

@@ -129,10 +129,10 @@ class TurnIntake:
                     self._sender.lock.note_writes(item.resources)
                 with self._lock:
                     self._runnable[call.id] = Runnable(spec, arguments)
-                    deps = planned[call.id] = self._planner.add(item)
+                    planned[call.id] = self._planner.add(item)
                     if screened is not None and call.id in screened.held:
                         self._held[call.id] = screened.held[call.id]
-                    elif self._cancelled_at is None and deps <= self._finished:
+                    elif self._cancelled_at is None and self._ready(call.id):
                         self._scheduled.add(call.id)
                         to_send.append(call.id)
             if screened is not None:  # the audit's `planned` comes before any result or submission
