@@ -14,6 +14,7 @@ order, as for a whole response. A call the stream itself says the output token l
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, NoReturn
 
 from ..errors import BatchRejected
@@ -70,7 +71,7 @@ class TurnStream:
             if exc.reason != "unanswerable_call":
                 raise
             self._refuse(exc)  # a call toolfleet cannot answer (.adapters.client_tools): the turn ends here
-        return self._take(calls, cut_off=set(self.parser.cut_off))  # an event may complete a call by cutting it off
+        return self._take(calls, cut_off=self.parser.cut_off)  # an event may complete a call by cutting it off
 
     def close(self) -> Turn:
         """End of the stream: take the calls still open, rebuild the assistant message, close the
@@ -81,12 +82,12 @@ class TurnStream:
             if self._pending:
                 self._use(_stream_adapter(None, self._pending))
                 for event in self._pending:
-                    self._take(self.parser.feed(event), cut_off=set(self.parser.cut_off))
+                    self._take(self.parser.feed(event), cut_off=self.parser.cut_off)
             else:
                 self.turn.close()
                 return self.turn
         calls = self.parser.finish()
-        self._take(calls, cut_off=set(self.parser.cut_off))
+        self._take(calls, cut_off=self.parser.cut_off)
         self.turn.response = self.parser.response()
         return self.turn.close()
 
@@ -95,11 +96,13 @@ class TurnStream:
         """What the parser ignored, and why."""
         return list(self.parser.warnings) if self.parser is not None else []
 
-    def _take(self, calls: list[ToolCall], cut_off: set[str] = frozenset()) -> list[ToolCall]:  # type: ignore[assignment]
+    def _take(self, calls: list[ToolCall], cut_off: Collection[str] = ()) -> list[ToolCall]:
         """Give ``calls`` to the turn; returns them as taken (a namespaced Responses call named by
-        the fleet tool it runs: :mod:`.adapters.namespaces`)."""
+        the fleet tool it runs: :mod:`.adapters.namespaces`). ``cut_off``: the parser's ids of calls
+        the stream cut off so far (made a set only when an event completes calls: linear in the stream)."""
         if not calls:
             return calls
+        cut_off = set(cut_off)
         namespaces = getattr(self.parser, "namespaces", None)  # Responses: a namespaced function's fleet tool
         if namespaces:
             calls = resolve_namespaces(calls, namespaces, self.turn.registry.__contains__)
