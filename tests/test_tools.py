@@ -100,3 +100,32 @@ def test_output_budget_keeps_head_and_tail_and_says_the_cut():
     assert fitted.startswith("HEAD") and fitted.endswith("TAIL")
     assert f"of {len(text)} characters cut" in fitted
     assert fit_output("", 100) == EMPTY_OUTPUT and fit_output("ok", 100) == "ok"
+
+
+def test_a_wrapped_docstring_summary_stays_one_sentence():
+    """A summary hard-wrapped onto a second line was sent as two paragraphs ('... symbolic\\n\\nlinks as
+    ...') and `toolfleet tools` cut it at its first line (a newcomer's trial)."""
+    from toolfleet.tools.spec import tool
+
+    @tool
+    def wrapped(city: str) -> str:
+        """Tell the weather of a city, in degrees Celsius, from the forecast of the
+        national service.
+
+        Second paragraph, also
+        wrapped once.
+
+        - a list item
+        - another
+
+        Args:
+            city: The city.
+        """
+        return city
+
+    assert wrapped.description == (
+        "Tell the weather of a city, in degrees Celsius, from the forecast of the national service.\n\n"
+        "Second paragraph, also wrapped once.\n\n- a list item\n- another")
+    from toolfleet.tools.registry import default_registry
+    listed = default_registry([]).get("list_dir").description
+    assert listed.startswith("List a directory") and "\n" not in listed.split(".")[0], listed
