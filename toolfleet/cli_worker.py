@@ -8,7 +8,8 @@ registers the command on the CLI's ``app``.
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+import os
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -24,7 +25,9 @@ def worker(
     namespace: NamespaceOpt = None,
     tools: ToolsOpt = None,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Worker processes.")] = 2,
-    hostname: Annotated[Optional[str], typer.Option(help="Celery node name, e.g. tools@%h.")] = None,
+    hostname: Annotated[Optional[str], typer.Option(
+        help="Celery node name, e.g. tools@%h (default: worker<pid>@<host>, its own on the host: two workers "
+        "of one name would overwrite each other's tool catalog).")] = None,
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
     policy: PolicyOpt = None,
     broker_url: BrokerOpt = None,
@@ -110,6 +113,30 @@ def worker(
         "--without-mingle",
         "--without-gossip",
     ]
-    if hostname:
-        argv.append(f"--hostname={hostname}")
+    argv.append(f"--hostname={hostname or f'worker{os.getpid()}@%h'}")
+    _warn_neighbours(settings, hostname)
     celery_app.worker_main(argv)
+
+
+def _warn_neighbours(settings: Any, hostname: str | None) -> None:
+    """Say (stderr) which live workers of the namespace would drop this worker's dispatchers' calls
+    (another fleet key: they share its queues), and whether one already has this node name."""
+    import socket
+
+    from .worker.catalog import key_mismatch, live_catalog, signing_key_id
+
+    try:
+        entries = live_catalog(settings)
+    except Exception:  # noqa: BLE001 - a warning only: the worker's own start says what is wrong
+        return
+    others = key_mismatch(entries, signing_key_id(settings))
+    if others:
+        err.print(f"warning: live worker(s) {', '.join(others)} of namespace {settings.namespace!r} hold another "
+                  "fleet key: each drops, unrun, the calls of the other that it takes from the shared queues. "
+                  "Give every worker and dispatcher of a namespace the same key (docs/signing.md), or this "
+                  "worker a namespace of its own (--namespace).", style="bold yellow", markup=False)
+    name = (hostname or "").replace("%h", socket.gethostname())
+    if name and any(e.get("worker") == name for e in entries):
+        err.print(f"warning: a live worker named {name!r} already serves namespace {settings.namespace!r}: the "
+                  "two overwrite each other's tool catalog. Give this one its own name (--hostname NAME@%h).",
+                  style="bold yellow", markup=False)

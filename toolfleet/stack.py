@@ -256,6 +256,7 @@ def _start(
     error = (entry.get("sandbox") or {}).get("error")
     if error:
         console.print(f"[yellow]warning:[/] run_command is not served: {error}", markup=True)
+    _warn_other_keys(client, keys, entry, state["namespace"], console)
     if flower_port:
         log = home() / "flower.log"
         # toolfleet.monitor: the Celery app built from REDIS_URL (TLS options and ACL user included)
@@ -292,6 +293,31 @@ def _warn_shared(client: Any, keys: Keys, namespace: str, url: str, console: Con
         console.print(f"[yellow]warning:[/] namespace {namespace!r} at {url} already has {len(live)} live "
                       f"worker(s): {', '.join(live)}; this stack's workers share their queues (calls may run on "
                       "either). Pass --namespace NAME (or set TOOLFLEET_NAMESPACE) for a fleet of your own.")
+
+
+def _warn_other_keys(client: Any, keys: Keys, mine: dict[str, Any], namespace: str, console: Console) -> None:
+    """Say which other live workers of ``namespace`` hold another fleet key than the stack's worker
+    (catalog ``key_ids``): they share its queues, and each drops, unrun, the calls of the other that it
+    takes (a newcomer's trap: a worker started by hand before `toolfleet down` and `up`, which make a
+    new key; or a demo with a home of its own on the same namespace)."""
+    ours = set(mine.get("key_ids") or ())
+    if not ours:
+        return
+    names = sorted(n for n in client.smembers(keys.workers) if n != mine.get("worker"))
+    others = []
+    for name, raw in zip(names, client.mget([keys.catalog(n) for n in names]) if names else [], strict=True):
+        try:
+            entry = json.loads(raw) if raw else None
+        except ValueError:
+            continue
+        ids = entry.get("key_ids", ()) if isinstance(entry, dict) else None
+        if isinstance(ids, list) and not ours & set(ids):
+            others.append(name)
+    if others:
+        console.print(f"[yellow]warning:[/] live worker(s) {', '.join(others)} of namespace {namespace!r} hold "
+                      "another fleet key: each drops, unrun, the calls of the other that it takes from the shared "
+                      "queues. Stop them (a worker started by hand before `toolfleet down` and `up` holds the old "
+                      "key: start it again), or give this stack a namespace of its own (--namespace).")
 
 
 def _http_ok(url: str) -> bool:

@@ -39,7 +39,7 @@ from ..signing import signed_fields
 from ..tools.published import readable_tools, version_conflicts
 from ..tools.spec import ToolSpec
 from ..worker.app import HEALTH_TASK_NAME
-from ..worker.catalog import live_catalog
+from ..worker.catalog import accepts, live_catalog, signing_key_id
 
 log = logging.getLogger(__name__)
 CATALOG_CACHE_S = 1.0
@@ -87,6 +87,7 @@ class Availability:
         self.breakers = Breakers(settings, client)
         self._lock = threading.Lock()
         self._served: set[str] = set()
+        self._other_key: dict[str, list[str]] = {}  # tool -> live workers that serve it and hold another key
         self._conflicts: dict[str, dict[str, list[str]]] = {}
         self._ever_served: set[str] = set()  # tools this dispatcher has seen a live worker serve
         self._served_at = -1e9
@@ -163,6 +164,17 @@ class Availability:
 
     def _refusal(self, spec: ToolSpec, call_id: str) -> ToolResult | None:
         if self.settings.require_live_worker and not self._is_served(spec.name):
+            with self._lock:
+                other_key = self._other_key.get(spec.name)
+            if other_key:
+                return ToolResult.failure(
+                    call_id, spec.name, ErrorCode.TOOL_UNAVAILABLE,
+                    f"the live workers that serve {spec.name!r} ({', '.join(other_key)}) hold another fleet key: "
+                    f"they would drop this call unrun (this dispatcher signs with key id "
+                    f"{signing_key_id(self.settings) or 'none: unsigned'}); it did not run",
+                    "give the dispatcher and the workers the same fleet key (TOOLFLEET_FLEET_KEY_FILE; after "
+                    "`toolfleet down` and `up` the local stack has a new one: restart workers started by hand)",
+                )
             self._say_where_else(spec.name)
             return ToolResult.failure(
                 call_id, spec.name, ErrorCode.TOOL_UNAVAILABLE,
@@ -201,7 +213,14 @@ class Availability:
         with self._lock:
             if fresh or time.monotonic() - self._served_at > CATALOG_CACHE_S:
                 entries = live_catalog(self.settings, self.redis)
-                self._served = {tool["name"] for entry in entries for tool in readable_tools(entry)}
+                kid = signing_key_id(self.settings)  # a worker of another fleet key drops our calls
+                usable = [entry for entry in entries if accepts(entry, kid)]
+                self._served = {tool["name"] for entry in usable for tool in readable_tools(entry)}
+                self._other_key = {}
+                for entry in entries:
+                    if not accepts(entry, kid):
+                        for tool in readable_tools(entry):
+                            self._other_key.setdefault(tool["name"], []).append(str(entry.get("worker")))
                 self._conflicts = version_conflicts(entries)
                 self._served_at = time.monotonic()
                 self._ever_served |= self._served

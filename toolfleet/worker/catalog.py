@@ -1,7 +1,7 @@
 """The tool catalog that each live worker publishes to Redis, with a heartbeat.
 
 Key ``<ns>:catalog:<worker>`` holds JSON ``{"worker", "queues", "tools": [describe()...],
-"sandbox", "heartbeat_at"}`` and expires after three missed heartbeats, so a dead worker's tools vanish
+"sandbox", "key_ids", "heartbeat_at"}`` and expires after three missed heartbeats, so a dead worker's tools vanish
 (while Redis refuses writes for memory, a heartbeat only renews its time to live).
 Its name is also kept in the set ``<ns>:workers`` so readers find the catalogs without scanning
 the key space (names whose catalog expired are dropped by the readers). As it starts, a worker also
@@ -34,7 +34,8 @@ TOOLS_SEEN_TTL_S = 7 * 24 * 3600  # how long the tools a worker served are known
 
 
 def catalog_entry(runtime: Any, worker: str) -> dict[str, Any]:
-    """``sandbox``: what ``run_command`` runs in here, ``{"mode": "bwrap"|"none", "network"[, "error"]}``."""
+    """``sandbox``: what ``run_command`` runs in here, ``{"mode": "bwrap"|"none", "network"[, "error"]}``;
+    ``key_ids``: the fleet key ids whose signatures it accepts (:func:`accepted_key_ids`)."""
     from ..tools import sandbox
 
     return {
@@ -42,8 +43,47 @@ def catalog_entry(runtime: Any, worker: str) -> dict[str, Any]:
         "queues": [runtime.keys.queue(q) for q in runtime.registry.queues()],
         "tools": [spec.describe() for spec in runtime.registry],
         "sandbox": sandbox.current().describe(),
+        "key_ids": accepted_key_ids(runtime.settings),
         "heartbeat_at": time.time(),
     }
+
+
+def accepted_key_ids(settings: Settings) -> list[str] | None:
+    """The key ids (docs/signing.md: fingerprints, not keys) of the fleet keys a worker of ``settings``
+    accepts, current and previous; ``None`` when it runs unsigned messages (``insecure_no_signing``,
+    which runs signed ones too); ``[]`` when it has no key (it drops everything)."""
+    keys = settings.fleet_keys
+    if keys is None:
+        return None if settings.insecure_no_signing else []
+    return keys.accepted_ids
+
+
+def signing_key_id(settings: Settings) -> str | None:
+    """The key id a dispatcher of ``settings`` signs call messages with; ``None`` when it sends them
+    unsigned. Never raises (a bad key is reported where it is used)."""
+    try:
+        keys = settings.fleet_keys
+    except ValueError:
+        return None
+    return keys.current_id if keys is not None else None
+
+
+def accepts(entry: Any, key_id: str | None) -> bool:
+    """Whether the worker of catalog ``entry`` runs messages signed with ``key_id`` (``None``: unsigned).
+    A catalog without ``key_ids`` (a worker older than it) is taken to accept them."""
+    if not isinstance(entry, dict) or "key_ids" not in entry:
+        return True
+    ids = entry["key_ids"]
+    if ids is None:
+        return True
+    return key_id is not None and isinstance(ids, list) and key_id in ids
+
+
+def key_mismatch(entries: list[dict[str, Any]], key_id: str | None) -> list[str]:
+    """Names of the live workers (catalog ``entries``) that would drop messages signed with ``key_id``:
+    they hold another fleet key. Workers that share a namespace share its queues, so each drops the
+    other's calls it takes."""
+    return sorted(str(e.get("worker")) for e in entries if isinstance(e, dict) and not accepts(e, key_id))
 
 
 def connect_catalog(app: Celery, runtime: Any) -> None:
