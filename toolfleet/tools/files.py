@@ -22,6 +22,7 @@ from pydantic import Field
 from ..errors import ToolFailure
 from .beneath import open_beneath
 from .context import ToolContext
+from .names import shown_name
 from .resources import paths
 from .spec import tool
 from .workspace import MAX_TEXT_FILE_BYTES, canonical_parts, open_directory, open_root, os_failure, read_bytes, spelling
@@ -32,6 +33,8 @@ MAX_GREP_FILE_BYTES = MAX_TEXT_FILE_BYTES  # larger files are skipped, and the a
 MAX_GREP_DEPTH = 64  # folders deeper than this below the searched one are not searched
 BINARY_SNIFF_BYTES = 8192
 NOTE_NAMES = 5  # names listed per kind of skipped file
+LINK_ARROW = " -> "  # list_dir's 'name -> target'
+GREP_SEPARATORS = (":",)  # of grep's 'file:line:text': a path holding one is quoted
 
 
 def _is_binary(data: bytes) -> bool:
@@ -88,7 +91,7 @@ def list_dir(ctx: ToolContext, path: str = ".") -> str:
                 if entry.is_symlink():
                     lines.append(_link_line(root_fd, fd, rel, entry.name))
                 else:
-                    lines.append(entry.name + ("/" if entry.is_dir(follow_symlinks=False) else ""))
+                    lines.append(_entry(entry.name) + ("/" if entry.is_dir(follow_symlinks=False) else ""))
         finally:
             os.close(fd)
     finally:
@@ -96,16 +99,21 @@ def list_dir(ctx: ToolContext, path: str = ".") -> str:
     return "\n".join(lines)
 
 
+def _entry(name: str) -> str:
+    """A name as ``list_dir`` prints it: quoted when it holds a control character or `` -> ``."""
+    return shown_name(name, (LINK_ARROW,))
+
+
 def _link_line(root_fd: int, dir_fd: int, rel: str, name: str) -> str:
     try:
         target = os.readlink(name, dir_fd=dir_fd)
     except OSError:
-        return f"{name} -> ?"
+        return f"{_entry(name)}{LINK_ARROW}?"
     try:
         canonical_parts(root_fd, f"{rel}/{name}")
     except OSError:
-        return f"{name} -> {target} (outside the workspace or unresolvable: not followed)"
-    return f"{name} -> {target}"
+        return f"{_entry(name)}{LINK_ARROW}{shown_name(target)} (outside the workspace or unresolvable: not followed)"
+    return f"{_entry(name)}{LINK_ARROW}{shown_name(target)}"
 
 
 @tool(access="read", resources=paths("path"), timeout_s=60)
@@ -147,8 +155,8 @@ def grep(ctx: ToolContext, pattern: str, path: str = ".", glob: str | None = Non
             files = iter([(shown, os.dup(top))])
         else:
             raise ToolFailure(f"{path} is not a regular file or directory", "give a file or directory")
-        for shown_name, fd in files:
-            if not _search(fd, shown_name, regex, matches, skipped):
+        for file_name, fd in files:
+            if not _search(fd, file_name, regex, matches, skipped):
                 matches.append(f"[stopped at {MAX_GREP_MATCHES} matches; narrow the pattern or path]")
                 return "\n".join(matches + _notes(skipped))
     finally:
@@ -173,7 +181,7 @@ def _search(fd: int, shown: str, regex: re.Pattern[str], matches: list[str], ski
         return True
     for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
         if regex.search(line):
-            matches.append(f"{shown}:{number}:{line}")
+            matches.append(f"{shown_name(shown, GREP_SEPARATORS)}:{number}:{line}")
             if len(matches) >= MAX_GREP_MATCHES:
                 return False
     return True
@@ -221,7 +229,8 @@ def _notes(skipped: dict[str, list[str]]) -> list[str]:
     notes = []
     for kind, names in skipped.items():
         more = f", and {len(names) - NOTE_NAMES} more" if len(names) > NOTE_NAMES else ""
-        notes.append(f"[{len(names)} not searched ({kind}): {', '.join(names[:NOTE_NAMES])}{more}]")
+        listed = ", ".join(shown_name(name) for name in names[:NOTE_NAMES])
+        notes.append(f"[{len(names)} not searched ({kind}): {listed}{more}]")
     return notes
 
 
