@@ -20,32 +20,32 @@ from typing import Annotated
 from pydantic import Field
 
 from ..errors import ToolFailure
+from . import text_lines
 from .beneath import open_beneath
 from .context import ToolContext
 from .names import shown_name
 from .resources import paths
 from .spec import tool
-from .workspace import MAX_TEXT_FILE_BYTES, canonical_parts, open_directory, open_root, os_failure, read_bytes, spelling
+from .workspace import (
+    MAX_TEXT_FILE_BYTES,
+    canonical_parts,
+    open_directory,
+    open_file,
+    open_root,
+    os_failure,
+    spelling,
+    too_large,
+)
 from .writes import replace_file
 
 MAX_GREP_MATCHES = 200
+MAX_GREP_LINE_CHARS = 2000  # of a matching line; a longer one is cut around its first match, saying so
+MAX_GREP_OUTPUT_CHARS = 100_000  # of grep's matches in all; it stops there, saying so
 MAX_GREP_FILE_BYTES = MAX_TEXT_FILE_BYTES  # larger files are skipped, and the answer says so
 MAX_GREP_DEPTH = 64  # folders deeper than this below the searched one are not searched
-BINARY_SNIFF_BYTES = 8192
 NOTE_NAMES = 5  # names listed per kind of skipped file
 LINK_ARROW = " -> "  # list_dir's 'name -> target'
 GREP_SEPARATORS = (":",)  # of grep's 'file:line:text': a path holding one is quoted
-
-
-def _is_binary(data: bytes) -> bool:
-    return b"\0" in data[:BINARY_SNIFF_BYTES]
-
-
-def _text(ctx: ToolContext, path: str) -> str:
-    data = read_bytes(ctx, path)
-    if _is_binary(data):
-        raise ToolFailure(f"{path} is a binary file", "only text files can be read")
-    return data.decode("utf-8", errors="replace")
 
 
 @tool(access="read", resources=paths("path"), timeout_s=30)
@@ -62,12 +62,28 @@ def read_file(
         offset: First line to return, counting from 1.
         limit: Largest number of lines to return.
     """
-    lines = _text(ctx, path).splitlines(keepends=True)
-    chunk = lines[offset - 1 : offset - 1 + limit]
+    start, stop = offset - 1, offset - 1 + limit
+    chunk: list[str] = []
+    total = read = 0  # lines, bytes
+    with open_file(ctx, path) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > MAX_TEXT_FILE_BYTES:
+            raise too_large(path, size)
+        for block in text_lines.blocks(handle, MAX_TEXT_FILE_BYTES + 1):  # streamed: text_lines says why
+            if not read and text_lines.is_binary(block):
+                raise ToolFailure(f"{path} is a binary file", "only text files can be read")
+            read += len(block)
+            count = text_lines.lines_in(block)
+            if total < stop and total + count > start:
+                pieces = text_lines.split(text_lines.decode(block), keepends=True)
+                chunk.extend(text_lines.window(pieces, max(start - total, 0), stop - total))
+            total += count
+    if read > MAX_TEXT_FILE_BYTES:  # it grew while being read
+        raise too_large(path, read)
     text = "".join(chunk)
     last = offset - 1 + len(chunk)
-    if last < len(lines):
-        text += f"\n[lines {offset}-{last} of {len(lines)}; read on with offset={last + 1}]"
+    if last < total:
+        text += f"\n[lines {offset}-{last} of {total}; read on with offset={last + 1}]"
     return text
 
 
@@ -146,7 +162,7 @@ def grep(ctx: ToolContext, pattern: str, path: str = ".", glob: str | None = Non
     finally:
         os.close(root_fd)
     skipped: dict[str, list[str]] = {}
-    matches: list[str] = []
+    found = _Found()
     try:
         mode = os.fstat(top).st_mode
         if stat.S_ISDIR(mode):
@@ -156,34 +172,69 @@ def grep(ctx: ToolContext, pattern: str, path: str = ".", glob: str | None = Non
         else:
             raise ToolFailure(f"{path} is not a regular file or directory", "give a file or directory")
         for file_name, fd in files:
-            if not _search(fd, file_name, regex, matches, skipped):
-                matches.append(f"[stopped at {MAX_GREP_MATCHES} matches; narrow the pattern or path]")
-                return "\n".join(matches + _notes(skipped))
+            if not _search(fd, file_name, regex, found, skipped):
+                return "\n".join([*found.lines, found.stopped, *_notes(skipped)])
     finally:
         os.close(top)
-    out = matches or [f"no match for {pattern!r} in {path}"]
+    out = found.lines or [f"no match for {pattern!r} in {path}"]
     return "\n".join(out + _notes(skipped))
 
 
-def _search(fd: int, shown: str, regex: re.Pattern[str], matches: list[str], skipped: dict[str, list[str]]) -> bool:
-    """Search one open file; False once the match limit is reached."""
+class _Found:
+    """grep's matches, within :data:`MAX_GREP_MATCHES` and :data:`MAX_GREP_OUTPUT_CHARS`."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.chars = 0
+        self.stopped = ""  # why grep stopped before the end, once it did
+
+    def add(self, shown: str, number: int, line: str, match: re.Match[str]) -> bool:
+        """Keep one match; False once grep must stop."""
+        entry = f"{shown}:{number}:{_clipped(line, match)}"
+        if self.chars + len(entry) > MAX_GREP_OUTPUT_CHARS:
+            self.stopped = (f"[stopped after {len(self.lines)} matches: grep's output reached its "
+                            f"{MAX_GREP_OUTPUT_CHARS}-character limit; narrow the pattern, path or glob]")
+            return False
+        self.lines.append(entry)
+        self.chars += len(entry) + 1
+        if len(self.lines) >= MAX_GREP_MATCHES:
+            self.stopped = f"[stopped at {MAX_GREP_MATCHES} matches; narrow the pattern or path]"
+            return False
+        return True
+
+
+def _clipped(line: str, match: re.Match[str]) -> str:
+    """``line``, or its :data:`MAX_GREP_LINE_CHARS` characters around the start of ``match`` with
+    the characters cut before and after counted."""
+    if len(line) <= MAX_GREP_LINE_CHARS:
+        return line
+    start = min(max(match.start() - MAX_GREP_LINE_CHARS // 4, 0), len(line) - MAX_GREP_LINE_CHARS)
+    end = start + MAX_GREP_LINE_CHARS
+    before = f"[... {start} characters of the line cut ...]" if start else ""
+    after = f"[... {len(line) - end} characters of the line cut ...]" if end < len(line) else ""
+    return before + line[start:end] + after
+
+
+def _search(fd: int, shown: str, regex: re.Pattern[str], found: _Found, skipped: dict[str, list[str]]) -> bool:
+    """Search one open file, a block at a time (tools/text_lines.py); False once grep must stop."""
     with os.fdopen(fd, "rb") as handle:
         if os.fstat(handle.fileno()).st_size > MAX_GREP_FILE_BYTES:
             skipped.setdefault(f"larger than {MAX_GREP_FILE_BYTES // 2**20} MiB", []).append(shown)
             return True
+        quoted = shown_name(shown, GREP_SEPARATORS)
+        number = 0
         try:
-            data = handle.read(MAX_GREP_FILE_BYTES + 1)
+            for block in text_lines.blocks(handle, MAX_GREP_FILE_BYTES + 1):
+                if not number and text_lines.is_binary(block):
+                    skipped.setdefault("binary", []).append(shown)
+                    return True
+                for line in text_lines.split(text_lines.decode(block)):
+                    number += 1
+                    match = regex.search(line)
+                    if match and not found.add(quoted, number, line, match):
+                        return False
         except OSError:
             skipped.setdefault("unreadable", []).append(shown)
-            return True
-    if _is_binary(data):
-        skipped.setdefault("binary", []).append(shown)
-        return True
-    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-        if regex.search(line):
-            matches.append(f"{shown_name(shown, GREP_SEPARATORS)}:{number}:{line}")
-            if len(matches) >= MAX_GREP_MATCHES:
-                return False
     return True
 
 
@@ -260,7 +311,7 @@ def edit_file(ctx: ToolContext, path: str, old_string: str, new_string: str) -> 
     def edited(old: bytes | None) -> bytes:
         if old is None:
             raise ToolFailure(f"file not found: {path}", "check the path with list_dir or grep")
-        if _is_binary(old):
+        if text_lines.is_binary(old):
             raise ToolFailure(f"{path} is a binary file", "only text files can be edited")
         text = old.decode("utf-8", errors="surrogateescape")  # bytes that are not UTF-8 stay as they were
         count = text.count(old_string) if old_string else 0
