@@ -5,7 +5,9 @@
 through a link or into a hard-linked file. ``grep`` and ``list_dir`` walk by directory fds and
 never follow a symbolic link met on the way (like ``grep -r`` and ripgrep): ``grep`` skips them,
 ``list_dir`` shows them as ``name -> target``; a link given as the ``path`` itself is followed
-when it stays inside."""
+when it stays inside. ``read_file`` and ``grep`` stream a file a block at a time (:mod:`.text_lines`)
+and ``grep``'s output is bounded (a long matching line cut around its match, all matches within
+:data:`MAX_GREP_OUTPUT_CHARS`); names that could forge an entry are printed quoted (:mod:`.names`)."""
 
 from __future__ import annotations
 
@@ -90,7 +92,7 @@ def read_file(
 @tool(access="read", resources=paths("path"), timeout_s=30)
 def list_dir(ctx: ToolContext, path: str = ".") -> str:
     """List a directory of the workspace: one entry per line, directories ending in '/', symbolic
-    links as 'name -> target'.
+    links as 'name -> target'; a name holding a control character or ' -> ' is quoted as $'...'.
 
     Args:
         path: Directory path relative to the workspace root.
@@ -134,7 +136,8 @@ def _link_line(root_fd: int, dir_fd: int, rel: str, name: str) -> str:
 
 @tool(access="read", resources=paths("path"), timeout_s=60)
 def grep(ctx: ToolContext, pattern: str, path: str = ".", glob: str | None = None) -> str:
-    """Search files for a regular expression (Python syntax); prints `file:line:text` per match.
+    """Search files for a regular expression (Python syntax); prints `file:line:text` per match
+    (a file name holding ':' or a control character quoted as $'...'; lines past 2000 characters cut).
 
     Args:
         pattern: Regular expression to look for.
