@@ -167,7 +167,7 @@ def test_streamed_read_file_and_grep_give_what_the_whole_file_gave(data, offset,
         ctx = ToolContext(call_id="c", turn_id="t", tool_name="read_file", workspace=Path(root))
         assert read_file(path="f", ctx=ctx, offset=offset, limit=limit) == _old_read_file(data, offset, limit)
         assert text_lines.lines_in(data) == len(data.decode("utf-8", errors="replace").splitlines())
-        for pattern in ("a", "^$", "c$", "\ufffd", "é|🙂"):
+        for pattern in ("a", "^$", "c$", "\ufffd", "é|🙂", "a(?!b)", "c\\Z", "(?<=a)b", "^b"):
             assert grep(ctx=ctx, pattern=pattern, path="f") == _old_grep(data, pattern), pattern
 
 
@@ -180,11 +180,16 @@ def test_read_file_of_short_lines_streams_them(tmp_path):
         assert peak < 4 * MiB, peak  # it was ~770 MiB: ten million str objects
 
 
-def test_read_file_of_one_long_line_holds_a_few_times_it(tmp_path):
-    (tmp_path / "one.txt").write_bytes(b"x" * (MAX_TEXT_FILE_BYTES - 1) + b"\n")
+@pytest.mark.parametrize(("first", "bound"), [(b"x", 3), ("🙂".encode(), 7)])
+def test_one_long_line_is_held_a_few_times_at_most(tmp_path, first, bound):
+    """One line of 20 MiB is read into one buffer (not read, then copied) and searched where it
+    is decoded (not copied out of it). One astral character makes its str 4 bytes a character."""
+    (tmp_path / "one.txt").write_bytes(first + b"x" * (MAX_TEXT_FILE_BYTES - len(first) - 1) + b"\n")
     ctx = ToolContext(call_id="c", turn_id="t", tool_name="read_file", workspace=tmp_path)
     text, peak = _peak_bytes(lambda: read_file(path="one.txt", ctx=ctx, limit=1))
-    assert len(text) == MAX_TEXT_FILE_BYTES and peak < 4 * MAX_TEXT_FILE_BYTES, peak
+    assert text.endswith("xx\n") and peak < bound * MAX_TEXT_FILE_BYTES, peak // MiB
+    found, peak = _peak_bytes(lambda: grep(ctx=ctx, pattern="x$", path="one.txt"))
+    assert found.startswith("one.txt:1:") and peak < bound * MAX_TEXT_FILE_BYTES, peak // MiB
 
 
 def test_grep_cuts_a_long_line_around_its_match(tmp_path):

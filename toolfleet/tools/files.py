@@ -72,7 +72,7 @@ def read_file(
         if size > MAX_TEXT_FILE_BYTES:
             raise too_large(path, size)
         for block in text_lines.blocks(handle, MAX_TEXT_FILE_BYTES + 1):  # streamed: text_lines says why
-            if not read and text_lines.is_binary(block):
+            if text_lines.is_binary(block, read):
                 raise ToolFailure(f"{path} is a binary file", "only text files can be read")
             read += len(block)
             count = text_lines.lines_in(block)
@@ -191,9 +191,9 @@ class _Found:
         self.chars = 0
         self.stopped = ""  # why grep stopped before the end, once it did
 
-    def add(self, shown: str, number: int, line: str, match: re.Match[str]) -> bool:
-        """Keep one match; False once grep must stop."""
-        entry = f"{shown}:{number}:{_clipped(line, match)}"
+    def add(self, shown: str, number: int, source: str, end: int, match: re.Match[str]) -> bool:
+        """Keep one match, in the line ``source[:end]``; False once grep must stop."""
+        entry = f"{shown}:{number}:{_clipped(source, end, match)}"
         if self.chars + len(entry) > MAX_GREP_OUTPUT_CHARS:
             self.stopped = (f"[stopped after {len(self.lines)} matches: grep's output reached its "
                             f"{MAX_GREP_OUTPUT_CHARS}-character limit; narrow the pattern, path or glob]")
@@ -206,16 +206,16 @@ class _Found:
         return True
 
 
-def _clipped(line: str, match: re.Match[str]) -> str:
-    """``line``, or its :data:`MAX_GREP_LINE_CHARS` characters around the start of ``match`` with
-    the characters cut before and after counted."""
-    if len(line) <= MAX_GREP_LINE_CHARS:
-        return line
-    start = min(max(match.start() - MAX_GREP_LINE_CHARS // 4, 0), len(line) - MAX_GREP_LINE_CHARS)
-    end = start + MAX_GREP_LINE_CHARS
+def _clipped(source: str, end: int, match: re.Match[str]) -> str:
+    """The line ``source[:end]``, or its :data:`MAX_GREP_LINE_CHARS` characters around the start
+    of ``match`` with the characters cut before and after counted."""
+    if end <= MAX_GREP_LINE_CHARS:
+        return source[:end]
+    start = min(max(match.start() - MAX_GREP_LINE_CHARS // 4, 0), end - MAX_GREP_LINE_CHARS)
+    stop = start + MAX_GREP_LINE_CHARS
     before = f"[... {start} characters of the line cut ...]" if start else ""
-    after = f"[... {len(line) - end} characters of the line cut ...]" if end < len(line) else ""
-    return before + line[start:end] + after
+    after = f"[... {end - stop} characters of the line cut ...]" if stop < end else ""
+    return before + source[start:stop] + after
 
 
 def _search(fd: int, shown: str, regex: re.Pattern[str], found: _Found, skipped: dict[str, list[str]]) -> bool:
@@ -225,16 +225,25 @@ def _search(fd: int, shown: str, regex: re.Pattern[str], found: _Found, skipped:
             skipped.setdefault(f"larger than {MAX_GREP_FILE_BYTES // 2**20} MiB", []).append(shown)
             return True
         quoted = shown_name(shown, GREP_SEPARATORS)
-        number = 0
+        number = read = 0
         try:
             for block in text_lines.blocks(handle, MAX_GREP_FILE_BYTES + 1):
-                if not number and text_lines.is_binary(block):
+                if text_lines.is_binary(block, read):
                     skipped.setdefault("binary", []).append(shown)
                     return True
-                for line in text_lines.split(text_lines.decode(block)):
+                read += len(block)
+                text = text_lines.decode(block)
+                if len(text) <= text_lines.SPLIT_WHOLE_CHARS:  # the common case, at full speed
+                    for line in text.splitlines():
+                        number += 1
+                        match = regex.search(line)
+                        if match and not found.add(quoted, number, line, len(line), match):
+                            return False
+                    continue
+                for source, end in text_lines.spans(text):
                     number += 1
-                    match = regex.search(line)
-                    if match and not found.add(quoted, number, line, match):
+                    match = regex.search(source, 0, end)  # the line source[:end], not copied
+                    if match and not found.add(quoted, number, source, end, match):
                         return False
         except OSError:
             skipped.setdefault("unreadable", []).append(shown)

@@ -23,28 +23,40 @@ _LINE = re.compile(f"([^{_BREAKS}]*)(?:\r\n|[{_BREAKS}])?")
 _BREAK_BYTES = tuple(ch.encode() for ch in _BREAKS)  # U+0085 etc. as their UTF-8 sequences
 
 
-def is_binary(data: bytes) -> bool:
-    """Whether a file beginning with ``data`` is binary: a NUL in its first 8 KiB."""
-    return b"\0" in data[:BINARY_SNIFF_BYTES]
+def is_binary(data: bytes | bytearray, start: int = 0) -> bool:
+    """Whether a file whose bytes from ``start`` on begin with ``data`` is binary: a NUL in its
+    first 8 KiB."""
+    return start < BINARY_SNIFF_BYTES and b"\0" in data[: BINARY_SNIFF_BYTES - start]
 
 
-def blocks(handle: BinaryIO, max_bytes: int) -> Iterator[bytes]:
-    """The content of ``handle`` from where it is, in blocks each ending with ``\\n`` (but the
-    last), at most ``max_bytes`` in all."""
+def blocks(handle: BinaryIO, max_bytes: int) -> Iterator[bytes | bytearray]:
+    """The content of ``handle`` from where it is, in blocks each ending with ``\n`` (but the
+    last), at most ``max_bytes`` in all. A line longer than a block is a block of its own, read
+    into one buffer a block at a time (not read whole, then copied once more)."""
     left = max_bytes
     while left > 0:
         block = handle.read(min(BLOCK_BYTES, left))
         if not block:
             return
         left -= len(block)
-        if not block.endswith(b"\n") and left > 0:
-            rest = handle.readline(left)
-            left -= len(rest)
-            block += rest
-        yield block
+        if block.endswith(b"\n") or not left:
+            yield block
+            continue
+        end = block.rfind(b"\n") + 1
+        if end:
+            yield block[:end]
+        line = bytearray(block[end:])
+        del block
+        while left > 0 and not line.endswith(b"\n"):
+            more = handle.readline(min(BLOCK_BYTES, left))
+            if not more:
+                break
+            left -= len(more)
+            line += more
+        yield line
 
 
-def lines_in(block: bytes) -> int:
+def lines_in(block: bytes | bytearray) -> int:
     """How many lines ``block`` (a whole number of lines, or the file's end) holds, without
     decoding it: its line breaks, plus one for a last line without one."""
     if not block:
@@ -61,8 +73,20 @@ def split(text: str, keepends: bool = False) -> Iterable[str]:
     return _lazy(text, 0 if keepends else 1)
 
 
-def _lazy(text: str, group: int) -> Iterator[str]:
-    pos, end = 0, len(text)
+def spans(text: str) -> Iterator[tuple[str, int]]:
+    """The lines of a long ``text`` (:func:`split`, without their breaks), one at a time, as
+    ``(source, end)``: the line is ``source[:end]``. ``source`` is the line itself, or the text for
+    its first line (a long line is a block of its own: it is not copied; ``regex.search(source, 0,
+    end)`` searches it as if it were the whole string)."""
+    match = _LINE.match(text)
+    assert match is not None
+    yield text, match.end(1)
+    for line in _lazy(text, 1, match.end()):
+        yield line, len(line)
+
+
+def _lazy(text: str, group: int, pos: int = 0) -> Iterator[str]:
+    end = len(text)
     while pos < end:
         match = _LINE.match(text, pos)
         assert match is not None  # the pattern matches at any position
@@ -77,5 +101,5 @@ def window(pieces: Iterable[str], start: int, stop: int) -> Iterable[str]:
     return itertools.islice(pieces, start, stop)
 
 
-def decode(block: bytes) -> str:
+def decode(block: bytes | bytearray) -> str:
     return block.decode("utf-8", errors="replace")
