@@ -27,13 +27,15 @@ from hypothesis import strategies as st
 from toolfleet import ErrorCode, ToolContext
 from toolfleet.errors import ToolFailure
 from toolfleet.keys import Keys
-from toolfleet.tools import text_lines
+from toolfleet.tools import files, text_lines
 from toolfleet.tools.files import (
     MAX_GREP_LINE_CHARS,
     MAX_GREP_MATCHES,
     MAX_GREP_OUTPUT_CHARS,
+    MAX_LIST_ENTRIES,
     edit_file,
     grep,
+    list_dir,
     read_file,
     write_file,
 )
@@ -226,6 +228,39 @@ def test_grep_over_hard_links_of_a_long_line_holds_a_few_times_the_file(tmp_path
     out, peak = _peak_bytes(lambda: grep(ctx=ctx, pattern="needle", path="hl"))
     assert len(out.split("\n")) == 16 and len(out) < 16 * (MAX_GREP_LINE_CHARS + 100), len(out)
     assert peak < 5 * 8 * MiB, peak  # one line at a time, a few copies of it; it was 16 whole lines joined
+
+
+def test_a_folder_of_many_names_is_listed_within_a_bound(tmp_path):
+    """list_dir keeps at most MAX_LIST_ENTRIES entries of a folder and counts the rest (a folder of
+    300,000 names made by run_command cost list_dir 78 MiB, and all were listed)."""
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(100_000):
+        os.close(os.open(many / f"f{i:06d}", os.O_CREAT | os.O_WRONLY, 0o644))
+    ctx = ToolContext(call_id="c", turn_id="t", tool_name="list_dir", workspace=tmp_path)
+    out, peak = _peak_bytes(lambda: list_dir(ctx=ctx, path="many"))
+    *lines, note = out.split("\n")
+    assert len(lines) == MAX_LIST_ENTRIES and lines == sorted(lines) and all(n.startswith("f") for n in lines)
+    assert note.startswith(f"[{MAX_LIST_ENTRIES} of 100000 entries shown: the first the file system gave, sorted;")
+    assert peak < 8 * MiB, peak // MiB
+
+
+def test_grep_searches_a_bounded_number_of_entries_per_folder_and_counts_the_rest(tmp_path, monkeypatch):
+    monkeypatch.setattr(files, "MAX_GREP_DIR_ENTRIES", 3)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "links").mkdir()
+    for i in range(5):
+        (tmp_path / "d" / f"f{i}.txt").write_text("needle\n")
+    for i in range(8):
+        os.symlink("../d/f0.txt", tmp_path / "links" / f"link{i}")
+    ctx = ToolContext(call_id="c", turn_id="t", tool_name="grep", workspace=tmp_path)
+    lines = grep(ctx=ctx, pattern="needle").split("\n")
+    assert len([line for line in lines if line.startswith("d/f")]) == 3, lines
+    assert "[7 not searched (past the first 3 entries of a folder): d/ (2 of 5), links/ (5 of 8)]" in lines, lines
+    monkeypatch.setattr(files, "MAX_GREP_DIR_ENTRIES", 100)
+    lines = grep(ctx=ctx, pattern="needle").split("\n")  # only the first names of a kind are kept
+    assert lines[-1] == ("[8 not searched (symbolic links, not followed): links/link0, links/link1, links/link2, "
+                         "links/link3, links/link4, and 3 more]"), lines
 
 
 def _peak_rss(pid: int) -> int:

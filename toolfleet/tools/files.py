@@ -45,6 +45,8 @@ MAX_GREP_LINE_CHARS = 2000  # of a matching line; a longer one is cut around its
 MAX_GREP_OUTPUT_CHARS = 100_000  # of grep's matches in all; it stops there, saying so
 MAX_GREP_FILE_BYTES = MAX_TEXT_FILE_BYTES  # larger files are skipped, and the answer says so
 MAX_GREP_DEPTH = 64  # folders deeper than this below the searched one are not searched
+MAX_GREP_DIR_ENTRIES = 100_000  # of a folder, searched; the rest are counted and said
+MAX_LIST_ENTRIES = 10_000  # of a folder, listed by list_dir; the rest are counted and said
 NOTE_NAMES = 5  # names listed per kind of skipped file
 LINK_ARROW = " -> "  # list_dir's 'name -> target'
 GREP_SEPARATORS = (":",)  # of grep's 'file:line:text': a path holding one is quoted
@@ -102,19 +104,35 @@ def list_dir(ctx: ToolContext, path: str = ".") -> str:
     try:
         fd = open_directory(root_fd, rel, path)
         try:
-            with os.scandir(fd) as it:
-                entries = list(it)
+            entries, total = _read_dir(fd, MAX_LIST_ENTRIES)
             lines = []
             for entry in sorted(entries, key=lambda e: (not e.is_dir(follow_symlinks=False), e.name)):
                 if entry.is_symlink():
                     lines.append(_link_line(root_fd, fd, rel, entry.name))
                 else:
                     lines.append(_entry(entry.name) + ("/" if entry.is_dir(follow_symlinks=False) else ""))
+            if total > len(entries):
+                lines.append(f"[{len(entries)} of {total} entries shown: the first the file system gave, sorted; "
+                             "list a subfolder, or narrow with run_command, e.g. ls | grep PATTERN]")
         finally:
             os.close(fd)
     finally:
         os.close(root_fd)
     return "\n".join(lines)
+
+
+def _read_dir(dir_fd: int, limit: int) -> tuple[list[os.DirEntry[str]], int]:
+    """Up to ``limit`` entries of a folder, in the order the file system gives them, and how many
+    it holds: the rest are counted, not kept (a million names made by run_command must not all be
+    held)."""
+    kept: list[os.DirEntry[str]] = []
+    total = 0
+    with os.scandir(dir_fd) as it:
+        for entry in it:
+            total += 1
+            if len(kept) < limit:
+                kept.append(entry)
+    return kept, total
 
 
 def _entry(name: str) -> str:
@@ -164,7 +182,7 @@ def grep(ctx: ToolContext, pattern: str, path: str = ".", glob: str | None = Non
             raise os_failure(exc, path) from exc
     finally:
         os.close(root_fd)
-    skipped: dict[str, list[str]] = {}
+    skipped = _Skipped()
     found = _Found()
     try:
         mode = os.fstat(top).st_mode
@@ -176,11 +194,11 @@ def grep(ctx: ToolContext, pattern: str, path: str = ".", glob: str | None = Non
             raise ToolFailure(f"{path} is not a regular file or directory", "give a file or directory")
         for file_name, fd in files:
             if not _search(fd, file_name, regex, found, skipped):
-                return "\n".join([*found.lines, found.stopped, *_notes(skipped)])
+                return "\n".join([*found.lines, found.stopped, *skipped.notes()])
     finally:
         os.close(top)
     out = found.lines or [f"no match for {pattern!r} in {path}"]
-    return "\n".join(out + _notes(skipped))
+    return "\n".join(out + skipped.notes())
 
 
 class _Found:
@@ -218,18 +236,18 @@ def _clipped(source: str, end: int, match: re.Match[str]) -> str:
     return before + source[start:stop] + after
 
 
-def _search(fd: int, shown: str, regex: re.Pattern[str], found: _Found, skipped: dict[str, list[str]]) -> bool:
+def _search(fd: int, shown: str, regex: re.Pattern[str], found: _Found, skipped: _Skipped) -> bool:
     """Search one open file, a block at a time (tools/text_lines.py); False once grep must stop."""
     with os.fdopen(fd, "rb") as handle:
         if os.fstat(handle.fileno()).st_size > MAX_GREP_FILE_BYTES:
-            skipped.setdefault(f"larger than {MAX_GREP_FILE_BYTES // 2**20} MiB", []).append(shown)
+            skipped.add(f"larger than {MAX_GREP_FILE_BYTES // 2**20} MiB", shown)
             return True
         quoted = shown_name(shown, GREP_SEPARATORS)
         number = read = 0
         try:
             for block in text_lines.blocks(handle, MAX_GREP_FILE_BYTES + 1):
                 if text_lines.is_binary(block, read):
-                    skipped.setdefault("binary", []).append(shown)
+                    skipped.add("binary", shown)
                     return True
                 read += len(block)
                 text = text_lines.decode(block)
@@ -246,27 +264,29 @@ def _search(fd: int, shown: str, regex: re.Pattern[str], found: _Found, skipped:
                     if match and not found.add(quoted, number, source, end, match):
                         return False
         except OSError:
-            skipped.setdefault("unreadable", []).append(shown)
+            skipped.add("unreadable", shown)
     return True
 
 
-def _files(ctx: ToolContext, dir_fd: int, prefix: str, glob: str | None, skipped: dict[str, list[str]],
+def _files(ctx: ToolContext, dir_fd: int, prefix: str, glob: str | None, skipped: _Skipped,
            depth: int) -> Iterator[tuple[str, int]]:
     """``(shown path, O_RDONLY fd)`` of the regular files below ``dir_fd``, by name, hidden
     folders left out. Each step opens one name with ``O_NOFOLLOW`` from the fd of the folder
     holding it, so no link is ever followed and no rename can lead the walk out."""
     ctx.check_cancelled()
-    with os.scandir(dir_fd) as it:
-        entries = sorted(it, key=lambda e: e.name)
-    for entry in entries:
+    entries, total = _read_dir(dir_fd, MAX_GREP_DIR_ENTRIES)
+    if total > len(entries):
+        skipped.add(f"past the first {MAX_GREP_DIR_ENTRIES} entries of a folder",
+                    f"{prefix or './'} ({total - len(entries)} of {total})", total - len(entries))
+    for entry in sorted(entries, key=lambda e: e.name):
         name = entry.name
         if entry.is_symlink():
-            skipped.setdefault("symbolic links, not followed", []).append(prefix + name)
+            skipped.add("symbolic links, not followed", prefix + name)
         elif entry.is_dir(follow_symlinks=False):
             if name.startswith("."):
                 continue
             if depth >= MAX_GREP_DEPTH:
-                skipped.setdefault(f"folders deeper than {MAX_GREP_DEPTH} levels", []).append(prefix + name)
+                skipped.add(f"folders deeper than {MAX_GREP_DEPTH} levels", prefix + name)
                 continue
             try:
                 sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -288,13 +308,26 @@ def _files(ctx: ToolContext, dir_fd: int, prefix: str, glob: str | None, skipped
                 os.close(fd)
 
 
-def _notes(skipped: dict[str, list[str]]) -> list[str]:
-    notes = []
-    for kind, names in skipped.items():
-        more = f", and {len(names) - NOTE_NAMES} more" if len(names) > NOTE_NAMES else ""
-        listed = ", ".join(shown_name(name) for name in names[:NOTE_NAMES])
-        notes.append(f"[{len(names)} not searched ({kind}): {listed}{more}]")
-    return notes
+class _Skipped:
+    """What grep did not search, by kind: how many, and the first :data:`NOTE_NAMES` names (not
+    all of them: a folder of a million links must not make a list of a million names)."""
+
+    def __init__(self) -> None:
+        self.kinds: dict[str, tuple[int, int, list[str]]] = {}  # kind: (count, names given, names kept)
+
+    def add(self, kind: str, name: str, count: int = 1) -> None:
+        before, given, names = self.kinds.get(kind, (0, 0, []))
+        if len(names) < NOTE_NAMES:
+            names.append(name)
+        self.kinds[kind] = (before + count, given + 1, names)
+
+    def notes(self) -> list[str]:
+        notes = []
+        for kind, (count, given, names) in self.kinds.items():
+            more = f", and {given - len(names)} more" if given > len(names) else ""
+            listed = ", ".join(shown_name(name) for name in names)
+            notes.append(f"[{count} not searched ({kind}): {listed}{more}]")
+        return notes
 
 
 @tool(access="write", resources=paths("path"), timeout_s=30)
