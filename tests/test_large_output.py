@@ -1,5 +1,8 @@
 """Large outputs: a result over its budget keeps head and tail for the model, the whole output is
-stored in Redis, and `read_output` pages through it (real Redis, real workers)."""
+stored in Redis, and `read_output` pages through it (real Redis, real workers). What is stored is
+bounded for every tool like a command's capture: past MAX_STORED_BYTES only its first and last
+halves are (a security tester's grep stored 128 MiB for one call; read_file of a 20 MiB line
+stored 20 MiB)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toolfleet import ToolCall
-from toolfleet.tools.output import MAX_CAPTURE_BYTES, HeadTail, fit_output
+from toolfleet.tools.output import (
+    MAX_CAPTURE_BYTES,
+    MAX_STORED_BYTES,
+    STORED_SLACK,
+    HeadTail,
+    fit_output,
+    within_stored_bound,
+)
 
 WAIT_S = 120
 LINES = 262_144  # 8 characters a line: exactly 2 MiB
@@ -105,3 +115,49 @@ def test_a_command_printing_without_end_is_kept_within_the_capture_bound(dispatc
     assert page.ok and "bytes of output dropped here" in page.content, page.content
     total = int(re.search(r"of (\d+) characters", result.content).group(1))
     assert MAX_CAPTURE_BYTES < total < MAX_CAPTURE_BYTES + 1000  # what was stored: the bound and the note
+
+
+def test_what_is_stored_is_bounded_head_and_tail_for_any_text():
+    ascii_text = "".join(f"{i:07d}\n" for i in range(1_310_720))  # 10 MiB
+    kept, dropped = within_stored_bound(ascii_text)
+    half = MAX_STORED_BYTES // 2
+    assert dropped == len(ascii_text) - MAX_STORED_BYTES and len(kept.encode()) <= MAX_STORED_BYTES + STORED_SLACK
+    assert kept.startswith(ascii_text[:half]) and kept.endswith(ascii_text[-half:])
+    assert f"[... {dropped} bytes of output dropped here: the worker keeps the first {half} and the last {half} " \
+           "bytes of a tool's output; ask for less per call" in kept
+    wide = "🙂" * (MAX_STORED_BYTES // 4 + 1000)  # fewer characters than the bound, more bytes
+    kept, dropped = within_stored_bound(wide)
+    assert dropped == 4000 and len(kept.encode()) <= MAX_STORED_BYTES + STORED_SLACK
+    for fits in ("🙂" * (MAX_STORED_BYTES // 4), "a" * (MAX_STORED_BYTES + STORED_SLACK), "é" * 1000):
+        assert within_stored_bound(fits) == (fits, 0)
+    kept = HeadTail()
+    kept.add(b"b" * (3 * MAX_CAPTURE_BYTES))
+    capture = kept.text()  # a command's output, already cut: not cut twice
+    assert within_stored_bound(capture) == (capture, 0)
+
+
+def test_fit_output_stores_and_counts_the_bounded_text():
+    text = "".join(f"{i:07d}\n" for i in range(1_310_720))
+    saved: list[str] = []
+    shown = fit_output(text, 20_000, lambda t: saved.append(t) or "out_1")
+    [stored] = saved
+    assert stored == within_stored_bound(text)[0] and len(shown) <= 20_000
+    assert shown.startswith(text[:1000]) and shown.endswith(text[-1000:])
+    found = re.search(r"cut from the middle \(characters (\d+)-(\d+)\)\. Of its (\d+) characters, the first and "
+                      r"last 2 MiB are stored \((\d+) bytes dropped between them\) as \"out_1\": read on with "
+                      r'read_output\(ref="out_1", offset=(\d+)', shown)
+    assert found, shown[13_000:14_000]
+    head, end, whole, dropped, offset = map(int, found.groups())
+    assert (whole, dropped, offset) == (len(text), len(text) - MAX_STORED_BYTES, head) and end < len(stored)
+    plain = fit_output(text, 20_000)
+    assert "(of its 10485760 characters, the first and last 2 MiB were kept)" in plain and len(plain) <= 20_000
+
+
+def test_a_long_line_read_is_stored_within_the_bound(dispatcher, worker, workspace):
+    (workspace / "one.txt").write_bytes(b"x" * (20 * 2**20 - 1) + b"\n")
+    [result] = dispatcher.run([ToolCall(id="r", name="read_file", arguments=json.dumps({"path": "one.txt"}))],
+                              workspace=str(workspace), timeout_s=WAIT_S)
+    assert result.ok and result.content.startswith("xxxx"), result.content[:200]
+    total = int(re.search(r"of (\d+) characters cut", result.content).group(1))
+    assert total <= MAX_STORED_BYTES + STORED_SLACK  # it was 20 MiB, stored whole for each call
+    assert f"Of its {20 * 2**20} characters, the first and last 2 MiB are stored" in result.content

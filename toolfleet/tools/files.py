@@ -5,7 +5,9 @@
 through a link or into a hard-linked file. ``grep`` and ``list_dir`` walk by directory fds and
 never follow a symbolic link met on the way (like ``grep -r`` and ripgrep): ``grep`` skips them,
 ``list_dir`` shows them as ``name -> target``; a link given as the ``path`` itself is followed
-when it stays inside."""
+when it stays inside. ``read_file`` and ``grep`` stream a file a block at a time (:mod:`.text_lines`)
+and ``grep``'s output is bounded (a long matching line cut around its match, all matches within
+:data:`MAX_GREP_OUTPUT_CHARS`); names that could forge an entry are printed quoted (:mod:`.names`)."""
 
 from __future__ import annotations
 
@@ -20,29 +22,34 @@ from typing import Annotated
 from pydantic import Field
 
 from ..errors import ToolFailure
+from . import text_lines
 from .beneath import open_beneath
 from .context import ToolContext
+from .names import shown_name
 from .resources import paths
 from .spec import tool
-from .workspace import MAX_TEXT_FILE_BYTES, canonical_parts, open_directory, open_root, os_failure, read_bytes, spelling
+from .workspace import (
+    MAX_TEXT_FILE_BYTES,
+    canonical_parts,
+    open_directory,
+    open_file,
+    open_root,
+    os_failure,
+    spelling,
+    too_large,
+)
 from .writes import replace_file
 
 MAX_GREP_MATCHES = 200
+MAX_GREP_LINE_CHARS = 2000  # of a matching line; a longer one is cut around its first match, saying so
+MAX_GREP_OUTPUT_CHARS = 100_000  # of grep's matches in all; it stops there, saying so
 MAX_GREP_FILE_BYTES = MAX_TEXT_FILE_BYTES  # larger files are skipped, and the answer says so
 MAX_GREP_DEPTH = 64  # folders deeper than this below the searched one are not searched
-BINARY_SNIFF_BYTES = 8192
+MAX_GREP_DIR_ENTRIES = 100_000  # of a folder, searched; the rest are counted and said
+MAX_LIST_ENTRIES = 10_000  # of a folder, listed by list_dir; the rest are counted and said
 NOTE_NAMES = 5  # names listed per kind of skipped file
-
-
-def _is_binary(data: bytes) -> bool:
-    return b"\0" in data[:BINARY_SNIFF_BYTES]
-
-
-def _text(ctx: ToolContext, path: str) -> str:
-    data = read_bytes(ctx, path)
-    if _is_binary(data):
-        raise ToolFailure(f"{path} is a binary file", "only text files can be read")
-    return data.decode("utf-8", errors="replace")
+LINK_ARROW = " -> "  # list_dir's 'name -> target'
+GREP_SEPARATORS = (":",)  # of grep's 'file:line:text': a path holding one is quoted
 
 
 @tool(access="read", resources=paths("path"), timeout_s=30)
@@ -59,19 +66,35 @@ def read_file(
         offset: First line to return, counting from 1.
         limit: Largest number of lines to return.
     """
-    lines = _text(ctx, path).splitlines(keepends=True)
-    chunk = lines[offset - 1 : offset - 1 + limit]
+    start, stop = offset - 1, offset - 1 + limit
+    chunk: list[str] = []
+    total = read = 0  # lines, bytes
+    with open_file(ctx, path) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > MAX_TEXT_FILE_BYTES:
+            raise too_large(path, size)
+        for block in text_lines.blocks(handle, MAX_TEXT_FILE_BYTES + 1):  # streamed: text_lines says why
+            if text_lines.is_binary(block, read):
+                raise ToolFailure(f"{path} is a binary file", "only text files can be read")
+            read += len(block)
+            count = text_lines.lines_in(block)
+            if total < stop and total + count > start:
+                pieces = text_lines.split(text_lines.decode(block), keepends=True)
+                chunk.extend(text_lines.window(pieces, max(start - total, 0), stop - total))
+            total += count
+    if read > MAX_TEXT_FILE_BYTES:  # it grew while being read
+        raise too_large(path, read)
     text = "".join(chunk)
     last = offset - 1 + len(chunk)
-    if last < len(lines):
-        text += f"\n[lines {offset}-{last} of {len(lines)}; read on with offset={last + 1}]"
+    if last < total:
+        text += f"\n[lines {offset}-{last} of {total}; read on with offset={last + 1}]"
     return text
 
 
 @tool(access="read", resources=paths("path"), timeout_s=30)
 def list_dir(ctx: ToolContext, path: str = ".") -> str:
     """List a directory of the workspace: one entry per line, directories ending in '/', symbolic
-    links as 'name -> target'.
+    links as 'name -> target'; a name holding a control character or ' -> ' is quoted as $'...'.
 
     Args:
         path: Directory path relative to the workspace root.
@@ -81,14 +104,16 @@ def list_dir(ctx: ToolContext, path: str = ".") -> str:
     try:
         fd = open_directory(root_fd, rel, path)
         try:
-            with os.scandir(fd) as it:
-                entries = list(it)
+            entries, total = _read_dir(fd, MAX_LIST_ENTRIES)
             lines = []
             for entry in sorted(entries, key=lambda e: (not e.is_dir(follow_symlinks=False), e.name)):
                 if entry.is_symlink():
                     lines.append(_link_line(root_fd, fd, rel, entry.name))
                 else:
-                    lines.append(entry.name + ("/" if entry.is_dir(follow_symlinks=False) else ""))
+                    lines.append(_entry(entry.name) + ("/" if entry.is_dir(follow_symlinks=False) else ""))
+            if total > len(entries):
+                lines.append(f"[{len(entries)} of {total} entries shown: the first the file system gave, sorted; "
+                             "list a subfolder, or narrow with run_command, e.g. ls | grep PATTERN]")
         finally:
             os.close(fd)
     finally:
@@ -96,21 +121,41 @@ def list_dir(ctx: ToolContext, path: str = ".") -> str:
     return "\n".join(lines)
 
 
+def _read_dir(dir_fd: int, limit: int) -> tuple[list[os.DirEntry[str]], int]:
+    """Up to ``limit`` entries of a folder, in the order the file system gives them, and how many
+    it holds: the rest are counted, not kept (a million names made by run_command must not all be
+    held)."""
+    kept: list[os.DirEntry[str]] = []
+    total = 0
+    with os.scandir(dir_fd) as it:
+        for entry in it:
+            total += 1
+            if len(kept) < limit:
+                kept.append(entry)
+    return kept, total
+
+
+def _entry(name: str) -> str:
+    """A name as ``list_dir`` prints it: quoted when it holds a control character or `` -> ``."""
+    return shown_name(name, (LINK_ARROW,))
+
+
 def _link_line(root_fd: int, dir_fd: int, rel: str, name: str) -> str:
     try:
         target = os.readlink(name, dir_fd=dir_fd)
     except OSError:
-        return f"{name} -> ?"
+        return f"{_entry(name)}{LINK_ARROW}?"
     try:
         canonical_parts(root_fd, f"{rel}/{name}")
     except OSError:
-        return f"{name} -> {target} (outside the workspace or unresolvable: not followed)"
-    return f"{name} -> {target}"
+        return f"{_entry(name)}{LINK_ARROW}{shown_name(target)} (outside the workspace or unresolvable: not followed)"
+    return f"{_entry(name)}{LINK_ARROW}{shown_name(target)}"
 
 
 @tool(access="read", resources=paths("path"), timeout_s=60)
 def grep(ctx: ToolContext, pattern: str, path: str = ".", glob: str | None = None) -> str:
-    """Search files for a regular expression (Python syntax); prints `file:line:text` per match.
+    """Search files for a regular expression (Python syntax); prints `file:line:text` per match
+    (a file name holding ':' or a control character quoted as $'...'; lines past 2000 characters cut).
 
     Args:
         pattern: Regular expression to look for.
@@ -137,8 +182,8 @@ def grep(ctx: ToolContext, pattern: str, path: str = ".", glob: str | None = Non
             raise os_failure(exc, path) from exc
     finally:
         os.close(root_fd)
-    skipped: dict[str, list[str]] = {}
-    matches: list[str] = []
+    skipped = _Skipped()
+    found = _Found()
     try:
         mode = os.fstat(top).st_mode
         if stat.S_ISDIR(mode):
@@ -147,55 +192,101 @@ def grep(ctx: ToolContext, pattern: str, path: str = ".", glob: str | None = Non
             files = iter([(shown, os.dup(top))])
         else:
             raise ToolFailure(f"{path} is not a regular file or directory", "give a file or directory")
-        for shown_name, fd in files:
-            if not _search(fd, shown_name, regex, matches, skipped):
-                matches.append(f"[stopped at {MAX_GREP_MATCHES} matches; narrow the pattern or path]")
-                return "\n".join(matches + _notes(skipped))
+        for file_name, fd in files:
+            if not _search(fd, file_name, regex, found, skipped):
+                return "\n".join([*found.lines, found.stopped, *skipped.notes()])
     finally:
         os.close(top)
-    out = matches or [f"no match for {pattern!r} in {path}"]
-    return "\n".join(out + _notes(skipped))
+    out = found.lines or [f"no match for {pattern!r} in {path}"]
+    return "\n".join(out + skipped.notes())
 
 
-def _search(fd: int, shown: str, regex: re.Pattern[str], matches: list[str], skipped: dict[str, list[str]]) -> bool:
-    """Search one open file; False once the match limit is reached."""
+class _Found:
+    """grep's matches, within :data:`MAX_GREP_MATCHES` and :data:`MAX_GREP_OUTPUT_CHARS`."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.chars = 0
+        self.stopped = ""  # why grep stopped before the end, once it did
+
+    def add(self, shown: str, number: int, source: str, end: int, match: re.Match[str]) -> bool:
+        """Keep one match, in the line ``source[:end]``; False once grep must stop."""
+        entry = f"{shown}:{number}:{_clipped(source, end, match)}"
+        if self.chars + len(entry) > MAX_GREP_OUTPUT_CHARS:
+            self.stopped = (f"[stopped after {len(self.lines)} matches: grep's output reached its "
+                            f"{MAX_GREP_OUTPUT_CHARS}-character limit; narrow the pattern, path or glob]")
+            return False
+        self.lines.append(entry)
+        self.chars += len(entry) + 1
+        if len(self.lines) >= MAX_GREP_MATCHES:
+            self.stopped = f"[stopped at {MAX_GREP_MATCHES} matches; narrow the pattern or path]"
+            return False
+        return True
+
+
+def _clipped(source: str, end: int, match: re.Match[str]) -> str:
+    """The line ``source[:end]``, or its :data:`MAX_GREP_LINE_CHARS` characters around the start
+    of ``match`` with the characters cut before and after counted."""
+    if end <= MAX_GREP_LINE_CHARS:
+        return source[:end]
+    start = min(max(match.start() - MAX_GREP_LINE_CHARS // 4, 0), end - MAX_GREP_LINE_CHARS)
+    stop = start + MAX_GREP_LINE_CHARS
+    before = f"[... {start} characters of the line cut ...]" if start else ""
+    after = f"[... {end - stop} characters of the line cut ...]" if stop < end else ""
+    return before + source[start:stop] + after
+
+
+def _search(fd: int, shown: str, regex: re.Pattern[str], found: _Found, skipped: _Skipped) -> bool:
+    """Search one open file, a block at a time (tools/text_lines.py); False once grep must stop."""
     with os.fdopen(fd, "rb") as handle:
         if os.fstat(handle.fileno()).st_size > MAX_GREP_FILE_BYTES:
-            skipped.setdefault(f"larger than {MAX_GREP_FILE_BYTES // 2**20} MiB", []).append(shown)
+            skipped.add(f"larger than {MAX_GREP_FILE_BYTES // 2**20} MiB", shown)
             return True
+        quoted = shown_name(shown, GREP_SEPARATORS)
+        number = read = 0
         try:
-            data = handle.read(MAX_GREP_FILE_BYTES + 1)
+            for block in text_lines.blocks(handle, MAX_GREP_FILE_BYTES + 1):
+                if text_lines.is_binary(block, read):
+                    skipped.add("binary", shown)
+                    return True
+                read += len(block)
+                text = text_lines.decode(block)
+                if len(text) <= text_lines.SPLIT_WHOLE_CHARS:  # the common case, at full speed
+                    for line in text.splitlines():
+                        number += 1
+                        match = regex.search(line)
+                        if match and not found.add(quoted, number, line, len(line), match):
+                            return False
+                    continue
+                for source, end in text_lines.spans(text):
+                    number += 1
+                    match = regex.search(source, 0, end)  # the line source[:end], not copied
+                    if match and not found.add(quoted, number, source, end, match):
+                        return False
         except OSError:
-            skipped.setdefault("unreadable", []).append(shown)
-            return True
-    if _is_binary(data):
-        skipped.setdefault("binary", []).append(shown)
-        return True
-    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-        if regex.search(line):
-            matches.append(f"{shown}:{number}:{line}")
-            if len(matches) >= MAX_GREP_MATCHES:
-                return False
+            skipped.add("unreadable", shown)
     return True
 
 
-def _files(ctx: ToolContext, dir_fd: int, prefix: str, glob: str | None, skipped: dict[str, list[str]],
+def _files(ctx: ToolContext, dir_fd: int, prefix: str, glob: str | None, skipped: _Skipped,
            depth: int) -> Iterator[tuple[str, int]]:
     """``(shown path, O_RDONLY fd)`` of the regular files below ``dir_fd``, by name, hidden
     folders left out. Each step opens one name with ``O_NOFOLLOW`` from the fd of the folder
     holding it, so no link is ever followed and no rename can lead the walk out."""
     ctx.check_cancelled()
-    with os.scandir(dir_fd) as it:
-        entries = sorted(it, key=lambda e: e.name)
-    for entry in entries:
+    entries, total = _read_dir(dir_fd, MAX_GREP_DIR_ENTRIES)
+    if total > len(entries):
+        skipped.add(f"past the first {MAX_GREP_DIR_ENTRIES} entries of a folder",
+                    f"{prefix or './'} ({total - len(entries)} of {total})", total - len(entries))
+    for entry in sorted(entries, key=lambda e: e.name):
         name = entry.name
         if entry.is_symlink():
-            skipped.setdefault("symbolic links, not followed", []).append(prefix + name)
+            skipped.add("symbolic links, not followed", prefix + name)
         elif entry.is_dir(follow_symlinks=False):
             if name.startswith("."):
                 continue
             if depth >= MAX_GREP_DEPTH:
-                skipped.setdefault(f"folders deeper than {MAX_GREP_DEPTH} levels", []).append(prefix + name)
+                skipped.add(f"folders deeper than {MAX_GREP_DEPTH} levels", prefix + name)
                 continue
             try:
                 sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -217,12 +308,26 @@ def _files(ctx: ToolContext, dir_fd: int, prefix: str, glob: str | None, skipped
                 os.close(fd)
 
 
-def _notes(skipped: dict[str, list[str]]) -> list[str]:
-    notes = []
-    for kind, names in skipped.items():
-        more = f", and {len(names) - NOTE_NAMES} more" if len(names) > NOTE_NAMES else ""
-        notes.append(f"[{len(names)} not searched ({kind}): {', '.join(names[:NOTE_NAMES])}{more}]")
-    return notes
+class _Skipped:
+    """What grep did not search, by kind: how many, and the first :data:`NOTE_NAMES` names (not
+    all of them: a folder of a million links must not make a list of a million names)."""
+
+    def __init__(self) -> None:
+        self.kinds: dict[str, tuple[int, int, list[str]]] = {}  # kind: (count, names given, names kept)
+
+    def add(self, kind: str, name: str, count: int = 1) -> None:
+        before, given, names = self.kinds.get(kind, (0, 0, []))
+        if len(names) < NOTE_NAMES:
+            names.append(name)
+        self.kinds[kind] = (before + count, given + 1, names)
+
+    def notes(self) -> list[str]:
+        notes = []
+        for kind, (count, given, names) in self.kinds.items():
+            more = f", and {given - len(names)} more" if given > len(names) else ""
+            listed = ", ".join(shown_name(name) for name in names)
+            notes.append(f"[{count} not searched ({kind}): {listed}{more}]")
+        return notes
 
 
 @tool(access="write", resources=paths("path"), timeout_s=30)
@@ -251,7 +356,7 @@ def edit_file(ctx: ToolContext, path: str, old_string: str, new_string: str) -> 
     def edited(old: bytes | None) -> bytes:
         if old is None:
             raise ToolFailure(f"file not found: {path}", "check the path with list_dir or grep")
-        if _is_binary(old):
+        if text_lines.is_binary(old):
             raise ToolFailure(f"{path} is a binary file", "only text files can be edited")
         text = old.decode("utf-8", errors="surrogateescape")  # bytes that are not UTF-8 stay as they were
         count = text.count(old_string) if old_string else 0

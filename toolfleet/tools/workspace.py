@@ -159,14 +159,20 @@ MAX_TEXT_FILE_BYTES = 20 * 1024 * 1024
 def read_bytes(ctx: ToolContext, path: str, max_bytes: int = MAX_TEXT_FILE_BYTES) -> bytes:
     """The whole content of the regular file ``path`` of the workspace, at most ``max_bytes``.
     Raises ToolFailure (a larger file: :func:`read_whole`)."""
+    with open_file(ctx, path) as handle:
+        return read_whole(handle, path, max_bytes)
+
+
+def open_file(ctx: ToolContext, path: str) -> BinaryIO:
+    """The regular file ``path`` of the workspace, open for reading (buffered; the caller closes
+    it). Raises ToolFailure."""
     rel = spelling(ctx, path)
     root_fd = open_root(ctx)
     try:
         fd = open_regular(root_fd, rel, path)
     finally:
         os.close(root_fd)
-    with os.fdopen(fd, "rb") as handle:
-        return read_whole(handle, path, max_bytes)
+    return os.fdopen(fd, "rb")
 
 
 def read_whole(handle: BinaryIO, path: str, max_bytes: int = MAX_TEXT_FILE_BYTES) -> bytes:
@@ -177,11 +183,16 @@ def read_whole(handle: BinaryIO, path: str, max_bytes: int = MAX_TEXT_FILE_BYTES
     size = os.fstat(handle.fileno()).st_size
     data = handle.read(max_bytes + 1) if size <= max_bytes else b""
     if size > max_bytes or len(data) > max_bytes:
-        raise ToolFailure(
-            f"{path} is larger than the file tools read or edit whole ({max(size, len(data))} bytes; at most "
-            f"{max_bytes})", "read parts of it with run_command (sed -n '1,200p', head, tail) or search it with grep",
-            code="INVALID_ARGUMENT")
+        raise too_large(path, max(size, len(data)), max_bytes)
     return data
+
+
+def too_large(path: str, size: int, max_bytes: int = MAX_TEXT_FILE_BYTES) -> ToolFailure:
+    """The error for a file of ``size`` bytes, past what the file tools read or edit whole."""
+    return ToolFailure(
+        f"{path} is larger than the file tools read or edit whole ({size} bytes; at most {max_bytes})",
+        "read parts of it with run_command (sed -n '1,200p', head, tail) or search it with grep",
+        code="INVALID_ARGUMENT")
 
 
 def relative(ctx: ToolContext, path: Path) -> str:
