@@ -1,6 +1,6 @@
 """A simulated file system whose methods are tools, one per session (README, "Stateful tools").
 
-Serve it: ``toolfleet worker --tools examples.vfs``. Open a session for it:
+Serve it: ``toolfleet worker --tools examples/vfs.py`` (from the repository root). Open a session for it:
 ``dispatcher.open_session(state={"vfs": VirtualFS(rng=random.Random(7))})``.
 """
 

@@ -141,7 +141,7 @@ def run_command(
     if proc.returncode != 0:
         raise ToolFailure(
             f"command exited with status {proc.returncode}: {command}",
-            "read the output above for the cause",
+            "read the output below for the cause",
             output=text,
         )
     return text

@@ -130,5 +130,5 @@ def _result(reply: dict[str, Any], command: str) -> str:
                           + kept, output=text)
     if reply.get("status"):
         raise ToolFailure(f"command exited with status {reply['status']}: {command}",
-                          "read the output above for the cause", output=text)
+                          "read the output below for the cause", output=text)
     return text
