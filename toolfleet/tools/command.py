@@ -33,6 +33,7 @@ from .workspace import workspace_of
 TERM_GRACE_S = 0.25  # between TERM and KILL (s); below the default cancel_grace_s (0.5 s), so a cancel
 # that a command ignores still ends in this handler, with its partial output, before the dispatcher kills it
 POLL_S = 0.05  # how often the wait loop looks at the cancel signal and the deadline (s)
+SELF_KILL_AFTER_S = 0.5  # the sandbox ends itself this long after the call's time limit (s): see below
 
 
 @tool(
@@ -64,7 +65,7 @@ def run_command(
     workspace = workspace_of(ctx)
     info_r, info_w = (None, None) if box.unsandboxed else os.pipe()
     try:
-        argv, env = box.command(["bash", "-c", command], workspace, info_fd=info_w)
+        argv, env = box.command(_bounded(["bash", "-c", command], ctx, box), workspace, info_fd=info_w)
         note = sandbox.UNSANDBOXED_NOTE + "\n" if box.unsandboxed else ""
         proc = subprocess.Popen(
             argv,
@@ -287,3 +288,17 @@ class _SandboxInit:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _bounded(argv: list[str], ctx: ToolContext, box: sandbox.SandboxState) -> list[str]:
+    """``argv`` under a deadline the sandbox keeps by itself: coreutils ``timeout -s KILL`` as the
+    sandbox's first process, ``SELF_KILL_AFTER_S`` past the call's time limit (within Celery's hard
+    limit, SOFT_LIMIT_MARGIN_S after it). The worker stops the command at its limit; this holds
+    when the worker cannot: frozen (SIGSTOP, a paused VM), the sandbox outside its process group
+    (``--new-session``) runs on. When ``timeout`` ends, the sandbox's init exits and the kernel
+    ends every process of its PID namespace, so nothing of the call acts after its hard limit,
+    which the watchdog and the locks count on (a gray-failure trial: a frozen worker's
+    ``sleep 4; echo t1 >> f`` wrote after the next turn's write). Unsandboxed: unchanged."""
+    if box.unsandboxed:
+        return argv
+    return ["timeout", "-s", "KILL", f"{max(ctx.remaining_s, 0.0) + SELF_KILL_AFTER_S:.3f}", *argv]

@@ -1,0 +1,53 @@
+"""Gray failure: a worker frozen (SIGSTOP of its process group, as tests/faults.freeze does) while
+``run_command`` runs. The command's sandbox is not in the worker's process group (``bwrap
+--new-session``, ``Popen(start_new_session=True)``), so the freeze does not stop it. It ran on, past
+its time limit, its hard limit and the caller's ``WORKER_LOST``, and its write landed after the next
+turn's write of the same file (a gray-failure trial; promises 14 / F5: "No write of a turn lands
+after the next turn's on the same path"; S2: "No process outlives its call"). The sandbox now ends
+itself half a second past the call's time limit (tools/command.py ``_bounded``: ``timeout -s KILL``
+as its first process)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from toolfleet import ErrorCode
+
+from .faults import call, freeze, thaw, wait_started, wait_until
+from .fencing_trials import fencing_settings
+
+
+@pytest.fixture
+def settings(settings):
+    return fencing_settings(settings)  # heartbeat 0.3 s (liveness bound 2.2 s), margin 0.5 s
+
+
+def test_a_frozen_workers_command_writes_nothing_after_the_next_turns_write(dispatcher, start_worker, workspace):
+    workers = [start_worker(concurrency=1), start_worker(concurrency=1)]
+    path = workspace / "same.txt"
+    # turn 1: a 1 s time limit (hard limit 1.75 s); its write would come at 4 s
+    command = "touch running; sleep 4; echo t1 >> same.txt"
+    turn1 = dispatcher.submit([call("w", "run_command", command=command, timeout_s=1)], workspace=str(workspace))
+    record = wait_started(dispatcher, turn1.turn_id, "w")
+    victim = next(w for w in workers if w.name == record["worker"])
+    wait_until((workspace / "running").exists, 10, "the command running")  # in its sandbox, not only claimed
+    freeze(victim)
+    frozen_at = time.monotonic()
+    try:
+        first = turn1.results(timeout_s=30)[0]  # WORKER_LOST once the liveness bound passed
+        # the caller has turn 1's answer: turn 2 writes the same file (its locks wait out turn 1's hold)
+        second = dispatcher.run([call("w", "run_command", command="echo t2 >> same.txt")],
+                                workspace=str(workspace), timeout_s=30)[0]
+        answered_s = time.monotonic() - frozen_at
+        # the worker stays frozen 5 s in all: past turn 1's hard limit + margin (2.25 s) and its command's 4 s
+        time.sleep(max(frozen_at + 5.0 - time.monotonic(), 0.0))
+    finally:
+        thaw(victim)
+    assert first.code in (ErrorCode.WORKER_LOST, ErrorCode.OUTCOME_UNKNOWN), first.content
+    assert second.ok, second.content
+    lines = path.read_text().split()
+    print(f"\nturn 1 {first.code.value}; turn 2 ok {answered_s:.1f} s after the freeze; same.txt = {lines}")
+    assert "t1" not in lines or lines.index("t1") < lines.index("t2"), (
+        f"turn 1's command (answered {first.code.value}, its worker frozen) wrote after turn 2: {lines}")
