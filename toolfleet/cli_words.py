@@ -45,13 +45,90 @@ def check_format(value: str | None) -> str | None:
     return value
 
 
+# Settings fields whose value is a secret or may carry one (a Redis URL's password, a fleet key): their
+# input is never quoted back whole (a URL is shown with its password masked, when that is sure to hold)
+_SECRET_FIELD = re.compile(r"(?:^|_)(?:urls?|keys?|password|passwd|pass|secret|secrets|token|tokens|auth)(?:_|$)",
+                           re.IGNORECASE)
+
+
 def one_line(exc: ValueError) -> str:
-    """A ValueError's message on one line; pydantic's ValidationError as ``field: message; ...``."""
+    """A ValueError's message on one line; pydantic's ValidationError as ``field: message (got INPUT); ...``.
+
+    No secret is quoted back: the input of a field that holds one (``fleet_key*``, ``*_url``,
+    ``*password*``, a ``SecretStr``) is left out, except a URL, shown with its password masked
+    (:func:`toolfleet.errors.shown_url_with_query`) and only when the password is then nowhere in it; a whole
+    model's input (a dict: every setting) is never quoted; every text shown is passed through
+    :func:`toolfleet.tools.redact.redact_text`, which also masks the secrets found in the inputs."""
+    from .tools.redact import redact_text
+
     errors = getattr(exc, "errors", None)
-    if callable(errors):
-        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']} (got {e.get('input')!r})"
-                         for e in errors())
-    return " ".join(str(exc).split())
+    if not callable(errors):
+        return redact_text(" ".join(str(exc).split()))
+    found = list(errors())
+    known = [secret for e in found for secret in _secrets_in(e.get("loc") or (), e.get("input"))]
+    lines = []
+    for e in found:
+        loc = tuple(e.get("loc") or ())
+        shown = _shown_input(loc, e.get("input"), known)
+        lines.append(f"{'.'.join(map(str, loc)) or 'value'}: {e['msg']}" + (f" (got {shown})" if shown else ""))
+    return " ".join(redact_text("; ".join(lines), known).split())
+
+
+def _is_secret_field(name: object) -> bool:
+    from .tools.secret_shapes import is_secret_name
+
+    return isinstance(name, str) and (bool(_SECRET_FIELD.search(name)) or is_secret_name(name))
+
+
+def _secrets_in(loc: tuple[Any, ...], value: Any) -> list[str]:
+    """The secret texts in ``value``, the input at ``loc``: the whole text of a secret field, the
+    password of a URL (as written and unquoted), a ``SecretStr``'s value; a dict's secret fields."""
+    from pydantic import SecretStr
+
+    if isinstance(value, SecretStr):
+        return [value.get_secret_value()]
+    if isinstance(value, dict):
+        return [s for key, item in value.items() for s in _secrets_in((key,), item)]
+    if isinstance(value, (list, tuple)):
+        return [s for item in value for s in _secrets_in(loc, item)]
+    if not isinstance(value, str) or not (loc and _is_secret_field(loc[0])):
+        return []
+    return _url_passwords(value) if str(loc[0]).endswith("url") else [value]
+
+
+def _url_passwords(url: str) -> list[str]:
+    """What may be the password of ``url``: urllib's reading of it, and everything between the
+    first ``:`` of the user part and the last ``@`` (what :func:`toolfleet.errors.shown_url` masks),
+    each as written and percent-decoded; a ``password=`` query value."""
+    from urllib.parse import parse_qsl, unquote, urlsplit
+
+    found: list[str] = []
+    try:
+        parts = urlsplit(url)
+        found += [parts.password or "", *(v for k, v in parse_qsl(parts.query) if _is_secret_field(k))]
+    except ValueError:
+        pass
+    rest = url.split("://", 1)[-1]
+    if "@" in rest:
+        userinfo = rest.rsplit("@", 1)[0]
+        found.append(userinfo.split(":", 1)[1] if ":" in userinfo else userinfo)
+    return [p for p in dict.fromkeys([*found, *map(unquote, found)]) if p]
+
+
+def _shown_input(loc: tuple[Any, ...], value: Any, known: list[str]) -> str:
+    """The input an error quotes back: ``repr`` of a plain value; a URL of a secret field with its
+    password masked (nothing when a password is still in it); nothing for another secret field,
+    a ``SecretStr``, or a whole model's (a dict or list: every setting at once)."""
+    if not loc or isinstance(value, (dict, list, tuple)) or type(value).__name__ == "SecretStr":
+        return ""
+    if not _is_secret_field(loc[0]):
+        return repr(value)
+    if not isinstance(value, str) or "://" not in value or not str(loc[0]).endswith("url"):
+        return ""
+    from .errors import shown_url_with_query
+
+    shown = shown_url_with_query(value)
+    return "" if any(secret in shown for secret in [*_url_passwords(value), *known]) else repr(shown)
 
 
 def plain_argument_names(command: Any) -> None:

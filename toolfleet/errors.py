@@ -80,6 +80,22 @@ def shown_url(url: str) -> str:
     return _USERINFO.sub(lambda m: f"{m.group(1)}{m.group(2)}:**@", shown)
 
 
+def shown_url_with_query(url: str) -> str:
+    """:func:`shown_url` (which drops the query) with ``url``'s query parameters after it, those
+    named like a secret (``password=``, ``token=``...) masked: what an error about a URL's options
+    (``ssl_cert_reqs=``) shows. Never raises."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    from .tools.secret_shapes import is_secret_name
+
+    try:
+        query = parse_qsl(urlsplit(url).query, keep_blank_values=True)
+    except ValueError:
+        query = []
+    shown = shown_url(url).split("?", 1)[0]
+    return shown + ("?" + "&".join(f"{k}={'**' if is_secret_name(k) else v}" for k, v in query) if query else "")
+
+
 def _port_of(url: str) -> int:
     """The TCP port of a Redis URL (6379 when it names none, or is not TCP)."""
     from urllib.parse import urlsplit

@@ -1,0 +1,101 @@
+"""The Redis password and the fleet key in what the ``toolfleet`` CLI prints (and shows to other users).
+
+- A setting pydantic refuses is printed as ``invalid setting: FIELD: MESSAGE (got INPUT)``
+  (cli_words.py ``one_line``): the input is quoted whole, so a ``redis_url``/``broker_url``/
+  ``ledger_url`` with a password (a typo in ``ssl_cert_reqs``, a ``valkey://`` scheme) or a fleet key
+  that is too short is printed to the terminal (and to CI logs, journald...).
+- A check of the whole settings (``broker_queue_type 'quorum'`` with a Redis broker) quoted every setting
+  at once, the fleet key and the Redis URLs included.
+- ``toolfleet up`` at a local ``REDIS_URL`` that carries a password starts its private Redis with
+  that password and prints ``started a private redis-server at redis://:PASSWORD@...``; the worker
+  it starts gets the URL on its command line (``/proc/PID/cmdline``, ``ps``: any local user).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from toolfleet.cli_words import one_line
+from toolfleet.settings import Settings
+
+from .test_newcomer import cli
+
+REDIS_PW = "RedisPassw0rd-4417"
+FLEET_KEY_SHORT = "ShortFleetKey-9183"
+
+
+@pytest.mark.parametrize("env", [
+    {"REDIS_URL": f"rediss://:{REDIS_PW}@127.0.0.1:6380/0?ssl_cert_reqs=requred"},  # a typo
+    {"TOOLFLEET_LEDGER_URL": f"valkey://:{REDIS_PW}@127.0.0.1:6379/0"},  # a scheme toolfleet does not take
+    {"TOOLFLEET_BROKER_URL": f"rediss://:{REDIS_PW}@127.0.0.1:6380/0?ssl_cert_reqs=nope"},
+    {"TOOLFLEET_FLEET_KEY": FLEET_KEY_SHORT},  # too short, still the fleet's secret
+    {"TOOLFLEET_FLEET_KEY": "k" * 40, "TOOLFLEET_FLEET_KEYS_PREVIOUS": FLEET_KEY_SHORT},
+    # a check of the whole settings: pydantic's input is every setting at once
+    {"TOOLFLEET_BROKER_QUEUE_TYPE": "quorum", "REDIS_URL": f"redis://:{REDIS_PW}@127.0.0.1:6379/0",
+     "TOOLFLEET_FLEET_KEY": FLEET_KEY_SHORT * 2},
+], ids=["redis_url", "ledger_url", "broker_url", "fleet_key", "fleet_keys_previous", "whole_settings"])
+def test_an_invalid_setting_is_named_without_printing_its_secret(tmp_path, env):
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TOOLFLEET_") and k != "REDIS_URL"}
+    done = cli("sessions", env={**base, "TOOLFLEET_HOME": str(tmp_path / "home"), **env})
+    assert done.returncode == 1 and "invalid setting" in done.stderr, done.stdout + done.stderr
+    for secret in (REDIS_PW, FLEET_KEY_SHORT):
+        assert secret not in done.stdout + done.stderr, done.stderr
+
+
+def _error_text(**values: object) -> str | None:
+    try:
+        Settings(**values)
+    except ValidationError as exc:
+        return one_line(exc)
+    return None
+
+
+def test_a_bad_url_is_still_shown_with_its_password_masked_and_a_plain_value_as_given():
+    """What the error is about stays visible: the URL's host and options (its password masked), a
+    value of a field that holds no secret."""
+    text = _error_text(redis_url=f"rediss://user:{REDIS_PW}@10.0.0.5:6380/0?ssl_cert_reqs=requred")
+    assert REDIS_PW not in text and "10.0.0.5:6380/0?ssl_cert_reqs=requred" in text and "user:" in text, text
+    assert "(got 'bad ns')" in _error_text(namespace="bad ns")
+    assert "(got 'abc')" in _error_text(heartbeat_s="abc")
+
+
+URL_ERRORS = [  # (field, URL with PW for the password): each refused whatever the password
+    ("redis_url", "rediss://:PW@127.0.0.1:6380/0?ssl_cert_reqs=requred"),
+    ("broker_url", "rediss://acl-user:PW@redis.internal:6380/1?ssl_cert_reqs=nope"),
+    ("ledger_url", "valkey://:PW@127.0.0.1:6379/0"),
+]
+
+
+@settings(max_examples=int(300 * float(os.environ.get("TOOLFLEET_PROPERTY_SCALE", "1"))), derandomize=True,
+          deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(password=st.text(min_size=1, max_size=40).filter(lambda p: "\0" not in p),
+       where=st.sampled_from(URL_ERRORS), quoted=st.booleans())
+def test_no_password_given_in_a_refused_url_is_in_the_error(password, where, quoted):
+    """Whatever the password (any characters: ``@ / ? # : ;`` and white space included, as written
+    or percent-encoded), the error about a URL that is refused never holds it: the URL is shown
+    with it masked, or not at all. A password that the same error holds without it (``127``, ``required``)
+    proves nothing and is skipped."""
+    from urllib.parse import quote
+
+    field, template = where
+    written = quote(password, safe="") if quoted else password
+    text = _error_text(**{field: template.replace("PW", written)})
+    assume(text is not None)  # a password with "?" or "#" can cut the query off: then the URL may be valid
+    without = _error_text(**{field: template.replace("PW", "x")}) or ""
+    for secret in {password, written}:
+        assume(secret not in without and secret not in "value: (got '***')")
+        assert secret not in text, text
+
+
+@settings(max_examples=int(200 * float(os.environ.get("TOOLFLEET_PROPERTY_SCALE", "1"))), derandomize=True,
+          deadline=None)
+@given(key=st.text(min_size=3, max_size=31).filter(lambda k: len(k.strip()) >= 3 and "\0" not in k))
+def test_no_fleet_key_too_short_is_in_the_error(key):
+    text = _error_text(fleet_key=key) or ""
+    assume(key.strip() not in (_error_text(fleet_key="x") or ""))
+    assert "fleet_key" in text and key.strip() not in text, text
