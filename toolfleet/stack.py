@@ -28,10 +28,10 @@ import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from .defaults import DEFAULT_REDIS_URL, default_namespace
-from .errors import BrokerUnavailable, ToolfleetError
+from .errors import BrokerUnavailable, ToolfleetError, shown_url
 from .keys import Keys
 from .stack_state import _alive, _fleet_key_env, _state_file, _write, home, read_state
 from .stack_state import running_fleet_key_file as running_fleet_key_file  # re-exported, as before
@@ -108,32 +108,67 @@ WORKER_BOOT = [sys.executable, "-P", "-c",
                "import sys; from toolfleet.cli import main; sys.path.append(''); sys.argv[0] = 'toolfleet'; main()"]
 
 
-def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None,
+           stdin: bytes | None = None) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a session of its own, its output appended to ``log``, with ``env`` added to
+    this process's environment, reading ``stdin`` (then end of file) or nothing. A secret goes in
+    ``env`` or ``stdin``, never in ``argv``: a command line is readable by every local user (``ps``,
+    ``/proc/PID/cmdline``), a process's environment and input only by its owner."""
     with open(log, "ab") as handle:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             argv,
             stdout=handle,
             stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             start_new_session=True,
             env=None if env is None else {**os.environ, **env},
         )
+    if stdin is not None and proc.stdin is not None:
+        try:
+            proc.stdin.write(stdin)
+            proc.stdin.close()
+        except BrokenPipeError:  # it exited before reading: _until reports it, with its log
+            pass
+    return proc
+
+
+def _url_secrets(url: str) -> tuple[str, ...]:
+    """The password of ``url`` as written and percent-decoded: masked in the log tails `up` shows."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return ()
+    return tuple(dict.fromkeys((password, unquote(password)))) if password else ()
+
+
+def _redis_config(password: str) -> bytes:
+    """A redis-server configuration (read from its stdin: ``redis-server -``) that asks ``password``,
+    every byte written as ``\\xHH`` in a double-quoted argument, so any password reads back as given."""
+    return b'requirepass "' + "".join(f"\\x{b:02x}" for b in password.encode()).encode() + b'"\n'
+
+
+def _tail(log: Path, known: tuple[str, ...]) -> str:
+    """The last lines of ``log``, secrets masked (:func:`toolfleet.tools.redact.redact_text`, and ``known``)."""
+    from .tools.redact import redact_text
+
+    return redact_text(log.read_text(errors="replace")[-2000:], known) if log.exists() else ""
 
 
 def _until(check: Any, what: str, proc: subprocess.Popen[bytes] | None, log: Path, limit: tuple[float, float],
-           waiting_for: str) -> None:
+           waiting_for: str, known: tuple[str, ...] = ()) -> None:
     """Wait until ``check()`` holds, at most until ``limit`` = (monotonic deadline, the bound in
-    seconds); else raise naming ``what`` and what it was ``waiting_for``, with the tail of its log."""
+    seconds); else raise naming ``what`` and what it was ``waiting_for``, with the tail of its log
+    (the ``known`` secrets and any of a recognised shape masked)."""
     deadline, bound_s = limit
     while time.monotonic() < deadline:
         if check():
             return
         if proc is not None and proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            tail = _tail(log, known)
             raise ToolfleetError(f"{what} exited (status {proc.returncode}) before it was ready; "
                                  f"last lines of {log}:\n{tail}")
         time.sleep(0.1)  # waiting for another process to come up: nothing to join on
-    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+    tail = _tail(log, known)
     raise ToolfleetError(f"{what} is not ready: {waiting_for} (waited {bound_s:g} s; raise the bound with "
                          f"`toolfleet up --ready-timeout S`); last lines of {log}:\n{tail}")
 
@@ -173,15 +208,13 @@ def up(
 def _start_redis(state: dict[str, Any], console: Console, limit: tuple[float, float]) -> str:
     """The URL of the stack's Redis: the one answering at ``REDIS_URL`` (or the default), else a
     private redis-server at ``REDIS_URL``'s local host and port, or on a free port."""
-    from kombu.utils.url import maybe_sanitize_url
-
     from .settings import Settings
 
     given = os.environ.get("REDIS_URL")
     # with the TLS and login options of the environment written into it (toolfleet/redis_tls.py)
     url = Settings.from_env(redis_url=given or DEFAULT_REDIS_URL).redis_url
     if _answers(url):
-        console.print(f"redis: reusing the one at {maybe_sanitize_url(url)}")  # password masked
+        console.print(f"redis: reusing the one at {shown_url(url)}")  # password masked
         state["redis_reused"] = True
         return url
     binary = _redis_binary()
@@ -201,19 +234,19 @@ def _start_redis(state: dict[str, Any], console: Console, limit: tuple[float, fl
         if not _port_free(port, host):
             raise BrokerUnavailable(given, f"(REDIS_URL) and port {port} is taken by a program that is not Redis "
                                     "(or asks a password the URL does not give); free the port or change REDIS_URL")
-        password = urlsplit(given).password
+        password = unquote(urlsplit(given).password or "")  # as redis-py reads it from the URL
     else:
         host, port, password = "127.0.0.1", _free_port(), None
         url = f"redis://127.0.0.1:{port}/0"
-    argv = [binary, "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no", "--dir", str(home())]
-    if password:
-        argv += ["--requirepass", password]
+    # the configuration on its stdin ("-"): the password never on its command line (`ps` shows that to all)
+    argv = [binary, "-", "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no", "--dir", str(home())]
     log = home() / "redis.log"
-    proc = _spawn(argv, log)
+    proc = _spawn(argv, log, stdin=_redis_config(password) if password else b"")
     state["pids"]["redis"] = proc.pid
     _write(state)
-    _until(lambda: _answers(url), "redis-server", proc, log, limit, f"nothing answers at {url}")
-    console.print(f"redis: started a private redis-server at {url} (pid {proc.pid})")
+    _until(lambda: _answers(url), "redis-server", proc, log, limit, f"nothing answers at {shown_url(url)}",
+           _url_secrets(url))
+    console.print(f"redis: started a private redis-server at {shown_url(url)} (pid {proc.pid})")  # password masked
     return url
 
 
@@ -237,18 +270,20 @@ def _start(
     if state.get("redis_reused"):
         _warn_shared(client, keys, state["namespace"], url, console)
     client.delete(keys.workers_ready)
-    argv = [*WORKER_BOOT, "worker", "--redis-url", url, "--namespace", state["namespace"],
+    # the Redis URL (its password) in the worker's environment, not on its command line (`ps` shows that to all)
+    argv = [*WORKER_BOOT, "worker", "--namespace", state["namespace"],
             "--concurrency", str(workers), "--hostname", f"{state['namespace']}@%h"]
     for module in tool_modules:
         argv += ["--tools", module]
     log = home() / "worker.log"
-    proc = _spawn(argv, log, _fleet_key_env(state))
+    proc = _spawn(argv, log, {**(_fleet_key_env(state) or {}), "REDIS_URL": url})
     state["pids"]["worker"] = state["worker_pid"] = proc.pid
     _write(state)
     # ready = consuming, with its tools in the catalog (catalog.py publishes the entry first, then
     # pushes the worker's name on workers:ready); the entry is read back to say what it serves
     _until(lambda: _catalog_entry(client, keys) is not None, "the worker", proc, log, limit,
-           f"it has not published its tools in the catalog of namespace {state['namespace']!r} at {url}")
+           f"it has not published its tools in the catalog of namespace {state['namespace']!r} at {shown_url(url)}",
+           _url_secrets(url))
     entry = _catalog_entry(client, keys) or {}
     names = sorted(t.get("name", "?") for t in entry.get("tools", []))
     console.print(f"workers: {workers} prefork processes (pid {proc.pid}), serving {len(names)} tool(s): "
@@ -269,7 +304,7 @@ def _start(
         state["flower_url"] = f"http://127.0.0.1:{flower_port}"
         _write(state)
         _until(lambda: _http_ok(state["flower_url"] + "/healthcheck"), "flower", proc, log, limit,
-               f"{state['flower_url']}/healthcheck does not answer")
+               f"{state['flower_url']}/healthcheck does not answer", _url_secrets(url))
         console.print(f"flower: {state['flower_url']}  (task list: {state['flower_url']}/tasks)")
     _write(state)
     return state
@@ -290,7 +325,7 @@ def _warn_shared(client: Any, keys: Keys, namespace: str, url: str, console: Con
     live = [n for n, raw in zip(names, client.mget([keys.catalog(n) for n in names]) if names else [],
                                 strict=True) if raw]
     if live:
-        console.print(f"[yellow]warning:[/] namespace {namespace!r} at {url} already has {len(live)} live "
+        console.print(f"[yellow]warning:[/] namespace {namespace!r} at {shown_url(url)} already has {len(live)} live "
                       f"worker(s): {', '.join(live)}; this stack's workers share their queues (calls may run on "
                       "either). Pass --namespace NAME (or set TOOLFLEET_NAMESPACE) for a fleet of your own.")
 
