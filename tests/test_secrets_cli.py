@@ -68,6 +68,23 @@ def test_a_bad_url_is_still_shown_with_its_password_masked_and_a_plain_value_as_
     assert "(got 'abc')" in _error_text(heartbeat_s="abc")
 
 
+def test_a_password_given_as_a_query_parameter_is_never_shown_either():
+    """redis-py takes ``?password=`` too: not in an invalid-setting error, ``shown_url`` (also for a URL
+    kombu cannot parse), the ``--redis-url`` a follow-up hint prints, and masked by the process's own secrets."""
+    from toolfleet.cli import where
+    from toolfleet.errors import shown_url
+
+    pw = "QueryPassw0rd-5521"
+    text = _error_text(redis_url=f"rediss://10.0.0.5:6380/0?password={pw}&ssl_cert_reqs=requred")
+    assert pw not in text and "ssl_cert_reqs=requred" in text, text
+    for url in (f"redis://10.0.0.5:6380/0?password={pw}", f"redis://10.0.0.5:notaport/0?db=1&password={pw}"):
+        assert pw not in shown_url(url) and "10.0.0.5" in shown_url(url), shown_url(url)
+    given = Settings(redis_url=f"redis://10.0.0.5:6380/0?password={pw}", insecure_no_signing=True)
+    assert "--redis-url" not in where(given) and pw in given.secret_values()
+    assert "--redis-url redis://10.0.0.5:6380/0" in where(Settings(redis_url="redis://10.0.0.5:6380/0",
+                                                                    insecure_no_signing=True))
+
+
 URL_ERRORS = [  # (field, URL with PW for the password): each refused whatever the password
     ("redis_url", "rediss://:PW@127.0.0.1:6380/0?ssl_cert_reqs=requred"),
     ("broker_url", "rediss://acl-user:PW@redis.internal:6380/1?ssl_cert_reqs=nope"),

@@ -90,10 +90,19 @@ def _fail(exc: Exception, code: int = 1) -> None:
 def where(settings: Settings) -> str:
     """The options a printed follow-up command needs to reach the same turn: ``--namespace`` always
     (the default is only right for the default namespace), ``--redis-url`` when it is not the default
-    and carries no password (a password is never printed)."""
+    and carries no password, neither before ``@`` nor as a query parameter (a password is never printed)."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    from .tools.secret_shapes import is_secret_name
+
     extra = f" --namespace {settings.namespace}"
-    if settings.redis_url != DEFAULT_REDIS_URL and "@" not in settings.redis_url:
-        extra += f" --redis-url {settings.redis_url}"
+    url = settings.redis_url
+    try:
+        secret_query = any(is_secret_name(name) for name, _ in parse_qsl(urlsplit(url).query))
+    except ValueError:
+        secret_query = True
+    if url != DEFAULT_REDIS_URL and "@" not in url and not secret_query:
+        extra += f" --redis-url {url}"
     return extra
 
 

@@ -64,20 +64,25 @@ class BrokerUnavailable(ToolfleetError):
 # user:password@ after a scheme's // (the password up to the last @ before white space or ";", so
 # one holding "/", "?", "#" or "@" is masked whole), or at the start of a URL without a scheme
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://|^\s*)([^\s;:/@]*):([^\s;]*)@")
+_QUERY_PARAM = re.compile(r"([?&])([^=&#\s;]+)=([^&#\s;]*)")  # name=value in a query string
 
 
 def shown_url(url: str) -> str:
     """``url`` with its password masked: kombu's ``maybe_sanitize_url``, then every ``user:password@``
     left (kombu raises ``ValueError`` for a port that is no number or a list of hosts, returns a URL
     without a scheme as it was, and masks only the first of a failover list ``a;b``) masked here,
-    the user kept. Never raises."""
+    the user kept, and a secret-named query parameter (``?password=``) left in it. Never raises."""
     from kombu.utils.url import maybe_sanitize_url
+
+    from .tools.secret_shapes import is_secret_name
 
     try:
         shown = maybe_sanitize_url(url)
     except ValueError:
         shown = url
-    return _USERINFO.sub(lambda m: f"{m.group(1)}{m.group(2)}:**@", shown)
+    shown = _USERINFO.sub(lambda m: f"{m.group(1)}{m.group(2)}:**@", shown)
+    # redis-py takes the password as a query parameter too (?password=): kept by the URLs kombu cannot parse
+    return _QUERY_PARAM.sub(lambda m: f"{m[1]}{m[2]}=**" if is_secret_name(m[2]) else m[0], shown)
 
 
 def shown_url_with_query(url: str) -> str:

@@ -238,16 +238,19 @@ class Settings(BaseModel):
     def secret_values(self) -> tuple[str, ...]:
         """The secrets these settings hold, as text: the fleet keys, and the passwords of the Redis,
         ledger and broker URLs (masked wherever a shown text holds them: :mod:`toolfleet.tools.redact`)."""
-        from urllib.parse import unquote, urlsplit
+        from urllib.parse import parse_qsl, unquote, urlsplit
 
         found = [k.get_secret_value() for k in (self.fleet_key, *self.fleet_keys_previous) if k is not None]
         for url in (self.redis_url, self.broker, self.ledger):
             try:
-                password = urlsplit(url).password
+                parts = urlsplit(url)
+                password = parts.password
             except ValueError:
                 continue
             if password:
                 found.append(unquote(password))
+            # redis-py also takes the password as a query parameter: redis://host/0?password=...
+            found += [value for name, value in parse_qsl(parts.query) if name == "password" and value]
         return tuple(dict.fromkeys(found))
 
     @property
