@@ -76,7 +76,7 @@ def test_up_says_which_live_workers_hold_another_key(settings):
 
     from rich.console import Console
 
-    from toolfleet.stack import _warn_other_keys
+    from toolfleet.stack_neighbours import _warn_other_keys
 
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     keys = Keys(settings.namespace)
