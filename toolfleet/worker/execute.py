@@ -169,8 +169,11 @@ def _record_unless_started(runtime: Runtime, env: CallEnvelope, placeholder: Too
 
 
 def _run_handler(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
-    """Run the handler; whatever it returns or raises becomes a result that can be stored."""
-    return storable(_handler_result(runtime, spec, ctx, arguments))
+    """Run the handler; whatever it returns or raises becomes a result that can be stored, with the
+    call's secret argument values masked where it quotes them back (:func:`mask_known_secrets`),
+    before anything stores it: the journal (worker/side_effects.py), the ledger, the result log."""
+    result = _handler_result(runtime, spec, ctx, arguments)
+    return storable(mask_known_secrets(result, arguments, spec.sensitive))
 
 
 def _handler_result(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
@@ -240,7 +243,8 @@ def _record(
 ) -> ToolResult:
     now = time.time()
     spec = runtime.registry.get(env.name)
-    result = mask_known_secrets(result, env.arguments, spec.sensitive if spec else ())  # quoted-back arguments
+    # quoted-back arguments (a handler's result is masked already, before the journal stored it: _run_handler)
+    result = mask_known_secrets(result, env.arguments, spec.sensitive if spec else ())
     result = result.model_copy(
         update={
             "worker": worker,

@@ -1,0 +1,67 @@
+"""Secrets a careless tool quotes or logs, through a real worker: the call's own secret argument
+values are masked in its error message (worker/redaction.py ``mask_known_secrets``), and also
+
+- before anything stores the result: the idempotency journal recorded the handler's result before
+  that masking (worker/side_effects.py ``_journaled`` -> ``journal.finish``), so a journaled write
+  whose failure quoted a declared ``sensitive`` value left that value in Redis for
+  ``journal_ttl_s`` (now masked in ``execute._run_handler``);
+"""
+
+from __future__ import annotations
+
+import json
+
+from toolfleet import Dispatcher, ToolCall, default_registry
+from toolfleet.keys import Keys
+from toolfleet.redis_client import client_for
+
+WAIT_S = 60
+TOOLS = "tests.tools_for_secrets"
+PIN = "PinNoShape-40417"
+PASSWORD = "PwNoShape-77316"
+
+
+def call(cid: str, name: str, index: int, **arguments) -> ToolCall:
+    return ToolCall(id=cid, name=name, arguments=json.dumps(arguments), index=index)
+
+
+def namespace_dump(settings) -> str:
+    """Every key of the test's namespace and its value, as text."""
+    client = client_for(settings.ledger)
+    out = []
+    for key in client.scan_iter(match=f"{settings.namespace}[:.]*", count=500):
+        kind = client.type(key).decode()
+        if kind == "hash":
+            value = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in client.hgetall(key).items()}
+        elif kind == "string":
+            value = client.get(key).decode(errors="replace")
+        elif kind == "stream":
+            value = [[i.decode(), {k.decode(): v.decode(errors="replace") for k, v in f.items()}]
+                     for i, f in client.xrange(key)]
+        elif kind == "list":
+            value = [v.decode(errors="replace") for v in client.lrange(key, 0, -1)]
+        elif kind == "set":
+            value = sorted(v.decode(errors="replace") for v in client.smembers(key))
+        elif kind == "zset":
+            value = [v.decode(errors="replace") for v in client.zrange(key, 0, -1)]
+        else:
+            value = kind
+        out.append(json.dumps([key.decode(errors="replace"), value], default=str))
+    return "\n".join(out)
+
+
+def test_journal_entry_keeps_the_sensitive_value_the_error_message_masks(settings, start_worker, workspace):
+    start_worker(tools=TOOLS)
+    with Dispatcher(settings, default_registry([TOOLS])) as d:
+        turn = d.submit([call("pay", "charge_card", 0, card="visa-1", pin=PIN)], workspace=str(workspace))
+        [result] = turn.results(WAIT_S)
+    # the result the ledger holds (and the model reads) has it masked, as docs/secrets.md promises
+    assert result.error is not None and PIN not in result.error.message and "***" in result.error.message
+    client = client_for(settings.ledger)
+    journal = {k.decode(): v.decode() for key in client.scan_iter(match=f"{Keys(settings.namespace).ns}:journal:*")
+               for k, v in client.hgetall(key).items()}
+    assert journal, "charge_card is a journaled write: its entry should be there"
+    # ...but the journal entry in Redis holds the handler's unmasked message
+    assert PIN not in json.dumps(journal), journal
+    assert PIN not in namespace_dump(settings)
+
