@@ -14,8 +14,10 @@ which is what the dispatcher reads; Celery only ever sees:
   ``exception``/``traceback`` fields and Celery's error log line carry no secret;
 - **log lines** (:func:`install_log_redaction`, installed when a worker starts): every record
   created in the worker's processes, Celery's and kombu's included, has its message and traceback
-  text redacted (:func:`toolfleet.tools.redact.redact_text`) before any handler sees it, and the
-  body of a message Celery cannot run is logged as its size only;
+  text redacted (:func:`toolfleet.tools.redact.redact_text`) before any handler sees it, with the
+  secret argument values of the call running in the process masked too (:func:`call_secrets`: a
+  tool's own ``log.warning("trying %s", password)``), and the body of a message Celery cannot run
+  is logged as its size only;
 - **error messages** (:func:`mask_known_secrets`): a tool that quotes back an argument the model
   passed under a secret name (``password``, ``token``, a declared ``sensitive`` parameter) has that
   value masked in ``error.message``/``error.hint`` before the result is recorded (shapes are
@@ -28,9 +30,12 @@ failed call printed, reach the model unredacted through the ledger: the model as
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from celery.exceptions import TaskPredicate
@@ -42,6 +47,10 @@ from ..tools.redact import redact_text, secret_values
 
 _install_lock = threading.Lock()
 _installed = False
+_running_lock = threading.Lock()
+_running: dict[int, frozenset[str]] = {}  # the secret argument values of each call running in this process
+_running_values: tuple[str, ...] = ()  # their union, replaced whole (read without the lock)
+_running_ids = itertools.count()
 
 
 def task_summary(result: ToolResult) -> dict[str, Any]:
@@ -102,6 +111,39 @@ def mask_known_secrets(result: ToolResult, arguments: Any, sensitive: tuple[str,
                                      "error": error.model_copy(update={"message": message, "hint": hint})})
 
 
+@contextmanager
+def call_secrets(arguments: Any, sensitive: tuple[str, ...] | list[str] = ()) -> Iterator[frozenset[str]]:
+    """While the block runs, every log record this process makes has the call's secret argument
+    values (:func:`~toolfleet.tools.redact.secret_values`: declared ``sensitive`` parameters,
+    secret-named keys at any depth) masked, as its error message has: a tool's own
+    ``log.warning("sign_in: %s / %s", user, password)`` shows ``***``. Cleared when the block
+    ends, however it ends (a result, an exception, the soft time limit).
+
+    Process-wide, not a context variable: a prefork pool process runs one call at a time, and the
+    threads a handler starts (which a context variable does not reach) log through the same
+    factory. A thread that outlives its call and logs the value afterwards is not covered."""
+    known = frozenset(secret_values(arguments, sensitive))
+    if not known:
+        yield known
+        return
+    global _running_values
+    ident = next(_running_ids)
+    with _running_lock:
+        _running[ident] = known
+        _running_values = tuple(set().union(*_running.values()))
+    try:
+        yield known
+    finally:
+        with _running_lock:
+            _running.pop(ident, None)
+            _running_values = tuple(set().union(*_running.values()))
+
+
+def running_call_secrets() -> tuple[str, ...]:
+    """The secret argument values of the calls running in this process (:func:`call_secrets`)."""
+    return _running_values
+
+
 def install_log_redaction() -> None:
     """Redact every log record created in this process from now on (idempotent): its message is
     formatted and redacted at once (``args`` cleared), its traceback and stack text redacted. A
@@ -136,16 +178,18 @@ def _hide_message_bodies() -> None:
 
 
 def _redact_record(record: logging.LogRecord) -> None:
+    known = _running_values  # the running call's secret argument values (call_secrets)
     try:
-        record.msg = redact_text(record.getMessage())
+        record.msg = redact_text(record.getMessage(), known)
     except Exception:  # noqa: BLE001 - a bad format string: keep neither its text nor its arguments
         record.msg = f"<log line hidden: it could not be formatted ({record.name})>"
     record.args = None
     try:
         if record.exc_info and record.exc_info[0] is not None and not record.exc_text:
-            record.exc_text = redact_text("".join(traceback.format_exception(*record.exc_info))).rstrip("\n")
+            record.exc_text = redact_text("".join(traceback.format_exception(*record.exc_info)),
+                                          known).rstrip("\n")
         if record.stack_info:
-            record.stack_info = redact_text(record.stack_info)
+            record.stack_info = redact_text(record.stack_info, known)
     except Exception:  # noqa: BLE001
         record.exc_text = "<traceback hidden: it could not be redacted>"
         record.stack_info = None
