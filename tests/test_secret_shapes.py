@@ -94,6 +94,12 @@ EXACT = [
     ('log {\\"password\\": \\"hunter2\\"}', 'log {\\"password\\": \\"***\\"}'),
     ("https://hooks.slack.com/services/T000/B000/XXXX", "https://hooks.slack.com/services/***"),
     ("https://acct.blob.core.windows.net/c/f?sv=2020&sig=abc%2Bdef&se=1", "https://acct.blob.core.windows.net/c/f?sv=2020&sig=***&se=1"),
+    # name/value pairs written out (HAR, Kubernetes env, a logged repr, requests' header tuples)
+    ('{"name": "X-Api-Key", "value": "k9 Fh2"}, {"name": "Accept", "value": "text/html"}',
+     '{"name": "X-Api-Key", "value": "***"}, {"name": "Accept", "value": "text/html"}'),
+    ("env: [{'name': 'DB_PASSWORD', 'value': 'hunter2'}]", "env: [{'name': 'DB_PASSWORD', 'value': '***'}]"),
+    ('{"key": "x-api-key", "value": "pm", "type": "text"}', '{"key": "x-api-key", "value": "***", "type": "text"}'),
+    ("headers=[('X-Api-Key', 'abc123xyz'), ('Accept', 'json')]", "headers=[('X-Api-Key', '***'), ('Accept', 'json')]"),
 ]
 ORDINARY = [
     "the token count is 5", "keyboard = 5", "passed: 10 tests", "max_tokens: 1024", "echo done", "--tokens 5000",
@@ -105,6 +111,7 @@ ORDINARY = [
     # the .pgpass-line shape (host:port:db:user:password), dropped, masked these (a reviewer's find)
     "link/ether 02:42:ac:11:00:02", "fe80:0:0:0:200:f8ff:fe21:67cf", "src/app.py:12:3:error:unused",
     "10.0.0.1:5432:1:2:ready",
+    '["token", "count"]', "columns=('password', 'email')", '{"name": "token_count", "value": "42"}',
 ]
 
 

@@ -163,6 +163,16 @@ _UNQUOTED = r"""(?P<v>[^\s"'&;,<>()\[\]{}\\]+)"""
 # still found, and no value is scanned for every name inside it (``key=key=...`` was quadratic).
 _VALUE_AT = re.compile(_QUOTED + "|" + _UNQUOTED)
 _VALUE_GROUPS = frozenset({"q", "qv", "qe", "v"})
+# a name/value pair written out: {"name": "X-Api-Key", "value": "..."} (HAR, Kubernetes env, a
+# logged repr), and ("X-Api-Key", "...") / ["X-Api-Key", "..."] (requests' header tuples)
+_PAIR_TEXT = re.compile(
+    r"""(?i)(?<![\w-])((?P<k>["']?)\b(?:name|key|header|field)(?P=k)[ \t]*[:=][ \t]*"""
+    r"""(?P<nq>["'])(?P<name>[^"'\n]{1,256})(?P=nq)[ \t]*,[ \t]*(?P<vk>["']?)value(?P=vk)[ \t]*[:=][ \t]*)""" + _QUOTED
+)
+_PAIR_ITEMS = re.compile(  # the value's closing quote and bracket required (possessive: no retries)
+    r"""([\[(][ \t]*(?P<nq>["'])(?P<name>[^"'\n]{1,256})(?P=nq)[ \t]*,[ \t]*)"""
+    r"""(?P<q>["'])(?P<qv>(?:\\.|(?!(?P=q))[^\\\n])*+)(?P<qe>(?P=q))(?=[ \t]*[\])])"""
+)
 # --name=value, --name value, -name value
 _OPTION = re.compile(
     r"(?<![\w.-])(?P<head>--?(?P<name>" + _NAME + r"[A-Za-z][\w.-]{0,255})(?P<sep>=|[ \t]+))"
@@ -266,6 +276,20 @@ def _bearer(match: re.Match[str]) -> str:
     return match.group(1) + MASK if looks_like_credential(match.group(2)) else match.group(0)
 
 
+def _pair_value(match: re.Match[str]) -> str:
+    """A written-out name/value pair with its value masked when the name is a secret's."""
+    value = match.group("qv")
+    if not value or set(value) == {"*"} or not is_secret_name(match.group("name")):
+        return match.group(0)
+    return match.group(1) + match.group("q") + MASK + (match.group("qe") or "")
+
+
+def _pair_items(match: re.Match[str]) -> str:
+    """``("X-Api-Key", "...")``: masked only when the value looks like a credential (so a list of
+    words such as ``["token", "count"]`` stays)."""
+    return _pair_value(match) if looks_like_credential(match.group("qv")) else match.group(0)
+
+
 def _escaped_pair(match: re.Match[str]) -> str:
     return match.group(1) + MASK + match.group(4) if is_secret_name(match.group("name")) else match.group(0)
 
@@ -304,6 +328,10 @@ def _named_values(line: str) -> str:
     line = _mask_values(_OPTION, _option, line)
     line = _mask_values(_ASSIGNMENT, _assignment, line)
     line = _ESCAPED_PAIR.sub(_escaped_pair, line)
+    if "value" in line.lower():
+        line = _PAIR_TEXT.sub(_pair_value, line)
+    if "," in line:
+        line = _PAIR_ITEMS.sub(_pair_items, line)
     return _mask_values(_BARE, _bare, line)
 
 
