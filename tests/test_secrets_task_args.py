@@ -7,7 +7,7 @@ events, Flower's ``kwargs``) and in the ``planned`` audit entry, both made by
   key's *value* and the secret in the sibling ``value`` key, so ``redact_value``, which looked
   only at key names, masked nothing (now ``redact.pair_secret_key``/``is_secret_pair``).
 - Well-known credential shapes and program options that ``secret_shapes``/``secret_programs``
-  do not know: a HashiCorp Vault token ``hvs.…``, ``sqlcmd -P``, ``htpasswd -b``, ``zip -P``,
+  did not know (now they do): a HashiCorp Vault token ``hvs.…``, ``sqlcmd -P``, ``htpasswd -b``, ``zip -P``,
   ``openssl enc -k``, ``ssh-keygen -N``, a Discord webhook's token, ``Ocp-Apim-Subscription-Key``.
 """
 
@@ -110,7 +110,7 @@ def test_name_value_pairs_of_each_common_form_are_masked_and_others_kept():
     assert not {"text/html", "debug", "web", "2", "json"} & secret_values(arguments)
 
 
-SECRET_NAMES = ["X-Api-Key", "Authorization", "DB_PASSWORD", "api_key", "client_secret",
+SECRET_NAMES = ["X-Api-Key", "Authorization", "DB_PASSWORD", "api_key", "Ocp-Apim-Subscription-Key", "client_secret",
                 "GITHUB_TOKEN", "x-auth-token", "Cookie", "PGPASSWORD", "aws_secret_access_key", "STRIPE_KEY"]
 OTHER_NAMES = ["Accept", "Content-Type", "LOG_LEVEL", "page", "max_tokens", "keyboard", "password_file", "author"]
 NAME_KEYS = ["name", "key", "header", "field", "Name", "Key", "ParameterKey"]

@@ -11,7 +11,9 @@ It recognises, in this order:
 3. token shapes, whatever surrounds them: OpenAI/Anthropic ``sk-…``, Stripe ``sk_live_…``, GitHub
    ``ghp_…``/``github_pat_…``, GitLab ``glpat-…``, Slack ``xox?-…`` and webhook paths, AWS key ids
    ``AKIA…``/``ASIA…``, Google ``AIza…``/``ya29.…``, JWTs ``eyJ….eyJ….…``, npm, PyPI, Hugging Face,
-   SendGrid, DigitalOcean and Shopify tokens;
+   SendGrid, DigitalOcean and Shopify tokens, HashiCorp Vault ``hvs.…``/``hvb.…``, Slack ``xapp-…``,
+   age ``AGE-SECRET-KEY-1…``; webhook URLs whose path is the credential (Discord
+   ``/api/webhooks/<id>/***``, Teams ``/IncomingWebhook/***``, Telegram ``/bot<id>:***``);
 4. credentials in URLs (``scheme://user:***@host``, also with an empty user), ``sig=`` in query strings;
 5. ``Authorization``/``Proxy-Authorization`` header values (the scheme word kept), ``Cookie``/``Set-Cookie``
    values (the cookie names kept);
@@ -19,9 +21,12 @@ It recognises, in this order:
    ``redis-cli -a ***``,
    ``mongosh -p ***``, ``ldapsearch -w ***``, ``docker login -p ***``, ``az login -p ***``,
    ``-u user:***`` (curl and others),
-   ``smbclient -U user%***``, ``openssl -passin pass:***``; a value echoed into a program that
-   reads a password from its input (``echo *** | docker login --password-stdin``, ``| sudo -S``,
-   ``| chpasswd``, ``| passwd --stdin``);
+   ``smbclient -U user%***``, ``openssl -passin pass:***``, ``openssl enc -k ***``, ``sqlcmd -P ***``
+   (``bcp``, ``osql``, ``isql``), ``zip -P ***``, ``7z -p***``, ``ssh-keygen -N ***``,
+   ``htpasswd -b file user ***``, ``sqlplus user/***@db``, ``lftp -u user,***``; a value echoed or
+   here-string'ed into a program that reads a password from its input (``echo *** | docker login
+   --password-stdin``, ``| sudo -S``, ``| chpasswd``, ``| passwd --stdin``, ``gh auth login
+   --with-token <<< ***``);
 7. options and assignments whose name is a secret (:func:`is_secret_name`): ``--password=***``,
    ``--password ***``, ``-storepass ***``, ``PGPASSWORD=***``, ``export SECRET_KEY=***``,
    ``"password": "***"``, ``'token': '***'``, ``api_key: ***``, ``X-Api-Key: ***``, ``?access_token=***&``;
@@ -58,7 +63,8 @@ _SECRET_SUFFIXES = ("password", "passwd", "passphrase", "secret", "token", "apik
                     "accesskey")
 _SECRET_PAIRS = frozenset({("api", "key"), ("private", "key"), ("access", "key"), ("secret", "key"),
                            ("session", "id"), ("client", "secret"), ("account", "key"), ("signing", "key"),
-                           ("encryption", "key"), ("master", "key"), ("shared", "key"), ("session", "key")})
+                           ("encryption", "key"), ("master", "key"), ("shared", "key"), ("session", "key"),
+                           ("subscription", "key")})  # Azure's Ocp-Apim-Subscription-Key
 # ...unless the name ends in a word that says the value is not the secret itself: password_file, token_count
 _NOT_SECRET_LAST = frozenset({"file", "path", "dir", "stdin", "env", "count", "length", "len", "type", "mode",
                               "name", "field", "expiry", "expires", "ttl", "url", "uri", "endpoint", "prompt",
@@ -134,9 +140,16 @@ _TOKENS = re.compile(
     r"|SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"
     r"|dop_v1_[a-f0-9]{64}"
     r"|shp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}"
+    r"|hv[sbr]\.[A-Za-z0-9_-]{24,}"  # HashiCorp Vault service, batch and recovery tokens
+    r"|xapp-\d-[A-Za-z0-9-]{10,}"  # Slack app-level tokens
+    r"|AGE-SECRET-KEY-1[0-9A-Z]{20,}"  # age private keys
     r")"
 )
 _SLACK_WEBHOOK = re.compile(r"(hooks\.slack\.com/(?:services|workflows)/)[A-Za-z0-9/_-]+")
+# webhook URLs whose path is the credential: Discord's (and look-alikes') /api/webhooks/<id>/<token>,
+# Microsoft Teams' /IncomingWebhook/<id>/<id>, a Telegram bot's /bot<id>:<token>
+_WEBHOOKS = (("webhooks/", "IncomingWebhook/", "/bot"), re.compile(
+    r"(/api/webhooks/\d+/)[A-Za-z0-9_-]+|(/IncomingWebhook/)[A-Za-z0-9/_-]+|(/bot\d{5,12}:)[A-Za-z0-9_-]{20,}"))
 # RFC 3986 userinfo: no "/", "?", "#" or "@" in it; the user may be empty (redis://:pw@host)
 _URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]{0,31}://[^\s:/?#@\"'<>\\]*:)([^\s/?#@\"'<>\\]+)(@)")
 _QUERY_SIG = re.compile(r"([?&](?:sig|code_verifier)=)([^&\s\"'#<>\\]+)")
@@ -344,6 +357,8 @@ def mask_secrets(text: str, known: Iterable[str] = ()) -> str:
     text = _PRIVATE_KEY.sub(_private_key, text)
     text = _TOKENS.sub(MASK, text)
     text = _SLACK_WEBHOOK.sub(r"\1" + MASK, text)
+    if any(word in text for word in _WEBHOOKS[0]):
+        text = _WEBHOOKS[1].sub(lambda m: (m.group(1) or m.group(2) or m.group(3)) + MASK, text)
     lower = _lowered(text)
     if "://" in text:
         text = _URL_PASSWORD.sub(r"\1" + MASK + r"\3", text)
