@@ -21,7 +21,7 @@ import pytest
 from toolfleet import Dispatcher, ToolCall, default_registry
 from toolfleet.keys import Keys
 from toolfleet.redis_client import client_for
-from toolfleet.worker.redaction import _redact_record, call_secrets, running_call_secrets
+from toolfleet.worker.redaction import _redact_record, call_secrets, redacted_failure, running_call_secrets
 
 WAIT_S = 60
 TOOLS = "tests.tools_for_secrets"
@@ -119,3 +119,14 @@ def test_secrets_of_overlapping_calls_are_each_masked_until_their_own_call_ends(
             assert logged("%s %s", "FirstNoShape-1", "SecondNoShape-2") == "*** ***"
         assert logged("%s %s", "FirstNoShape-1", "SecondNoShape-2") == "*** SecondNoShape-2"
     assert running_call_secrets() == ()
+
+
+def test_a_task_failure_quoting_a_declared_sensitive_argument_is_masked():
+    """The task body failing outside the handler (Flower's exception/traceback): the traceback was
+    redacted with the secret-named argument values only, not the tool's declared ``sensitive`` ones."""
+    envelope = {"name": "charge_card", "arguments": {"card": "visa-1", "pin": PIN}}
+    try:
+        raise RuntimeError(f"could not record the call for {envelope['arguments']}")
+    except RuntimeError as exc:
+        raised = redacted_failure(exc, envelope, ("pin",))
+    assert PIN not in str(raised) and "visa-1" in str(raised)

@@ -70,16 +70,18 @@ class CallTaskError(Exception):
     The message is the original exception's traceback, redacted."""
 
 
-def redacted_failure(exc: BaseException, envelope: Any = None) -> BaseException:
+def redacted_failure(exc: BaseException, envelope: Any = None,
+                     sensitive: tuple[str, ...] | list[str] = ()) -> BaseException:
     """What a task raises instead of ``exc``: ``exc`` itself for Celery's control exceptions
     (retry, ignore, reject), else a :class:`CallTaskError` holding ``exc``'s traceback, redacted,
-    with the secret argument values of ``envelope`` (the task's kwarg, any shape) masked too. A
+    with the secret argument values of ``envelope`` (the task's kwarg, any shape; ``sensitive``:
+    the tool's declared sensitive parameters) masked too. A
     pydantic ``ValidationError`` is told without its input values: it quotes them cut short, and a
     secret cut in two no longer has a recognisable shape."""
     if isinstance(exc, TaskPredicate):
         return exc
     arguments = envelope.get("arguments") if isinstance(envelope, dict) else None
-    known = secret_values(arguments) if isinstance(arguments, dict) else set()
+    known = secret_values(arguments, sensitive) if isinstance(arguments, dict) else set()
     if isinstance(exc, ValidationError):
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}"
                              for e in exc.errors(include_input=False, include_url=False))
