@@ -9,6 +9,10 @@ credentials, headers, well-known programs' password options); here:
 - a value under a parameter whose name is a secret word (``password``, ``pass``, ``api_key``,
   ``auth_token``, ``client_secret``, ...; matched by whole name parts, so ``max_tokens`` is not
   one) is shown only as its kind and size, e.g. ``<hidden: a string of 32 chars>``, or as ``***``;
+- a name/value pair whose name is a secret's has its value masked the same way: an object with a
+  ``name``/``key``/``header``/``field`` and a ``value`` (HAR, OpenAPI and Postman headers,
+  Kubernetes ``env``: ``{"name": "X-Api-Key", "value": "***"}``) and a two-item array
+  (``["X-Api-Key", "***"]``);
 - inside any text, each recognised secret becomes ``***`` and the text around it stays as it was.
 
 Redaction never raises and never recurses: nested values are walked with an explicit stack and
@@ -31,6 +35,11 @@ CACHED_MAX_CHARS = 256
 CACHED_TEXTS = 8192
 MAX_DEPTH = 64  # levels of a nested value that are shown (issue 12: inputs nested 900 deep)
 TOO_DEEP = f"<nested deeper than {MAX_DEPTH} levels: not shown>"
+
+# the keys of a name/value pair's name and of its value (HAR, OpenAPI, Postman, Kubernetes env,
+# AWS tags and CloudFormation parameters), lower-cased
+PAIR_NAME_KEYS = frozenset({"name", "key", "header", "field", "parameterkey"})
+PAIR_VALUE_KEYS = frozenset({"value", "parametervalue"})
 
 OWN_SECRET_MIN_CHARS = 8  # shorter values are not masked everywhere (a password "redis" would eat words)
 _OWN: tuple[str, ...] = ()  # this process's own secrets: masked in every text, whatever its shape
@@ -134,10 +143,32 @@ def show_given(value: Any, path: Iterable[Any] = ()) -> str:
 
 # --- redaction of what is stored or shown for people (audit trail, approvals, Flower) ---
 
+def pair_secret_key(node: dict[Any, Any]) -> Any:
+    """The key of ``node`` holding a secret when ``node`` is a name/value pair whose name is a
+    secret's (``{"name": "X-Api-Key", "value": ...}``: the key ``"value"``), else ``None``."""
+    named = False
+    value_key = None
+    for key, item in node.items():
+        if not isinstance(key, str) or len(key) > 16:
+            continue
+        lower = key.lower()
+        if lower in PAIR_VALUE_KEYS:
+            value_key = key
+        elif lower in PAIR_NAME_KEYS and isinstance(item, str) and is_secret_name(item):
+            named = True
+    return value_key if named else None
+
+
+def is_secret_pair(node: Any) -> bool:
+    """True for a two-item array whose first item is a secret's name: ``["X-Api-Key", "..."]``."""
+    return isinstance(node, (list, tuple)) and len(node) == 2 and isinstance(node[0], str) and is_secret_name(node[0])
+
+
 def redact_value(value: Any, known: Iterable[str] = ()) -> Any:
-    """A copy of a JSON-like value with the values of secret-named keys masked, secrets in strings
-    (keys too) masked (:func:`redact_text`, with ``known``), and what lies deeper than
-    ``MAX_DEPTH`` levels replaced by ``TOO_DEEP``. Iterative: any depth, never raises."""
+    """A copy of a JSON-like value with the values of secret-named keys and of name/value pairs
+    named as secrets masked, secrets in strings (keys too) masked (:func:`redact_text`, with
+    ``known``), and what lies deeper than ``MAX_DEPTH`` levels replaced by ``TOO_DEEP``.
+    Iterative: any depth, never raises."""
     known = tuple(known)
     try:
         root: list[Any] = [None]
@@ -151,9 +182,11 @@ def redact_value(value: Any, known: Iterable[str] = ()) -> Any:
             elif isinstance(node, dict):
                 out: dict[Any, Any] = {}
                 parent[slot] = out
+                paired = pair_secret_key(node)
                 for key, item in node.items():
                     shown_key = redact_text(key, known) if isinstance(key, str) else key
-                    if is_secret_name(key) and item is not None and item != "":
+                    if (is_secret_name(key) or (paired is not None and key == paired)) and item is not None \
+                            and item != "":
                         out[shown_key] = MASK
                     else:
                         out[shown_key] = None
@@ -161,6 +194,9 @@ def redact_value(value: Any, known: Iterable[str] = ()) -> Any:
             elif isinstance(node, (list, tuple)):
                 items: list[Any] = [None] * len(node)
                 parent[slot] = items
+                if is_secret_pair(node) and node[1] is not None and node[1] != "":
+                    items[1] = MASK
+                    node = node[:1]
                 stack.extend((item, items, i, depth + 1) for i, item in enumerate(node))
             else:
                 parent[slot] = node
@@ -170,8 +206,9 @@ def redact_value(value: Any, known: Iterable[str] = ()) -> Any:
 
 
 def secret_values(arguments: Any, sensitive: Iterable[str] = ()) -> set[str]:
-    """The strings a call's ``arguments`` hold under the tool's declared ``sensitive`` parameters
-    or under secret-named keys, at any depth (to mask them where a tool quotes them back)."""
+    """The strings a call's ``arguments`` hold under the tool's declared ``sensitive`` parameters,
+    under secret-named keys or as the value of a name/value pair named as a secret, at any depth
+    (to mask them where a tool quotes them back)."""
     found: set[str] = set()
     hidden = set(sensitive)
     stack: list[tuple[Any, bool, int]] = [(arguments, False, 0)]
@@ -181,10 +218,12 @@ def secret_values(arguments: Any, sensitive: Iterable[str] = ()) -> set[str]:
             if secret:
                 found.add(node)
         elif isinstance(node, dict) and depth < MAX_DEPTH:
-            stack.extend((v, secret or (depth == 0 and k in hidden) or is_secret_name(k), depth + 1)
-                         for k, v in node.items())
+            paired = pair_secret_key(node)
+            stack.extend((v, secret or (depth == 0 and k in hidden) or is_secret_name(k)
+                          or (paired is not None and k == paired), depth + 1) for k, v in node.items())
         elif isinstance(node, (list, tuple)) and depth < MAX_DEPTH:
-            stack.extend((v, secret, depth + 1) for v in node)
+            pair = is_secret_pair(node)
+            stack.extend((v, secret or (pair and i == 1), depth + 1) for i, v in enumerate(node))
         elif secret and isinstance(node, (int, float)) and not isinstance(node, bool):
             found.add(str(node))
     return found

@@ -14,6 +14,8 @@ MASK = "***"
 
 _ARG = r"(?![\"']?\*\*\*[\"']?(?![^\s\"'|;&]))"  # not a value masked already (so a repeated option is found)
 _VALUE = r"(\"[^\"\n]*\"?|'[^'\n]*'?|[^\s\"'|;&-][^\s\"'|;&]*)"  # a word, quoted or not
+_FILLED = r"(\"[^\"\n]+\"?|'[^'\n]+'?|[^\s\"'|;&-][^\s\"'|;&]*)"  # a word, quoted or not, not an empty ''
+_ATTACHED = r"(\"[^\"\n]*\"?|'[^'\n]*'?|[^\s\"'|;&]+)"  # a value attached to its option: -pVALUE
 _COMMAND_PART = re.compile(r"\"[^\"\n]*\"|'[^'\n]*'|[|;&\n]")  # a quoted string, or where a simple command ends
 # (words one of which the text must hold, program, option): in a simple command that names the
 # program, every value of the option after it is masked. The words skip an entry cheaply; the
@@ -34,6 +36,22 @@ _PROGRAM_OPTIONS = [
      re.compile(r"(\s-w\s*)" + _ARG + _VALUE)),
     (("smbclient",), re.compile(r"\bsmbclient\b"),
      re.compile(r"(\s(?:-U|--user)(?:\s+|=)?[\"']?[^\s\"'%]*%)" + _ARG + r"([^\s\"']+)")),
+    # SQL Server's and Sybase's command-line tools: -P password
+    (("sqlcmd", "bcp", "osql", "isql"), re.compile(r"\b(?:sqlcmd|bcp|osql|isql)\b"),
+     re.compile(r"(\s-P\s*)" + _ARG + _VALUE)),
+    # zip -P password (not a name ending in .zip)
+    (("zip",), re.compile(r"(?<![\w.-])(?:zip|unzip|zipcloak)\b"), re.compile(r"(\s-P\s*)" + _ARG + _VALUE)),
+    (("7z",), re.compile(r"(?<![\w.-])7z[ar]?\b"), re.compile(r"(\s-p)" + _ARG + _ATTACHED)),  # 7z -pSECRET
+    # openssl enc -k passphrase (-kfile names a file; -pass pass:... is below)
+    (("openssl",), re.compile(r"\bopenssl\b"), re.compile(r"(\s-k\s+)" + _ARG + _VALUE)),
+    # ssh-keygen -N new_passphrase, -P old_passphrase (an empty '' is left as it is)
+    (("ssh-keygen",), re.compile(r"\bssh-keygen\b"), re.compile(r"(\s-[NP]\s*)" + _ARG + _FILLED)),
+    # sqlplus user/password@db
+    (("sqlplus",), re.compile(r"\bsqlplus\b"), re.compile(r"(\s[\"']?[A-Za-z][\w$#]*/)" + _ARG + r"([^\s@\"'/|;&]+)")),
+    (("lftp",), re.compile(r"\blftp\b"), re.compile(r"(\s-u\s+[\"']?[^\s,\"']*,)" + _ARG + r"([^\s\"']+)")),
+    # a here-string into a program that reads a password or token from its input
+    (("<<<",), re.compile(r"--password-stdin|--passphrase-stdin|--with-token|\b(?:ch)?passwd\b|\bsudo\s+-[A-Za-z]*S"),
+     re.compile(r"(<<<[ \t]*)" + _ARG + _FILLED)),
 ]
 _PROGRAM_SECRETS = [  # (words one of which the text must hold, pattern): the words skip a pattern cheaply
     # curl, wget and others: -u user:password (docker's -u uid:gid loses its gid: harmless)
@@ -44,15 +62,22 @@ _PROGRAM_SECRETS = [  # (words one of which the text must hold, pattern): the wo
 ]
 # a password echoed into a program that reads it from standard input: the command after the pipe
 # (group 3) is looked at by _reads_password
-_ECHOED = (("-stdin", "sudo", "chpasswd", "--passphrase-fd"), re.compile(
+_ECHOED = (("-stdin", "sudo", "chpasswd", "--passphrase-fd", "--with-token"), re.compile(
     r"(\b(?:echo(?:[ \t]+-[neE]{1,3})?|printf(?:[ \t]+(?:'%s[^'\n]*'|\"%s[^\"\n]*\"|%s\S*))?)[ \t]+)"
     + _ARG + r"(\"[^\"\n]*+\"|\"[^\"\n|]*+|'[^'\n]*+'|'[^'\n|]*+|[^\s\"'|;&-][^\s\"'|;&]*+)"  # possessive: no
     + r"(?=[ \t]*\|([^|;&\n]*))"))  # retry of the look-ahead per character of a long value
-_READS_PASSWORD = re.compile(r"--password-stdin|--passphrase-stdin|--passphrase-fd|\bchpasswd\b")
+_READS_PASSWORD = re.compile(r"--password-stdin|--passphrase-stdin|--passphrase-fd|--with-token|\bchpasswd\b")
 _SUDO = re.compile(r"\bsudo\b")
 _SUDO_STDIN = re.compile(r"\s(?:-[A-Za-z]*S[A-Za-z]*|--stdin)\b")  # -S, -kS, --stdin
 _PASSWD = re.compile(r"\bpasswd\b")
 _PASSWD_STDIN = re.compile(r"--stdin")
+
+
+# htpasswd -b [-c -B ...] FILE USER PASSWORD, htpasswd -nb USER PASSWORD: the password is the
+# command's last word (before a redirection)
+_HTPASSWD = re.compile(r"\bhtpasswd\b")
+_WORD = re.compile(r"\"[^\"\n]*\"?|'[^'\n]*'?|[^\s\"']+")
+_REDIRECT = re.compile(r"\d*[<>]")
 
 
 def mask_program_secrets(text: str) -> str:
@@ -60,6 +85,8 @@ def mask_program_secrets(text: str) -> str:
     for words, program, option in _PROGRAM_OPTIONS:
         if any(word in text for word in words):
             text = _mask_program_options(text, program, option)
+    if "htpasswd" in text:
+        text = _mask_htpasswd(text)
     for words, pattern in _PROGRAM_SECRETS:
         if any(word in text for word in words):
             text = pattern.sub(_program_value, text)
@@ -93,6 +120,33 @@ def _mask_program_options(text: str, program: re.Pattern[str], option: re.Patter
             if at > command_end:  # an unclosed quoted value held "|;&": the command goes on after it
                 command_end = _command_end(text, at)
         pos = max(command_end, at)
+    out.append(text[done:])
+    return "".join(out)
+
+
+def _mask_htpasswd(text: str) -> str:
+    """``text`` with the password of each ``htpasswd -b`` masked: the last word of its command
+    that is not a redirection. Linear: each command is read once."""
+    out: list[str] = []
+    done = pos = 0
+    while (named := _HTPASSWD.search(text, pos)) is not None:
+        end = _command_end(text, named.end())
+        pos = max(end, named.end())
+        words = list(_WORD.finditer(text, named.end(), end))
+        flags = [w.group() for w in words if w.group().startswith("-")]
+        if not any("b" in flag[1:] and not flag.startswith("--") for flag in flags):
+            continue
+        while words and (_REDIRECT.match(words[-1].group())
+                         or (len(words) > 1 and _REDIRECT.fullmatch(words[-2].group()))):
+            words.pop()  # "> out", "2>/dev/null"
+        if len(words) < 3 or words[-1].group().startswith("-") or words[-1].group() == MASK:
+            continue
+        last = words[-1]
+        value = last.group()
+        quote = value[0] if value[0] in "\"'" else ""
+        out.append(text[done:last.start()])
+        out.append(f"{quote}{MASK}{quote if value.endswith(quote) and len(value) > 1 else ''}")
+        done = last.end()
     out.append(text[done:])
     return "".join(out)
 

@@ -11,7 +11,9 @@ It recognises, in this order:
 3. token shapes, whatever surrounds them: OpenAI/Anthropic ``sk-…``, Stripe ``sk_live_…``, GitHub
    ``ghp_…``/``github_pat_…``, GitLab ``glpat-…``, Slack ``xox?-…`` and webhook paths, AWS key ids
    ``AKIA…``/``ASIA…``, Google ``AIza…``/``ya29.…``, JWTs ``eyJ….eyJ….…``, npm, PyPI, Hugging Face,
-   SendGrid, DigitalOcean and Shopify tokens;
+   SendGrid, DigitalOcean and Shopify tokens, HashiCorp Vault ``hvs.…``/``hvb.…``, Slack ``xapp-…``,
+   age ``AGE-SECRET-KEY-1…``; webhook URLs whose path is the credential (Discord
+   ``/api/webhooks/<id>/***``, Teams ``/IncomingWebhook/***``, Telegram ``/bot<id>:***``);
 4. credentials in URLs (``scheme://user:***@host``, also with an empty user), ``sig=`` in query strings;
 5. ``Authorization``/``Proxy-Authorization`` header values (the scheme word kept), ``Cookie``/``Set-Cookie``
    values (the cookie names kept);
@@ -19,9 +21,12 @@ It recognises, in this order:
    ``redis-cli -a ***``,
    ``mongosh -p ***``, ``ldapsearch -w ***``, ``docker login -p ***``, ``az login -p ***``,
    ``-u user:***`` (curl and others),
-   ``smbclient -U user%***``, ``openssl -passin pass:***``; a value echoed into a program that
-   reads a password from its input (``echo *** | docker login --password-stdin``, ``| sudo -S``,
-   ``| chpasswd``, ``| passwd --stdin``);
+   ``smbclient -U user%***``, ``openssl -passin pass:***``, ``openssl enc -k ***``, ``sqlcmd -P ***``
+   (``bcp``, ``osql``, ``isql``), ``zip -P ***``, ``7z -p***``, ``ssh-keygen -N ***``,
+   ``htpasswd -b file user ***``, ``sqlplus user/***@db``, ``lftp -u user,***``; a value echoed or
+   here-string'ed into a program that reads a password from its input (``echo *** | docker login
+   --password-stdin``, ``| sudo -S``, ``| chpasswd``, ``| passwd --stdin``, ``gh auth login
+   --with-token <<< ***``);
 7. options and assignments whose name is a secret (:func:`is_secret_name`): ``--password=***``,
    ``--password ***``, ``-storepass ***``, ``PGPASSWORD=***``, ``export SECRET_KEY=***``,
    ``"password": "***"``, ``'token': '***'``, ``api_key: ***``, ``X-Api-Key: ***``, ``?access_token=***&``;
@@ -58,7 +63,8 @@ _SECRET_SUFFIXES = ("password", "passwd", "passphrase", "secret", "token", "apik
                     "accesskey")
 _SECRET_PAIRS = frozenset({("api", "key"), ("private", "key"), ("access", "key"), ("secret", "key"),
                            ("session", "id"), ("client", "secret"), ("account", "key"), ("signing", "key"),
-                           ("encryption", "key"), ("master", "key"), ("shared", "key"), ("session", "key")})
+                           ("encryption", "key"), ("master", "key"), ("shared", "key"), ("session", "key"),
+                           ("subscription", "key")})  # Azure's Ocp-Apim-Subscription-Key
 # ...unless the name ends in a word that says the value is not the secret itself: password_file, token_count
 _NOT_SECRET_LAST = frozenset({"file", "path", "dir", "stdin", "env", "count", "length", "len", "type", "mode",
                               "name", "field", "expiry", "expires", "ttl", "url", "uri", "endpoint", "prompt",
@@ -134,9 +140,16 @@ _TOKENS = re.compile(
     r"|SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"
     r"|dop_v1_[a-f0-9]{64}"
     r"|shp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}"
+    r"|hv[sbr]\.[A-Za-z0-9_-]{24,}"  # HashiCorp Vault service, batch and recovery tokens
+    r"|xapp-\d-[A-Za-z0-9-]{10,}"  # Slack app-level tokens
+    r"|AGE-SECRET-KEY-1[0-9A-Z]{20,}"  # age private keys
     r")"
 )
 _SLACK_WEBHOOK = re.compile(r"(hooks\.slack\.com/(?:services|workflows)/)[A-Za-z0-9/_-]+")
+# webhook URLs whose path is the credential: Discord's (and look-alikes') /api/webhooks/<id>/<token>,
+# Microsoft Teams' /IncomingWebhook/<id>/<id>, a Telegram bot's /bot<id>:<token>
+_WEBHOOKS = (("webhooks/", "IncomingWebhook/", "/bot"), re.compile(
+    r"(/api/webhooks/\d+/)[A-Za-z0-9_-]+|(/IncomingWebhook/)[A-Za-z0-9/_-]+|(/bot\d{5,12}:)[A-Za-z0-9_-]{20,}"))
 # RFC 3986 userinfo: no "/", "?", "#" or "@" in it; the user may be empty (redis://:pw@host)
 _URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]{0,31}://[^\s:/?#@\"'<>\\]*:)([^\s/?#@\"'<>\\]+)(@)")
 _QUERY_SIG = re.compile(r"([?&](?:sig|code_verifier)=)([^&\s\"'#<>\\]+)")
@@ -163,6 +176,16 @@ _UNQUOTED = r"""(?P<v>[^\s"'&;,<>()\[\]{}\\]+)"""
 # still found, and no value is scanned for every name inside it (``key=key=...`` was quadratic).
 _VALUE_AT = re.compile(_QUOTED + "|" + _UNQUOTED)
 _VALUE_GROUPS = frozenset({"q", "qv", "qe", "v"})
+# a name/value pair written out: {"name": "X-Api-Key", "value": "..."} (HAR, Kubernetes env, a
+# logged repr), and ("X-Api-Key", "...") / ["X-Api-Key", "..."] (requests' header tuples)
+_PAIR_TEXT = re.compile(
+    r"""(?i)(?<![\w-])((?P<k>["']?)\b(?:name|key|header|field)(?P=k)[ \t]*[:=][ \t]*"""
+    r"""(?P<nq>["'])(?P<name>[^"'\n]{1,256})(?P=nq)[ \t]*,[ \t]*(?P<vk>["']?)value(?P=vk)[ \t]*[:=][ \t]*)""" + _QUOTED
+)
+_PAIR_ITEMS = re.compile(  # the value's closing quote and bracket required (possessive: no retries)
+    r"""([\[(][ \t]*(?P<nq>["'])(?P<name>[^"'\n]{1,256})(?P=nq)[ \t]*,[ \t]*)"""
+    r"""(?P<q>["'])(?P<qv>(?:\\.|(?!(?P=q))[^\\\n])*+)(?P<qe>(?P=q))(?=[ \t]*[\])])"""
+)
 # --name=value, --name value, -name value
 _OPTION = re.compile(
     r"(?<![\w.-])(?P<head>--?(?P<name>" + _NAME + r"[A-Za-z][\w.-]{0,255})(?P<sep>=|[ \t]+))"
@@ -266,6 +289,20 @@ def _bearer(match: re.Match[str]) -> str:
     return match.group(1) + MASK if looks_like_credential(match.group(2)) else match.group(0)
 
 
+def _pair_value(match: re.Match[str]) -> str:
+    """A written-out name/value pair with its value masked when the name is a secret's."""
+    value = match.group("qv")
+    if not value or set(value) == {"*"} or not is_secret_name(match.group("name")):
+        return match.group(0)
+    return match.group(1) + match.group("q") + MASK + (match.group("qe") or "")
+
+
+def _pair_items(match: re.Match[str]) -> str:
+    """``("X-Api-Key", "...")``: masked only when the value looks like a credential (so a list of
+    words such as ``["token", "count"]`` stays)."""
+    return _pair_value(match) if looks_like_credential(match.group("qv")) else match.group(0)
+
+
 def _escaped_pair(match: re.Match[str]) -> str:
     return match.group(1) + MASK + match.group(4) if is_secret_name(match.group("name")) else match.group(0)
 
@@ -304,6 +341,10 @@ def _named_values(line: str) -> str:
     line = _mask_values(_OPTION, _option, line)
     line = _mask_values(_ASSIGNMENT, _assignment, line)
     line = _ESCAPED_PAIR.sub(_escaped_pair, line)
+    if "value" in line.lower():
+        line = _PAIR_TEXT.sub(_pair_value, line)
+    if "," in line:
+        line = _PAIR_ITEMS.sub(_pair_items, line)
     return _mask_values(_BARE, _bare, line)
 
 
@@ -316,6 +357,8 @@ def mask_secrets(text: str, known: Iterable[str] = ()) -> str:
     text = _PRIVATE_KEY.sub(_private_key, text)
     text = _TOKENS.sub(MASK, text)
     text = _SLACK_WEBHOOK.sub(r"\1" + MASK, text)
+    if any(word in text for word in _WEBHOOKS[0]):
+        text = _WEBHOOKS[1].sub(lambda m: (m.group(1) or m.group(2) or m.group(3)) + MASK, text)
     lower = _lowered(text)
     if "://" in text:
         text = _URL_PASSWORD.sub(r"\1" + MASK + r"\3", text)

@@ -265,7 +265,8 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
             if result is None:
                 return {}
         except Exception as exc:  # Flower and the logs show the exception: redacted (worker/redaction.py)
-            raise redacted_failure(exc, envelope) from None
+            spec = runtime.registry.get(envelope.get("name")) if isinstance(envelope, dict) else None
+            raise redacted_failure(exc, envelope, spec.sensitive if spec else ()) from None
         if result.error is not None and result.error.message in (SUPERSEDED_MESSAGE, RUNNING_COPY_MESSAGE):
             return task_summary(result)  # this message ran nothing: the other one tells the call's end
         # ids, codes and sizes only: the content is the ledger's; an error result raises CallFailed

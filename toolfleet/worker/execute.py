@@ -25,7 +25,7 @@ from ..tools.output import fit_output
 from ..tools.spec import ToolSpec
 from ..tools.validation import check_arguments
 from .guard import screen_call
-from .redaction import mask_known_secrets
+from .redaction import call_secrets, mask_known_secrets
 from .runtime import Runtime
 from .side_effects import arm_wait_s, hard_limit_for, run_guarded
 from .stateful import call_handler
@@ -169,8 +169,13 @@ def _record_unless_started(runtime: Runtime, env: CallEnvelope, placeholder: Too
 
 
 def _run_handler(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
-    """Run the handler; whatever it returns or raises becomes a result that can be stored."""
-    return storable(_handler_result(runtime, spec, ctx, arguments))
+    """Run the handler; whatever it returns or raises becomes a result that can be stored, with the
+    call's secret argument values masked where it quotes them back (:func:`mask_known_secrets`),
+    before anything stores it: the journal (worker/side_effects.py), the ledger, the result log.
+    While it runs, the worker's log lines have those values masked too (:func:`call_secrets`)."""
+    with call_secrets(arguments, spec.sensitive):
+        result = _handler_result(runtime, spec, ctx, arguments)
+    return storable(mask_known_secrets(result, arguments, spec.sensitive))
 
 
 def _handler_result(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
@@ -240,7 +245,8 @@ def _record(
 ) -> ToolResult:
     now = time.time()
     spec = runtime.registry.get(env.name)
-    result = mask_known_secrets(result, env.arguments, spec.sensitive if spec else ())  # quoted-back arguments
+    # quoted-back arguments (a handler's result is masked already, before the journal stored it: _run_handler)
+    result = mask_known_secrets(result, env.arguments, spec.sensitive if spec else ())
     result = result.model_copy(
         update={
             "worker": worker,

@@ -14,8 +14,10 @@ which is what the dispatcher reads; Celery only ever sees:
   ``exception``/``traceback`` fields and Celery's error log line carry no secret;
 - **log lines** (:func:`install_log_redaction`, installed when a worker starts): every record
   created in the worker's processes, Celery's and kombu's included, has its message and traceback
-  text redacted (:func:`toolfleet.tools.redact.redact_text`) before any handler sees it, and the
-  body of a message Celery cannot run is logged as its size only;
+  text redacted (:func:`toolfleet.tools.redact.redact_text`) before any handler sees it, with the
+  secret argument values of the call running in the process masked too (:func:`call_secrets`: a
+  tool's own ``log.warning("trying %s", password)``), and the body of a message Celery cannot run
+  is logged as its size only;
 - **error messages** (:func:`mask_known_secrets`): a tool that quotes back an argument the model
   passed under a secret name (``password``, ``token``, a declared ``sensitive`` parameter) has that
   value masked in ``error.message``/``error.hint`` before the result is recorded (shapes are
@@ -28,9 +30,12 @@ failed call printed, reach the model unredacted through the ledger: the model as
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from celery.exceptions import TaskPredicate
@@ -42,6 +47,10 @@ from ..tools.redact import redact_text, secret_values
 
 _install_lock = threading.Lock()
 _installed = False
+_running_lock = threading.Lock()
+_running: dict[int, frozenset[str]] = {}  # the secret argument values of each call running in this process
+_running_values: tuple[str, ...] = ()  # their union, replaced whole (read without the lock)
+_running_ids = itertools.count()
 
 
 def task_summary(result: ToolResult) -> dict[str, Any]:
@@ -61,16 +70,18 @@ class CallTaskError(Exception):
     The message is the original exception's traceback, redacted."""
 
 
-def redacted_failure(exc: BaseException, envelope: Any = None) -> BaseException:
+def redacted_failure(exc: BaseException, envelope: Any = None,
+                     sensitive: tuple[str, ...] | list[str] = ()) -> BaseException:
     """What a task raises instead of ``exc``: ``exc`` itself for Celery's control exceptions
     (retry, ignore, reject), else a :class:`CallTaskError` holding ``exc``'s traceback, redacted,
-    with the secret argument values of ``envelope`` (the task's kwarg, any shape) masked too. A
+    with the secret argument values of ``envelope`` (the task's kwarg, any shape; ``sensitive``:
+    the tool's declared sensitive parameters) masked too. A
     pydantic ``ValidationError`` is told without its input values: it quotes them cut short, and a
     secret cut in two no longer has a recognisable shape."""
     if isinstance(exc, TaskPredicate):
         return exc
     arguments = envelope.get("arguments") if isinstance(envelope, dict) else None
-    known = secret_values(arguments) if isinstance(arguments, dict) else set()
+    known = secret_values(arguments, sensitive) if isinstance(arguments, dict) else set()
     if isinstance(exc, ValidationError):
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}"
                              for e in exc.errors(include_input=False, include_url=False))
@@ -100,6 +111,39 @@ def mask_known_secrets(result: ToolResult, arguments: Any, sensitive: tuple[str,
     content = new_head + content[len(old_head):] if content.startswith(old_head) else redact_text(content, known)
     return result.model_copy(update={"content": content,
                                      "error": error.model_copy(update={"message": message, "hint": hint})})
+
+
+@contextmanager
+def call_secrets(arguments: Any, sensitive: tuple[str, ...] | list[str] = ()) -> Iterator[frozenset[str]]:
+    """While the block runs, every log record this process makes has the call's secret argument
+    values (:func:`~toolfleet.tools.redact.secret_values`: declared ``sensitive`` parameters,
+    secret-named keys at any depth) masked, as its error message has: a tool's own
+    ``log.warning("sign_in: %s / %s", user, password)`` shows ``***``. Cleared when the block
+    ends, however it ends (a result, an exception, the soft time limit).
+
+    Process-wide, not a context variable: a prefork pool process runs one call at a time, and the
+    threads a handler starts (which a context variable does not reach) log through the same
+    factory. A thread that outlives its call and logs the value afterwards is not covered."""
+    known = frozenset(secret_values(arguments, sensitive))
+    if not known:
+        yield known
+        return
+    global _running_values
+    ident = next(_running_ids)
+    with _running_lock:
+        _running[ident] = known
+        _running_values = tuple(set().union(*_running.values()))
+    try:
+        yield known
+    finally:
+        with _running_lock:
+            _running.pop(ident, None)
+            _running_values = tuple(set().union(*_running.values()))
+
+
+def running_call_secrets() -> tuple[str, ...]:
+    """The secret argument values of the calls running in this process (:func:`call_secrets`)."""
+    return _running_values
 
 
 def install_log_redaction() -> None:
@@ -136,16 +180,18 @@ def _hide_message_bodies() -> None:
 
 
 def _redact_record(record: logging.LogRecord) -> None:
+    known = _running_values  # the running call's secret argument values (call_secrets)
     try:
-        record.msg = redact_text(record.getMessage())
+        record.msg = redact_text(record.getMessage(), known)
     except Exception:  # noqa: BLE001 - a bad format string: keep neither its text nor its arguments
         record.msg = f"<log line hidden: it could not be formatted ({record.name})>"
     record.args = None
     try:
         if record.exc_info and record.exc_info[0] is not None and not record.exc_text:
-            record.exc_text = redact_text("".join(traceback.format_exception(*record.exc_info))).rstrip("\n")
+            record.exc_text = redact_text("".join(traceback.format_exception(*record.exc_info)),
+                                          known).rstrip("\n")
         if record.stack_info:
-            record.stack_info = redact_text(record.stack_info)
+            record.stack_info = redact_text(record.stack_info, known)
     except Exception:  # noqa: BLE001
         record.exc_text = "<traceback hidden: it could not be redacted>"
         record.stack_info = None
