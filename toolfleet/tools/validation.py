@@ -162,7 +162,7 @@ def check_arguments(spec: ToolSpec, call_id: str, arguments: dict[str, Any]) -> 
             f"send flatter arguments, as the schema of {spec.name} describes them.",
             data={"errors": [{"pointer": "", "keyword": "maxDepth", "given": f"more than {MAX_NESTING} levels",
                               "wants": f"at most {MAX_NESTING} levels", "fix": "send flatter arguments"}]})
-    found = violations(spec.validator, arguments)
+    found = violations(spec.validator, arguments, spec.sensitive)
     if not found:
         return None
     count = "1 problem" if len(found) == 1 else f"{len(found)} problems"
