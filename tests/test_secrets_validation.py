@@ -9,6 +9,11 @@
   wherever else the message (or ``data.errors``) would repeat them.
 - The ``planned`` entry, an approval request and Flower's view masked a sensitive parameter but
   not the same value repeated in another one (a command), nor a policy refusal quoting it.
+- A JSON syntax error quotes the 40 characters before where parsing stopped; they were masked on
+  their own, and the cut can leave a secret without the name or program that made it recognisable
+  (``mysql ... -pSECRET`` without ``mysql``). An unknown tool name was cut to 64 characters (head
+  and tail) before it was masked. Now the whole text is masked, then cut (``validation.around``),
+  with a hypothesis property over secrets of known shapes anywhere in malformed JSON.
 """
 
 from __future__ import annotations
@@ -17,13 +22,16 @@ import json
 from typing import Literal
 
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from toolfleet import Dispatcher, ToolCall, tool
 from toolfleet.audit import AuditLog
 from toolfleet.keys import Keys
 from toolfleet.redis_client import client_for
 from toolfleet.tools.registry import Registry, default_registry
-from toolfleet.tools.validation import check_call
+from toolfleet.tools.validation import around, check_call
 
 WAIT_S = 20
 DSN_SECRET = "DsnNoShape-20931"
@@ -69,6 +77,31 @@ def test_a_sensitive_value_quoted_by_a_schema_error_is_masked_in_the_audit_trail
     assert DSN_SECRET not in result.error.message, result.error.message  # ...the message does not
     assert DSN_SECRET not in trail
 
+
+@pytest.mark.parametrize("command", [
+    # a literal new line inside a JSON string (a model writing a two-line command) stops the parser
+    f"mysql --host=db.internal.example.com -u root -p{MYSQL_PW} -e 'select 1;\nselect 2'",
+    f"git clone https://deploy:{MYSQL_PW}{MYSQL_PW}@git.example.com/x.git\ncd x",
+])
+def test_a_json_syntax_error_does_not_quote_a_secret_cut_from_its_name(settings, workspace, command):
+    raw = '{"command": "' + command + '"}'  # not json.dumps: the new line stays raw
+    turn_id, result = run_one(settings, workspace, ToolCall(id="cmd", name="run_command", arguments=raw, index=0))
+    assert result.code is not None and result.code.value == "INVALID_ARGUMENT"
+    assert "parsing stopped after" in result.error.message
+    assert MYSQL_PW not in result.error.message, result.error.message
+    assert MYSQL_PW not in trail_text(settings, turn_id)
+
+
+def test_an_unknown_tool_name_is_masked_before_it_is_shortened(settings, workspace):
+    # a weak model puts the command in the name field; the name is cut to 64 characters (head and
+    # tail) before it is masked, so the tail of the password is quoted without its name
+    password = "Hx7Lq29VbN4mZ0pt"
+    name = f"run_command with the environment set first: export DATABASE_PASSWORD={password}"
+    turn_id, result = run_one(settings, workspace, ToolCall(id="u", name=name, arguments="{}", index=0))
+    assert result.code is not None and result.code.value == "UNKNOWN_TOOL"
+    tail = password[-12:]
+    assert tail not in result.error.message, result.error.message
+    assert tail not in trail_text(settings, turn_id)
 
 
 # --- the same, without Redis: check_call is what the dispatcher (and the worker) runs ---
@@ -131,6 +164,53 @@ def test_a_token_shaped_parameter_name_is_masked_in_the_pointer_and_fix():
     assert token not in everything(result), everything(result)
 
 
+KNOWN_SHAPES = [
+    "sk-proj-Q7wErTy12UiOp34AsDfGh56JkL",
+    "ghp_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8",
+    "AKIAQ3EGRIZ7XJ5LMN2P",
+    "xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",
+]
+PASSWORD = "Zq81LmVp0rtX77aa"
+SETTINGS = [  # where a password has a recognisable name or program in front of it
+    "mysql -u root -p{s}", "git clone https://deploy:{s}@git.example.com/x.git", "export DATABASE_PASSWORD={s}",
+    "curl -H 'Authorization: Bearer {s}' https://api.example.com", "{s}",
+]
+
+
+@hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(secret=st.sampled_from(KNOWN_SHAPES + [PASSWORD]), setting=st.sampled_from(SETTINGS),
+       pad_before=st.text(st.characters(codec="ascii", exclude_categories=("Cc",)), max_size=60),
+       pad_after=st.text(st.characters(codec="ascii", exclude_categories=("Cc",)), max_size=60),
+       breaker=st.sampled_from(["\n", "\t", '"', "", "}", ",", "\\q"]), cut=st.integers(0, 200))
+def test_a_secret_of_a_known_shape_in_malformed_json_is_never_quoted(secret, setting, pad_before, pad_after,
+                                                                     breaker, cut):
+    if setting == "{s}" and secret == PASSWORD:
+        secret = KNOWN_SHAPES[0]  # a bare password has no shape: nothing could recognise it
+    command = pad_before + " " + setting.format(s=secret) + " " + pad_after
+    raw = '{"command": "' + command + breaker + '"}'
+    raw = raw[:len(raw) - cut % 3] if breaker == "" else raw  # a text cut short too
+    try:
+        json.loads(raw)
+        return  # valid after all: not what this is about
+    except ValueError:
+        pass
+    result = checked("run_command", raw)
+    assert secret not in everything(result)
+    for piece in (secret[i:i + 8] for i in range(0, len(secret) - 7, 4)):
+        assert piece not in result.error.message, (piece, result.error.message)
+
+
+@given(text=st.text(max_size=120), pos=st.integers(0, 130))
+def test_around_shows_only_pieces_of_the_masked_text(text, pos):
+    from toolfleet.tools.redact import mask_text
+
+    pos = min(pos, len(text))
+    before, after = around(text, pos)
+    whole = mask_text(text)
+    assert before.removeprefix("…").removesuffix("***") in whole
+    assert after in whole
+
+
 @tool(access="write", resources=lambda a: [], command_arg="command", sensitive=("password",))
 def db_shell(command: str, password: str) -> str:
     """Run a database shell command.
@@ -157,3 +237,35 @@ def test_a_policy_refusal_quoting_the_command_masks_the_calls_sensitive_values(s
     assert DSN_SECRET not in result.content, result.content
     trail = trail_text(settings, turn.turn_id)
     assert DSN_SECRET not in trail, [trail[max(i - 200, 0):i + 40] for i in [trail.find(DSN_SECRET)]]
+
+
+# --- siblings: other places that quoted a model's (or a state's) text cut first, then masked ---
+
+TOKEN = "sk-proj-Q7wErTy12UiOp34AsDfGh56JkL"
+
+
+def test_the_stream_adapters_mask_before_they_cut():
+    from toolfleet.dispatcher.adapters.wire import cut, short
+
+    for text in (f"curl -H 'Authorization: Bearer {TOKEN}'", f"mysql -u root -p{PASSWORD} -e 'select 1'"):
+        for limit in (20, 30, 40, 60):
+            for shown in (short(text, limit), cut(text, limit)):
+                assert TOKEN[8:20] not in shown and PASSWORD[4:] not in shown, shown
+
+
+def test_a_session_states_differences_and_validation_errors_mask_before_they_cut():
+    from pydantic import BaseModel, ValidationError
+
+    from toolfleet.tools.state_json import _differs, validation_text
+
+    shown = _differs("/token", f"Bearer {TOKEN}", f"Bearer {TOKEN} ")
+    assert TOKEN[-12:] not in shown and TOKEN[:12] not in shown, shown
+
+    class Login(BaseModel):
+        retries: int
+
+    try:
+        Login(retries=f"mysql -u root -p{PASSWORD} -e 'select 1'")
+    except ValidationError as exc:
+        text = validation_text(exc)
+    assert "retries" in text and PASSWORD[:6] not in text and PASSWORD[-6:] not in text, text
