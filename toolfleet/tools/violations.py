@@ -92,10 +92,13 @@ def violations(validator: Validator, arguments: Any, sensitive: Iterable[str] = 
     pointer; one per place and keyword. ``sensitive``: the tool's declared sensitive parameters,
     whose values are never quoted (nor, masked, anywhere else the text would show them)."""
     root = validator.schema
+    errors = list(validator.iter_errors(arguments))
+    if not errors:
+        return []  # the common case: no secret values to collect
     sensitive = frozenset(sensitive)
     secrets = _Secrets(sensitive, tuple(sorted(secret_values(arguments, sensitive), key=len, reverse=True)))
     found: dict[tuple[str, str], Violation] = {}
-    for error in validator.iter_errors(arguments):
+    for error in errors:
         for violation in _describe(error, root, secrets):
             found.setdefault((violation.pointer, violation.keyword), violation)
     return sorted(found.values(), key=lambda v: v.pointer)
