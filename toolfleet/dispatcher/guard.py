@@ -21,12 +21,13 @@ from ..policy.config import Policy
 from ..policy.engine import Verdict, evaluate
 from ..policy.loops import LoopCheck, LoopDetector
 from ..policy.rules import Rule, RuleStore
-from ..tools.redact import redact_arguments, redact_text, redact_value
+from ..tools.redact import redact_text, redact_value, secret_values
 from ..tools.registry import Registry
 from ..tools.spec import ToolSpec
 from ..tools.state import SessionStore, loop_epochs
 from ..tools.validation import parse_arguments
 from .approvals import Approvals, PendingCall
+from .wire import shown_arguments
 
 # what validation made of a call: its tool and arguments, or its error result
 Checked = tuple[ToolSpec, dict[str, Any]] | ToolResult
@@ -83,6 +84,13 @@ class Guard:
                 self.policy, spec, arguments, workspace=workspace,
                 remembered=lambda name=spec.name: remembered(name),
             )
+            # a reason quotes the call (a command); its declared-sensitive and secret-named values are
+            # masked wherever they appear in it, as in the `planned` entry (the `denied` entry, the
+            # model's PERMISSION_DENIED, the person's approval request)
+            known = secret_values(arguments, spec.sensitive)
+            if known:
+                verdict = replace(verdict, reason=redact_text(verdict.reason, known),
+                                  hint=redact_text(verdict.hint, known))
             out.verdicts[call.id] = verdict
             if verdict.action == "deny":
                 out.refused[call.id] = ToolResult.failure(
@@ -97,7 +105,7 @@ class Guard:
                     call_id=call.id,
                     name=spec.name,
                     index=call.index,
-                    arguments=redact_arguments(arguments, spec.sensitive),
+                    arguments=shown_arguments(arguments, spec.sensitive),
                     reason=redact_text(verdict.reason),
                     workspace=workspace,
                     requested_at=time.time(),
@@ -126,7 +134,7 @@ class Guard:
         """Write the ``planned`` audit event of ``calls`` (``deps``: what each planned call waits
         for), hold the pending ones, and audit the ones the policy refused. Call after planning and
         before any of them is submitted or gets a result. Returns the redacted arguments of each
-        valid call (call id -> :func:`redact_arguments`), which the submitter shows Flower."""
+        valid call (call id -> :func:`~.wire.shown_arguments`), which the submitter shows Flower."""
         entries = []
         shown: dict[str, Any] = {}
         for call, outcome in zip(calls, checked, strict=True):
@@ -166,9 +174,10 @@ class Guard:
     def _shown_arguments(self, call: ToolCall, outcome: Checked) -> object:
         if not isinstance(outcome, ToolResult):
             spec, arguments = outcome
-            return redact_arguments(arguments, spec.sensitive)
+            return shown_arguments(arguments, spec.sensitive)
         spec = self.registry.get(call.name)
         parsed = parse_arguments(call)
         if isinstance(parsed, dict):
-            return redact_arguments(parsed, spec.sensitive if spec else ())
+            return shown_arguments(parsed, spec.sensitive if spec else ())
         return redact_text(call.arguments) if isinstance(call.arguments, str) else redact_value(call.arguments)
+

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ToolfleetError
+from ..tools.redact import redact_text
 from ..tools.registry import Registry
 from ..tools.state import SessionState, SessionStore
 from ..tools.state_json import json_writer, validation_text
@@ -101,7 +102,8 @@ def _check_schema(name: str, schema: Mapping[str, Any], form: Any) -> None:
     found = []
     for error in jsonschema.Draft202012Validator(_lenient(schema)).iter_errors(form):
         path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
-        found.append(f"at {path}: {error.message if len(error.message) <= 160 else error.message[:160] + '...'}")
+        message = redact_text(error.message)  # it quotes the value: masked, then cut
+        found.append(f"at {path}: {message if len(message) <= 160 else message[:160] + '...'}")
     if found:
         found.sort()
         more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""

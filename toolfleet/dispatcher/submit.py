@@ -27,11 +27,11 @@ from ..keys import Keys
 from ..models import CallEnvelope
 from ..settings import Settings
 from ..signing import sign
-from ..tools.redact import redact_arguments
 from ..tools.spec import ToolSpec
 from ..worker.app import TASK_NAME
 from .affinity import live_queue
 from .sent_events import SentEvents
+from .wire import shown_arguments
 
 KWARGSREPR_MAX_CHARS = 1000
 # Celery's soft limit comes this long after the call's own deadline, so a handler that watches its
@@ -165,7 +165,7 @@ class Submitter:
         longer the chain it heads, the sooner a worker takes it). Raises BrokerUnavailable if the
         broker refuses. Inside :meth:`batch`, the call is only buffered until the batch ends.
         ``headers``: extra message headers (the W3C trace context of the call's span, observe/tracing.py).
-        ``shown``: ``redact_arguments(arguments, spec.sensitive)`` when the caller has it already."""
+        ``shown``: ``shown_arguments(arguments, spec.sensitive)`` (wire.py) when the caller has it already."""
         limit_s = spec.time_limit_s(arguments)
         submitted_at = time.time()
         expires_s = message_expiry_s(self.settings, limit_s)
@@ -184,7 +184,7 @@ class Submitter:
         )
         shown = json.dumps(
             {"turn_id": turn_id, "call_id": call_id,
-             "arguments": redact_arguments(arguments, spec.sensitive) if shown is None else shown},
+             "arguments": shown_arguments(arguments, spec.sensitive) if shown is None else shown},
             default=str,
         )
         if len(shown) > KWARGSREPR_MAX_CHARS:

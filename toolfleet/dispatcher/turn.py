@@ -118,7 +118,7 @@ class Turn(TurnIntake, TurnApprovals, TurnDriver):
         self._changed = threading.Condition(self._lock)
         self.armed = armed  # workers may run its calls (see Ledger.arm); False until a batch is all sent
         self._abandoned = False
-        self._obs = observe_turn(turn_id, session_id)  # traces and metrics; None when off (observe/)
+        self._obs = observe_turn(turn_id, session_id, registry.__contains__)  # traces, metrics; None when off
         self._sender = Sender(self, availability, locks)
         self._watch = Watchdog(self, availability)
         self._thread = threading.Thread(target=self._drive, name=f"toolfleet-turn-{turn_id}", daemon=True)

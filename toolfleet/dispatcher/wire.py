@@ -27,7 +27,7 @@ from typing import Any
 
 from ..models import ErrorCode, ToolCall, ToolResult
 from ..text import safe_text
-from ..tools.redact import redact_text
+from ..tools.redact import redact_arguments, redact_text, redact_value, secret_values
 from ..tools.registry import Registry
 from ..tools.spec import ToolSpec
 from ..tools.validation import check_call
@@ -137,3 +137,12 @@ def _bad_path(value: Any, path: str) -> str | None:
             if found:
                 return found
     return None
+
+
+def shown_arguments(arguments: dict[str, Any], sensitive: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
+    """:func:`redact_arguments`, and the secret values it hid (declared ``sensitive``, secret-named)
+    masked wherever else the arguments repeat them: ``{"command": "psql ... <the password>",
+    "password": ...}`` would show in the ``command`` what ``password`` hides."""
+    shown = redact_arguments(arguments, sensitive)
+    known = secret_values(arguments, sensitive)
+    return redact_value(shown, known) if known else shown

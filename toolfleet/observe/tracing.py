@@ -10,6 +10,11 @@ child. Attributes: ``toolfleet.turn_id``, ``toolfleet.call_id``, ``toolfleet.too
 Events: ``toolfleet.cancel`` (turn: a cancel was asked), ``toolfleet.cancelled`` (call: stopped or
 never started because of a cancel), ``toolfleet.time_limit`` (call: ran past its time limit).
 
+A tool name no registered tool has is the model's text (a weak model may put a whole command, token
+and all, in the name field): its span is ``toolfleet.call <unknown>`` with ``toolfleet.tool``
+``<unknown>`` and ``toolfleet.tool_given`` the name masked (:func:`~toolfleet.tools.redact.redact_text`),
+then cut to ``TOOL_GIVEN_CHARS``; the session id and a cancel's reason are masked and cut the same way.
+
 Off by default: with no SDK tracer provider set (the API's proxy), :func:`turn_trace` returns
 ``None`` and nothing else runs (a global read and an ``isinstance``; bench/tracing_cost.py). Our own
 spans, not opentelemetry-instrumentation-celery: that makes a short publish span and a run span per
@@ -19,6 +24,7 @@ task, but not a call span covering the queue wait, nor the turn as the calls' pa
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 try:  # the API is a dependency of our extras only; without it tracing is simply off
@@ -31,6 +37,9 @@ if TYPE_CHECKING:
     from ..models import ToolResult
 
 TRACER_NAME = "toolfleet"
+UNKNOWN_TOOL = "<unknown>"  # the tool of a call whose name no registered tool has (span names, metric labels)
+ATTRIBUTE_MAX_CHARS = 200
+TOOL_GIVEN_CHARS = 80
 _override: Any = None  # a tracer provider given to set_tracer_provider(), else the global one
 
 
@@ -52,6 +61,13 @@ def tracer() -> Any:
         if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
             return None
     return provider.get_tracer(TRACER_NAME)
+
+
+def attribute_text(text: Any, max_chars: int = ATTRIBUTE_MAX_CHARS) -> str:
+    """``text`` as a span attribute: secrets masked, then cut (head and tail, its length said)."""
+    from ..tools.redact import redact_text, shorten
+
+    return shorten(redact_text(str(text)), max_chars)
 
 
 def result_attributes(result: ToolResult) -> dict[str, Any]:
@@ -79,12 +95,14 @@ def add_result_events(span: Any, result: ToolResult) -> None:
 class TurnTrace:
     """The spans of one turn (thread-safe: the caller's thread sends, the driver thread collects)."""
 
-    def __init__(self, tracer_: Any, turn_id: str, session_id: str | None) -> None:
+    def __init__(self, tracer_: Any, turn_id: str, session_id: str | None,
+                 known: Callable[[str], bool] | None = None) -> None:
         self._tracer = tracer_
         self._lock = threading.Lock()
+        self._known = known  # whether a name is a registered tool's; None: every name is
         attrs = {"toolfleet.turn_id": turn_id}
         if session_id:
-            attrs["toolfleet.session_id"] = session_id
+            attrs["toolfleet.session_id"] = attribute_text(session_id)  # the caller's label: may hold anything
         # parent: the caller's current span (this runs in the caller's thread)
         self.span = tracer_.start_span("toolfleet.turn", attributes=attrs)
         self._turn_ctx = trace.set_span_in_context(self.span)
@@ -106,9 +124,14 @@ class TurnTrace:
         return headers
 
     def _start(self, call_id: str, tool: str) -> Any:
+        attrs = {"toolfleet.turn_id": self._turn_id, "toolfleet.call_id": call_id, "toolfleet.tool": tool}
+        if self._known is not None and not self._known(tool):
+            # the model's text: never a span name (bounded: what backends index and show first)
+            attrs["toolfleet.tool_given"] = attribute_text(tool, TOOL_GIVEN_CHARS)
+            attrs["toolfleet.tool"] = UNKNOWN_TOOL
+            tool = UNKNOWN_TOOL
         return self._tracer.start_span(f"toolfleet.call {tool}", context=self._turn_ctx, kind=trace.SpanKind.PRODUCER,
-                                       attributes={"toolfleet.turn_id": self._turn_id, "toolfleet.call_id": call_id,
-                                                   "toolfleet.tool": tool})
+                                       attributes=attrs)
 
     def call_finished(self, result: ToolResult) -> None:
         """The call's final result is in: its span gets the result's attributes and events, and ends."""
@@ -123,7 +146,7 @@ class TurnTrace:
         span.end()
 
     def cancel(self, reason: str) -> None:
-        self.span.add_event("toolfleet.cancel", {"toolfleet.reason": reason[:200]})
+        self.span.add_event("toolfleet.cancel", {"toolfleet.reason": attribute_text(reason)})
 
     def end(self, outcome: str) -> None:
         """The turn is over (``outcome``: ok, cancelled, error); calls still open end with it."""
@@ -138,10 +161,12 @@ class TurnTrace:
         self.span.end()
 
 
-def turn_trace(turn_id: str, session_id: str | None = None) -> TurnTrace | None:
-    """A :class:`TurnTrace` for a new turn, or ``None`` when tracing is off (the common, cheap case)."""
+def turn_trace(turn_id: str, session_id: str | None = None,
+               known: Callable[[str], bool] | None = None) -> TurnTrace | None:
+    """A :class:`TurnTrace` for a new turn, or ``None`` when tracing is off (the common, cheap case).
+    ``known``: whether a tool name is a registered tool's (others are spanned as ``<unknown>``)."""
     tracer_ = tracer()
-    return None if tracer_ is None else TurnTrace(tracer_, turn_id, session_id)
+    return None if tracer_ is None else TurnTrace(tracer_, turn_id, session_id, known)
 
 
 def configure_tracing_from_env(environ: dict[str, str] | None = None, *, _check_only: bool = False) -> Any:

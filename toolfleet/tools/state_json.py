@@ -25,10 +25,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, TypeAdapter
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
+from .redact import redact_text, redact_value
 
 _SHORT = reprlib.Repr()
 _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict = 24, 24, 3, 3
+SHOWN_CHARS = 24
 _CONSTANTS = ConfigDict(ser_json_inf_nan="constants")
 
 
@@ -110,10 +113,25 @@ def difference(saved: Any, loaded: Any, path: str = "$") -> str | None:
 def _differs(path: str, saved: Any, loaded: Any) -> str:
     if type(saved) is not type(loaded):
         return f"at {path}: a {type(saved).__name__} is loaded back as {type(loaded).__name__}"
-    return f"at {path}: {_SHORT.repr(saved)} is loaded back as {_SHORT.repr(loaded)}"
+    return f"at {path}: {_shown(saved)} is loaded back as {_shown(loaded)}"
+
+
+def _shown(value: Any) -> str:
+    """A short repr of ``value``, its secrets masked first (:func:`.redact.redact_text`), then cut:
+    ``reprlib`` cuts a string to its head and tail, which could leave a token's tail without the
+    shape that makes it recognisable."""
+    if isinstance(value, str):
+        text = redact_text(repr(value))
+        return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS - 1]}…"
+    return redact_text(_SHORT.repr(redact_value(value)))
 
 
 def validation_text(exc: Exception) -> str:
-    """The first lines of a validation error, without pydantic's link lines."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip() and "errors.pydantic.dev" not in line]
-    return "; ".join(lines[:4])
+    """The first lines of a validation error, without pydantic's link lines nor the input values it
+    quotes cut short (a secret cut in two has no recognisable shape): where and what, masked."""
+    if isinstance(exc, ValidationError):
+        lines = [f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}"
+                 for e in exc.errors(include_input=False, include_url=False)]
+    else:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip() and "errors.pydantic.dev" not in line]
+    return redact_text("; ".join(lines[:4]))

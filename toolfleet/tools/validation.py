@@ -23,13 +23,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..models import ErrorCode, ToolCall, ToolResult
-from .redact import kind_of, mask_text, shorten
+from .redact import MASK, kind_of, mask_text, shorten
 from .registry import Registry
 from .spec import ToolSpec
 from .violations import violations
 
 NAMES_LISTED = 30
-CONTEXT_CHARS = 40
+CONTEXT_CHARS = 40  # shown before where parsing stopped
+AFTER_CHARS = 12  # shown from there on
 MAX_NESTING = 100  # levels of arrays and objects in a call's arguments
 _PREFIX = re.compile(r"^(functions|function|tools|tool|default_api|api)[.:/]", re.I)
 
@@ -127,7 +128,7 @@ def unknown_tool(call: ToolCall, names: Iterable[str]) -> ToolResult:
     names = list(names)
     close = closest_names(call.name, names)
     listed = ", ".join(names[:NAMES_LISTED]) + (f" … ({len(names)} in all)" if len(names) > NAMES_LISTED else "")
-    given = shorten(call.name, 64) if call.name else ""
+    given = shorten(mask_text(call.name), 64) if call.name else ""  # masked whole, then cut
     message = f"there is no tool named {given!r}" if given else "the call names no tool"
     if close:
         hint = f"did you mean {' or '.join(close)}? Call one of the tools that exist: {listed}."
@@ -162,7 +163,7 @@ def check_arguments(spec: ToolSpec, call_id: str, arguments: dict[str, Any]) -> 
             f"send flatter arguments, as the schema of {spec.name} describes them.",
             data={"errors": [{"pointer": "", "keyword": "maxDepth", "given": f"more than {MAX_NESTING} levels",
                               "wants": f"at most {MAX_NESTING} levels", "fix": "send flatter arguments"}]})
-    found = violations(spec.validator, arguments)
+    found = violations(spec.validator, arguments, spec.sensitive)
     if not found:
         return None
     count = "1 problem" if len(found) == 1 else f"{len(found)} problems"
@@ -191,9 +192,7 @@ def _invalid(call: ToolCall, message: str, hint: str) -> ToolResult:
 
 
 def _where_parsing_stopped(raw: str, exc: json.JSONDecodeError) -> tuple[str, str]:
-    before = raw[max(exc.pos - CONTEXT_CHARS, 0): exc.pos]
-    after = raw[exc.pos: exc.pos + 12]
-    shown = ("…" if exc.pos > CONTEXT_CHARS else "") + mask_text(before)
+    shown, after = around(raw, exc.pos, CONTEXT_CHARS, AFTER_CHARS)
     where = f"line {exc.lineno} column {exc.colno} (character {exc.pos} of {len(raw)})"
     if exc.pos >= len(raw.rstrip()):
         unclosed = _unclosed(raw)
@@ -202,12 +201,36 @@ def _where_parsing_stopped(raw: str, exc: json.JSONDecodeError) -> tuple[str, st
                    f"{missing}; parsing stopped after {shown!r}")
         return message, "send the whole JSON object, with every string, bracket and brace closed."
     message = (f"arguments are not valid JSON: {exc.msg} at {where}; parsing stopped after {shown!r}, "
-               f"before {mask_text(after)!r}")
+               f"before {after!r}")
     if "double quotes" in exc.msg:
         return message, "write keys and strings in double quotes, as JSON requires."
     if exc.msg == "Extra data":
         return message, "send exactly one JSON object, with nothing after its closing brace."
     return message, "send one valid JSON object, e.g. {\"name\": \"value\"}, with commas between members."
+
+
+def around(text: str, pos: int, before: int = CONTEXT_CHARS, after: int = AFTER_CHARS) -> tuple[str, str]:
+    """The ``before`` characters of ``text`` up to ``pos`` (``…`` first when more came before) and
+    the ``after`` characters from it, secrets masked in the WHOLE text first, then cut: a piece cut
+    out first may no longer hold the name or program that makes a secret recognisable
+    (``-u root -pSECRET`` without ``mysql``, a URL's password without its ``scheme://user:``).
+
+    Everything shown is a piece of ``mask_text(text)``: the text up to ``pos`` is masked on its own
+    (its end is where the masked whole text goes on); when that differs from the start of the masked
+    whole text (a secret runs across ``pos``, or what follows makes one recognisable), only their
+    common start is shown, then ``***``."""
+    head = mask_text(text[:pos])
+    whole = mask_text(text)
+    if whole.startswith(head):
+        shown, rest = head, whole[len(head):]
+    else:
+        same = 0
+        for a, b in zip(head, whole, strict=False):
+            if a != b:
+                break
+            same += 1
+        shown, rest = whole[:same].rstrip("*") + MASK, ""
+    return ("…" + shown[-before:] if len(shown) > before else shown), rest[:after]
 
 
 def _unclosed(raw: str) -> str:

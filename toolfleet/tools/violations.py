@@ -6,6 +6,8 @@ call's arguments and turns every error into :class:`Violation` objects:
 - ``pointer``: where, as an RFC 6901 JSON pointer into the arguments (``/limit``, ``/items/0``;
   ``""`` is the arguments object itself);
 - ``given``: the value as quoted back (secrets masked, shortened: :mod:`.redact`), or ``nothing``;
+  a value under a secret-named parameter or a parameter the tool declares ``sensitive`` is shown
+  only as its kind and size, and the call's secret values are masked wherever else they appear;
 - ``wants``: what the schema wants there, in words (``an integer from 1 to 10000``);
 - ``fix``: one line saying what to send instead.
 
@@ -24,7 +26,7 @@ from typing import Any
 from jsonschema.exceptions import ValidationError
 from jsonschema.protocols import Validator
 
-from .redact import is_secret_name, kind_of, mask_text, shorten, show_given
+from .redact import is_secret_name, kind_of, redact_text, redact_value, secret_values, shorten, show_given
 
 ENUM_SHOWN = 12
 PLACEHOLDER = '"…"'  # an example that says nothing: left out of fixes
@@ -52,13 +54,52 @@ class Violation:
         return asdict(self)
 
 
-def violations(validator: Validator, arguments: Any) -> list[Violation]:
+@dataclass(frozen=True)
+class _Secrets:
+    """What of a call is secret: the tool's declared ``sensitive`` parameters (hidden whole, as
+    secret-named ones are) and the secret values the arguments hold (masked wherever they appear)."""
+
+    sensitive: frozenset[str] = frozenset()
+    known: tuple[str, ...] = ()
+
+    def hidden(self, path: list[Any]) -> bool:
+        return bool(path) and path[0] in self.sensitive or any(is_secret_name(p) for p in path)
+
+    def given(self, value: Any, path: list[Any]) -> str:
+        """:func:`~.redact.show_given` that also hides a ``sensitive`` parameter and masks ``known``."""
+        if value is not None and not isinstance(value, bool) and self.hidden(path):
+            size = f" of {len(value)} chars" if isinstance(value, str) else ""
+            return f"<hidden: {kind_of(value)}{size}>"
+        if not self.known:
+            return show_given(value, path)
+        try:
+            text = json.dumps(redact_value(value, self.known), ensure_ascii=False, default=str)
+        except (TypeError, ValueError, RecursionError):
+            text = f"<{kind_of(value)}>"
+        return shorten(redact_text(text, self.known))
+
+    def mask(self, text: str) -> str:
+        return redact_text(text, self.known)
+
+    def where(self, path: Iterable[Any]) -> str:
+        """The JSON pointer of ``path``, each key masked before it is escaped (a key is the model's
+        text: ``~1`` in place of ``/`` would hide a URL's credential from the masking)."""
+        return pointer(self.mask(p) if isinstance(p, str) else p for p in path)
+
+
+def violations(validator: Validator, arguments: Any, sensitive: Iterable[str] = ()) -> list[Violation]:
     """Every violation of ``arguments`` against the validator's schema, at once, ordered by
-    pointer; one per place and keyword."""
+    pointer; one per place and keyword. ``sensitive``: the tool's declared sensitive parameters,
+    whose values are never quoted (nor, masked, anywhere else the text would show them)."""
     root = validator.schema
+    errors = list(validator.iter_errors(arguments))
+    if not errors:
+        return []  # the common case: no secret values to collect
+    sensitive = frozenset(sensitive)
+    secrets = _Secrets(sensitive, tuple(sorted(secret_values(arguments, sensitive), key=len, reverse=True)))
     found: dict[tuple[str, str], Violation] = {}
-    for error in validator.iter_errors(arguments):
-        for violation in _describe(error, root):
+    for error in errors:
+        for violation in _describe(error, root, secrets):
             found.setdefault((violation.pointer, violation.keyword), violation)
     return sorted(found.values(), key=lambda v: v.pointer)
 
@@ -68,24 +109,25 @@ def pointer(parts: Iterable[Any]) -> str:
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
 
 
-def _describe(error: ValidationError, root: Mapping[str, Any]) -> list[Violation]:
+def _describe(error: ValidationError, root: Mapping[str, Any], secrets: _Secrets) -> list[Violation]:
     path = list(error.absolute_path)
-    where = pointer(path)
+    where = secrets.where(path)
     kind = str(error.validator)
     schema = error.schema if isinstance(error.schema, Mapping) else {}
     instance = error.instance
-    name = _name(path)
+    name = _name(path, secrets)
     if kind == "required":
-        return _missing(error, path, schema, root)
+        return _missing(error, path, schema, root, secrets)
     if kind in ("additionalProperties", "unevaluatedProperties"):
-        return _unknown(path, schema, instance, kind)
-    given = show_given(instance, path)
+        return _unknown(path, schema, instance, kind, secrets)
+    hidden = secrets.hidden(path)
+    given = secrets.given(instance, path)
     given_kind = given if given.startswith("<hidden") else f"{given} ({kind_of(instance)})"
     wants = describe_schema(schema, root)
     if kind == "type":
-        return [Violation(where, kind, given_kind, wants, _type_fix(name, instance, schema, root))]
+        return [Violation(where, kind, given_kind, wants, _type_fix(name, instance, schema, root, hidden, secrets))]
     if kind == "enum":
-        close = _close(instance, schema.get("enum") or [])
+        close = None if hidden else _close(instance, schema.get("enum") or [])
         fix = f"use {close}" if close else f"use one of the allowed values for {name}"
         return [Violation(where, kind, given, wants, fix + ".")]
     if kind in ("anyOf", "oneOf"):
@@ -99,12 +141,14 @@ def _describe(error: ValidationError, root: Mapping[str, Any]) -> list[Violation
                 "minLength", "maxLength", "pattern", "format", "minItems", "maxItems", "uniqueItems",
                 "minProperties", "maxProperties", "contains", "minContains", "maxContains"):
         return [Violation(where, kind, given, wants, f"change {name} to {wants}.")]
-    detail = shorten(mask_text(error.message), 160)
+    if hidden:  # jsonschema's message quotes the value (as Python's repr: not what ``known`` holds)
+        return [Violation(where, kind, given, wants, f"change {name} to satisfy the '{kind}' rule.")]
+    detail = shorten(secrets.mask(error.message), 160)
     return [Violation(where, kind, given, f"{wants} ({detail})", f"change {name} to satisfy the '{kind}' rule.")]
 
 
 def _missing(error: ValidationError, path: list[Any], schema: Mapping[str, Any],
-             root: Mapping[str, Any]) -> list[Violation]:
+             root: Mapping[str, Any], secrets: _Secrets) -> list[Violation]:
     instance = error.instance if isinstance(error.instance, Mapping) else {}
     properties = _resolve(schema, root).get("properties") or {}
     out = []
@@ -115,36 +159,40 @@ def _missing(error: ValidationError, path: list[Any], schema: Mapping[str, Any],
         wants = describe_schema(prop, root)
         about = prop.get("description") if isinstance(prop, Mapping) else None
         text = f"{wants} ({shorten(str(about), 100)})" if about else wants
-        example = _example(prop, root, secret=is_secret_name(missing))
+        example = _example(prop, root, secret=secrets.hidden([*path, missing]))
         eg = f", e.g. {_dump(missing)}: {example}" if example != PLACEHOLDER else ""
-        out.append(Violation(pointer([*path, missing]), "required", "nothing", text,
+        out.append(Violation(secrets.where([*path, missing]), "required", "nothing", text,
                              f"add the required parameter {_dump(missing)}{eg}."))
     return out
 
 
-def _unknown(path: list[Any], schema: Mapping[str, Any], instance: Any, kind: str) -> list[Violation]:
+def _unknown(path: list[Any], schema: Mapping[str, Any], instance: Any, kind: str,
+             secrets: _Secrets) -> list[Violation]:
     if not isinstance(instance, Mapping):
         return []
     allowed = list((schema.get("properties") or {}).keys())
     patterns = list((schema.get("patternProperties") or {}).keys())
     missing = [r for r in schema.get("required") or () if r not in instance]
     extras = [key for key in instance if key not in allowed and not _matches_any(key, patterns)]
+    known = secrets.known
     shown = ", ".join(_dump(a) for a in allowed[:NAMES_SHOWN]) + (" …" if len(allowed) > NAMES_SHOWN else "")
     wants = f"no parameter by this name; the parameters are {shown}" if allowed else "no parameters here"
     out = []
     for extra in extras:
         close = difflib.get_close_matches(str(extra), [a for a in allowed if a not in instance], n=1, cutoff=0.6)
         if close:
-            fix = f"rename {_dump(extra)} to {_dump(close[0])}."
+            fix = f"rename {_dump(extra, known)} to {_dump(close[0])}."
         elif len(missing) == 1 and len(extras) == 1:
-            fix = f"rename {_dump(extra)} to the required {_dump(missing[0])}, or remove it."
+            fix = f"rename {_dump(extra, known)} to the required {_dump(missing[0])}, or remove it."
         else:
-            fix = f"remove {_dump(extra)}."
-        out.append(Violation(pointer([*path, extra]), kind, show_given(instance[extra], [*path, extra]), wants, fix))
+            fix = f"remove {_dump(extra, known)}."
+        at = [*path, extra]
+        out.append(Violation(secrets.where(at), kind, secrets.given(instance[extra], at), wants, fix))
     return out
 
 
-def _type_fix(name: str, instance: Any, schema: Mapping[str, Any], root: Mapping[str, Any]) -> str:
+def _type_fix(name: str, instance: Any, schema: Mapping[str, Any], root: Mapping[str, Any],
+              hidden: bool = False, secrets: _Secrets | None = None) -> str:
     wanted = _types(schema)
     if isinstance(instance, str) and wanted:
         try:
@@ -154,7 +202,9 @@ def _type_fix(name: str, instance: Any, schema: Mapping[str, Any], root: Mapping
         if inner is not None and _json_type(inner) in wanted or (
             "number" in wanted and isinstance(inner, int) and not isinstance(inner, bool)
         ):
-            return f"send {name} as {_dump(inner)}, without the quotes around it."
+            if hidden:  # the value is a secret: say what to do, not what it is
+                return f"send {name} without the quotes around its value."
+            return f"send {name} as {_dump(inner, secrets.known if secrets else ())}, without the quotes around it."
     return f"send {name} as {describe_schema(schema, root)}{_eg(_example(schema, root))}."
 
 
@@ -287,11 +337,12 @@ def _json_type(value: Any) -> str:
     return kind_of(value).removeprefix("an ").removeprefix("a ")
 
 
-def _name(path: list[Any]) -> str:
+def _name(path: list[Any], secrets: _Secrets | None = None) -> str:
     """How a fix names the place: ``"limit"`` for a parameter, ``"filters/0/name"`` deeper down."""
     if not path:
         return "the arguments"
-    return _dump(path[0]) if len(path) == 1 else _dump(pointer(path)[1:])
+    secrets = secrets or _Secrets()
+    return _dump(path[0], secrets.known) if len(path) == 1 else _dump(secrets.where(path)[1:], secrets.known)
 
 
 def _close(value: Any, options: list[Any]) -> str | None:
@@ -309,5 +360,6 @@ def _matches_any(key: str, patterns: list[str]) -> bool:
     return any(re.search(p, key) for p in patterns)
 
 
-def _dump(value: Any) -> str:
-    return shorten(json.dumps(value, ensure_ascii=False, default=str), 60)
+def _dump(value: Any, known: tuple[str, ...] = ()) -> str:
+    """``value`` as JSON, secrets masked (it may be the model's: a parameter name, a value), then shortened."""
+    return shorten(redact_text(json.dumps(redact_value(value, known), ensure_ascii=False, default=str), known), 60)

@@ -28,7 +28,7 @@ from typing import Any
 from ...models import ToolCall
 from .anthropic import AnthropicAdapter
 from .base import CallAssembler, StreamFormat, as_dict
-from .wire import at, join_surrogates, kind, need_index, need_object, need_text
+from .wire import at, cut, join_surrogates, kind, need_index, need_object, need_text
 
 
 class AnthropicStreamParser:
@@ -50,7 +50,7 @@ class AnthropicStreamParser:
         where = f"/{self._events}"
         data = as_dict(event)
         if not isinstance(data, dict):
-            self.warnings.append(f"ignored an event that is not an object: {str(data)[:60]}")
+            self.warnings.append(f"ignored an event that is not an object: {cut(str(data), 60)}")
             return []
         kind_ = data.get("type")
         if kind_ in ("content_block_start", "content_block_delta", "content_block_stop"):
@@ -88,7 +88,7 @@ class AnthropicStreamParser:
                     self._message["usage"] = old
                 old.update(usage)
         elif kind_ == "error":
-            self.warnings.append(f"the stream reported an error: {str(data.get('error') or data)[:120]}")
+            self.warnings.append(f"the stream reported an error: {cut(str(data.get('error') or data), 120)}")
         return self.calls.release()
 
     def _delta(self, index: int | None, delta: dict[str, Any], where: str) -> None:

@@ -62,7 +62,7 @@ from typing import Any
 from ...errors import BatchRejected
 from ...models import ErrorCode, ToolCall, ToolResult
 from ...tools.validation import MAX_NESTING
-from .wire import at, depth_of, kind, need_text
+from .wire import at, cut, depth_of, kind, need_text, short
 
 CLIENT_CALLS = {
     "local_shell_call": "local_shell_call_output",
@@ -174,7 +174,7 @@ def _timeout(action: dict[str, Any]) -> dict[str, Any]:
         return {}
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
         raise _Unreadable(f"action.timeout_ms must be a positive number of milliseconds, not {kind(value)} "
-                          f"{str(value)[:40]}")
+                          f"{cut(str(value), 40)}")
     return {"timeout_s": value / 1000}
 
 
@@ -188,7 +188,7 @@ def _local_shell(action: Any) -> dict[str, Any]:
     """``run_command`` arguments of a ``local_shell_call`` action."""
     action = _action(action)
     if action.get("type") not in (None, "exec"):
-        raise _Unreadable(f"action.type {str(action.get('type'))[:40]!r} is not 'exec'")
+        raise _Unreadable(f"action.type {short(str(action.get('type')), 40)} is not 'exec'")
     line = shlex.join(_strings(action.get("command"), "action.command"))
     env = action.get("env")
     if env:

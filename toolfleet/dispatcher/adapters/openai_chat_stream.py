@@ -47,7 +47,7 @@ from typing import Any
 from ...models import ToolCall
 from .base import CallAssembler, StreamFormat, as_dict, parses_as_object
 from .openai_chat import OpenAIChatAdapter, for_chat_wire
-from .wire import at, join_surrogates, kind, need_index, need_list, need_object, need_text, short
+from .wire import at, cut, join_surrogates, kind, need_index, need_list, need_object, need_text, short
 
 _DELTA_READ = frozenset({"role", "content", "refusal", "tool_calls"})
 _CALL_READ = frozenset({"index", "id", "type", "function", "custom"})
@@ -82,7 +82,7 @@ class OpenAIChatStreamParser:
         self._events += 1
         chunk = as_dict(event)
         if not isinstance(chunk, dict):
-            self.warnings.append(f"ignored an event that is not an object: {str(chunk)[:60]}")
+            self.warnings.append(f"ignored an event that is not an object: {cut(str(chunk), 60)}")
             return []
         if chunk.get("type") == "chunk" and isinstance(chunk.get("chunk"), dict):
             chunk = chunk["chunk"]  # the SDK stream helper's ChunkEvent: the raw chunk inside
@@ -163,7 +163,7 @@ class OpenAIChatStreamParser:
         if slot.done:
             if text.strip():
                 self.warnings.append(f"call {slot.id or slot.index}: argument text after its arguments were "
-                                     f"complete was ignored: {text[:60]!r}")
+                                     f"complete was ignored: {short(text, 60)}")
             return
         slot.parts.append(text)
         if slot.scan.feed(text) and not slot.scan.never_json:  # read whole only when its brackets may have closed

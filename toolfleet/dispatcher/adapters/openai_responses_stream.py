@@ -44,7 +44,7 @@ from .client_tools import tool_name as client_tool_name
 from .cut_off import responses_cut_calls
 from .namespaces import item_namespace
 from .openai_responses import OpenAIResponsesAdapter
-from .wire import at, dumps, join_surrogates, need_index, need_list, need_object, need_text, reject, short
+from .wire import at, cut, dumps, join_surrogates, need_index, need_list, need_object, need_text, reject, short
 from .wire import kind as kind_of
 
 _ENDS = ("response.completed", "response.incomplete", "response.failed")
@@ -72,7 +72,7 @@ class OpenAIResponsesStreamParser:
         where = f"/{self._events}"
         data = as_dict(event)
         if not isinstance(data, dict):
-            self.warnings.append(f"ignored an event that is not an object: {str(data)[:60]}")
+            self.warnings.append(f"ignored an event that is not an object: {cut(str(data), 60)}")
             return []
         kind = data.get("type", "")
         if kind in ("response.created", "response.in_progress"):
@@ -101,7 +101,7 @@ class OpenAIResponsesStreamParser:
             if kind != "response.completed":
                 self.warnings.append(f"the response ended with {kind}")
         elif kind == "error":
-            self.warnings.append(f"the stream reported an error: {str(data.get('message') or data)[:120]}")
+            self.warnings.append(f"the stream reported an error: {cut(str(data.get('message') or data), 120)}")
         return self.calls.release()
 
     def _item(self, data: dict[str, Any], where: str, done: bool) -> None:

@@ -19,6 +19,7 @@ import re
 from typing import Any
 
 from ...errors import BatchRejected
+from ...tools.redact import redact_text
 from ...tools.validation import MAX_NESTING
 
 MAX_WIRE_DEPTH = 200  # a value nested deeper than this goes back as null (no provider sends one)
@@ -86,10 +87,19 @@ def need_index(value: Any, pointer: str, what: str = "index") -> int | None:
 
 
 def short(value: Any, limit: int = 40) -> str:
+    """``repr(value)``, secrets masked, then cut to ``limit`` characters (masked first: a secret cut
+    from the name or shape that makes it recognisable would be shown)."""
     try:
         text = repr(value)
     except (RecursionError, ValueError):
         text = f"<{kind(value)}>"
+    return cut(text, limit)
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` with its secrets masked (:func:`~toolfleet.tools.redact.redact_text`), then cut to
+    ``limit`` characters: what a message quotes of a model's or provider's text."""
+    text = redact_text(text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
