@@ -23,6 +23,7 @@ from pydantic import ConfigDict, Field, create_model
 
 from ..errors import ConfigurationError, ToolFailure
 from .context import ToolContext
+from .docstrings import doc_text
 
 Access = Literal["read", "write"]
 Risk = Literal["low", "medium", "high"]
@@ -336,7 +337,7 @@ def make_spec(func: Callable[..., Any], *, name: str | None, description: str | 
     for declared in (*options["sensitive"], *([options["command_arg"]] if options["command_arg"] else [])):
         if declared not in parameters["properties"]:
             raise ConfigurationError(f"tool {tool_name}: {declared!r} (sensitive/command_arg) is not a parameter")
-    text = description or _doc_text(doc)
+    text = description or doc_text(doc)
     Draft202012Validator.check_schema(parameters)
     return ToolSpec(
         name=tool_name,
@@ -388,22 +389,3 @@ def _strip_titles(node: Any) -> None:
     elif isinstance(node, list):
         for value in node:
             _strip_titles(value)
-
-
-def _doc_text(doc: Any) -> str:
-    """A docstring's description as the model reads it: its paragraphs, each hard-wrapped line joined
-    to the one before with a space (a summary wrapped onto a second line stays one sentence; the
-    ``tools`` listing shows its first line), lists and indented lines kept as written."""
-    joiner = "\n\n" if doc.blank_after_short_description else "\n"
-    raw = joiner.join(part for part in (doc.short_description, doc.long_description) if part)
-    paragraphs = []
-    for paragraph in raw.split("\n\n"):
-        lines: list[str] = []
-        for line in paragraph.split("\n"):
-            listed = line[:1].isspace() or line.lstrip()[:2] in ("- ", "* ", "• ") or line.lstrip()[:1].isdigit()
-            if lines and line.strip() and not listed:
-                lines[-1] = f"{lines[-1].rstrip()} {line.strip()}"
-            else:
-                lines.append(line)
-        paragraphs.append("\n".join(lines))
-    return "\n\n".join(paragraphs)
