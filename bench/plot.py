@@ -78,6 +78,8 @@ def _throughput(ax: Any, results: dict[str, Any]) -> bool:
     }
     if all("like" in t for t in ratios):
         series["raw Celery, toolfleet's settings"] = [t["like"]["calls_per_s"] for t in ratios]
+    if all("claim" in t for t in ratios):
+        series["... and a claim per call"] = [t["claim"]["calls_per_s"] for t in ratios]
     _bars(ax, [f"{t['worker_processes']} process(es)\nratio {t['ratio']:.2f}" for t in ratios], series,
           legend="lower center")
     ax.set_title("3. Throughput, no-op calls/s")

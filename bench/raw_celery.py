@@ -5,13 +5,19 @@ queue set. With ``like_toolfleet``, the same app takes every Celery setting tool
 dispatchers run with (``toolfleet.worker.app.celery_config``: task events, published in batches;
 no prefetch; late acknowledgement; toolfleet's kombu transport; messages sent with the priority of
 a call no other call waits for), all but the default queue, so the benchmark can tell what those
-settings cost from what toolfleet's own path costs. Start a worker with
-``python -m bench.raw_celery <redis_url> <namespace> <concurrency> [like-toolfleet]``; once it
-consumes it pushes its name on ``<namespace>:workers:ready`` (like toolfleet workers).
+settings cost from what toolfleet's own path costs. With ``claim`` as well, the task sends one
+claim before its body (:data:`CLAIM_SCRIPT`: one round trip to a Lua script of the shape of
+toolfleet's claim, without its checks' Python): the floor of any Celery runtime that fences each
+call before running it (toolfleet's reason for that round trip: docs/design.md, fencing), so the
+report can tell what the claim's round trip costs from what the rest of toolfleet's path costs.
+Start a worker with ``python -m bench.raw_celery <redis_url> <namespace> <concurrency>
+[like-toolfleet | like-toolfleet-claim]``; once it consumes it pushes its name on
+``<namespace>:workers:ready`` (like toolfleet workers).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -27,9 +33,21 @@ from toolfleet.worker.events import BatchedTaskEvents
 from .tools import noop_body
 
 NOOP = "bench.raw.noop"
+# A claim of toolfleet's shape (toolfleet/ledger_scripts.py CLAIM): the turn's flags read, a fencing
+# token taken, the start recorded, a started event on the turn's stream; returns the token, or 0
+# when the turn is cancelled or ended. KEYS: flags hash, runs hash, events stream; ARGV: call id, now.
+CLAIM_SCRIPT = """
+local flags = redis.call('HMGET', KEYS[1], 'cancelled', 'ended')
+if flags[1] or flags[2] then return 0 end
+local token = redis.call('HINCRBY', KEYS[2], 'fence:' .. ARGV[1], 1)
+redis.call('HSET', KEYS[2], 'start:' .. ARGV[1], ARGV[2])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', 'call', ARGV[1], 'state', 'started')
+return token
+"""
 
 
-def make_app(redis_url: str, namespace: str, like_toolfleet: bool = False) -> Celery:
+def make_app(redis_url: str, namespace: str, like_toolfleet: bool = False, claim: bool = False) -> Celery:
+    """The raw app; ``claim``: its task claims each call first (:data:`CLAIM_SCRIPT`)."""
     app = Celery(f"raw-{namespace}", broker=redis_url, backend=redis_url)
     app.conf.update(
         task_default_queue=f"{namespace}.raw",
@@ -43,8 +61,17 @@ def make_app(redis_url: str, namespace: str, like_toolfleet: bool = False) -> Ce
         app.conf.task_default_priority = priority_of(1, redis_url)
         app.steps["consumer"].add(BatchedTaskEvents)
 
-    @app.task(name=NOOP)
-    def noop() -> str:
+    claims: dict[int, Any] = {}  # the claim script's client, one per pool process (made after the fork)
+    keys = [f"{namespace}:flags", f"{namespace}:runs", f"{namespace}:events"]
+
+    @app.task(name=NOOP, bind=True)
+    def noop(self: Any) -> str:
+        if claim:
+            script = claims.get(os.getpid())
+            if script is None:
+                script = claims[os.getpid()] = redis.Redis.from_url(redis_url).register_script(CLAIM_SCRIPT)
+            if not script(keys=keys, args=[self.request.id, "0"]):
+                return "not claimed"
         return noop_body()
 
     @worker_ready.connect(weak=False)
@@ -61,7 +88,9 @@ def ready_key(namespace: str) -> str:
 
 def main(argv: list[str]) -> None:
     redis_url, namespace, concurrency = argv[0], argv[1], int(argv[2])
-    app = make_app(redis_url, namespace, like_toolfleet=argv[3:] == ["like-toolfleet"])
+    variant = argv[3] if len(argv) > 3 else ""
+    app = make_app(redis_url, namespace, like_toolfleet=variant.startswith("like-toolfleet"),
+                   claim=variant == "like-toolfleet-claim")
     app.worker_main(["worker", "--pool=prefork", f"--concurrency={concurrency}", f"--queues={namespace}.raw",
                      "--loglevel=WARNING", "--without-mingle", "--without-gossip", f"--hostname=raw@{namespace}"])
 

@@ -37,6 +37,19 @@ def throughput_section(results: dict[str, Any]) -> str | None:
                         for t in split)
             + " (medians of the rounds' ratios)."
         )
+    claimed = [t for t in split if "claim" in t]
+    if claimed:
+        scaling += (
+            "\n\nThe claim's share, through a fourth side: that raw Celery with one claim per call as well, a round "
+            "trip to a Lua script of the shape of toolfleet's claim (the turn's flags read, a fencing token taken, "
+            "the start recorded, a started event; `bench/raw_celery.py` `CLAIM_SCRIPT`), before the task's body. "
+            "A runtime on Celery that claims each call in a round trip of its own before running it, as toolfleet "
+            "does (docs/design.md: the claim is what keeps a cancelled, answered or superseded call from running), "
+            "is held to this side's rate on this machine: "
+            + "; ".join(f"{t['worker_processes']} process(es): it reaches **{t['claim_ratio']:.3f}** of raw Celery, "
+                        f"and toolfleet {t['beyond_claim_ratio']:.3f} of it" for t in claimed)
+            + " (medians of the rounds' ratios)."
+        )
     return (
         f"No-op calls in batches of 16, {rows[0]['in_flight']} batches in flight (one client thread each), "
         "same Redis, same worker concurrency on both sides, run in "

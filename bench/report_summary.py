@@ -36,7 +36,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                      "figure": f"{t['ratio']:.3f}", "target": f">= {T['throughput']:.2f}",
                      "ok": t["ratio"] >= T["throughput"],
                      "floor": "" if "like" not in t else
-                     f"{t['settings_ratio']:.3f} raw Celery with toolfleet's Celery settings"})
+                     f"{t['settings_ratio']:.3f} raw Celery with toolfleet's Celery settings"
+                     + ("" if "claim" not in t else
+                        f"; {t['claim_ratio']:.3f} with a claim round trip per call as well (the floor of a "
+                        f"runtime that fences each call; toolfleet is {t['beyond_claim_ratio']:.3f} of it)")})
     for t in throughput_ratios(results):
         tf, raw = t["toolfleet"], t["raw"]
         mon = tf.get("redis_monitor_sample")

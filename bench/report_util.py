@@ -38,8 +38,10 @@ def round_median(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, float, fl
 
 def throughput_ratios(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Per worker-process count: toolfleet / raw Celery as the median of the rounds' ratios (the
-    figure judged), their range, the ratio of the totals, and, when the run had it, the split
-    through raw Celery with toolfleet's settings."""
+    figure judged), their range, the ratio of the totals, and, when the run had them, the split
+    through raw Celery with toolfleet's settings (``settings_ratio``, ``own_path_ratio``) and through
+    that with a claim round trip per call (``claim_ratio``: the floor of a fenced runtime, against
+    raw Celery; ``beyond_claim_ratio``: toolfleet against that floor)."""
     rows = results.get("throughput") or []
     out = []
     for n in sorted({r["worker_processes"] for r in rows}):
@@ -54,5 +56,10 @@ def throughput_ratios(results: dict[str, Any]) -> list[dict[str, Any]]:
             entry["like"] = like
             entry["settings_ratio"] = round_median(like, raw)[0]
             entry["own_path_ratio"] = round_median(tf, like)[0]
+        claim = by.get("raw_celery_toolfleet_settings_claim")
+        if claim is not None:  # the floor of a runtime that claims each call before running it
+            entry["claim"] = claim
+            entry["claim_ratio"] = round_median(claim, raw)[0]
+            entry["beyond_claim_ratio"] = round_median(tf, claim)[0]
         out.append(entry)
     return out

@@ -145,9 +145,10 @@ def run(sizes: Sizes, only: tuple[str, ...], redis_url: str | None, out: Path, c
             _stage_two_processes(url, sizes, only, results)
         if "throughput" in only:
             _log(f"throughput, {sizes.throughput_calls} calls a side, 1 worker process")
-            with ToolfleetFleet(url, 1) as tf, RawFleet(url, 1) as raw, RawFleet(url, 1, like_toolfleet=True) as rtf:
+            with ToolfleetFleet(url, 1) as tf, RawFleet(url, 1) as raw, RawFleet(url, 1, like_toolfleet=True) as rtf, \
+                    RawFleet(url, 1, like_toolfleet=True, claim=True) as rcl:
                 results["throughput"][:0] = throughput.measure(
-                    tf, raw, rtf, total_calls=sizes.throughput_calls, in_flight=sizes.throughput_in_flight)
+                    tf, raw, rtf, rcl, total_calls=sizes.throughput_calls, in_flight=sizes.throughput_in_flight)
         if "plan" in only:
             for slots in sizes.plan_slots:
                 if slots == 2:
@@ -215,9 +216,9 @@ def _stage_two_processes(url: str, sizes: Sizes, only: tuple[str, ...], results:
                                                          in_flight=sizes.throughput_in_flight)
         if "throughput" in only:
             _log(f"throughput, {sizes.throughput_calls} calls a side, 2 worker processes")
-            with RawFleet(url, 2, like_toolfleet=True) as rtf:
+            with RawFleet(url, 2, like_toolfleet=True) as rtf, RawFleet(url, 2, like_toolfleet=True, claim=True) as rcl:
                 results["throughput"] = throughput.measure(
-                    tf, raw, rtf, total_calls=sizes.throughput_calls, in_flight=sizes.throughput_in_flight)
+                    tf, raw, rtf, rcl, total_calls=sizes.throughput_calls, in_flight=sizes.throughput_in_flight)
 
 
 def write(results: dict[str, Any], out: Path) -> None:

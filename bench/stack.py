@@ -167,15 +167,16 @@ class RawFleet:
     redis_url: str
     concurrency: int
     like_toolfleet: bool = False  # toolfleet's Celery settings (see bench.raw_celery)
+    claim: bool = False  # with like_toolfleet: a claim round trip per call (bench.raw_celery.CLAIM_SCRIPT)
     namespace: str = field(init=False)
     worker: WorkerProcess = field(init=False)
 
     def __post_init__(self) -> None:
         self.namespace = f"bench-{uuid.uuid4().hex[:8]}-raw{self.concurrency}"
         argv = [sys.executable, "-m", "bench.raw_celery", self.redis_url, self.namespace, str(self.concurrency)]
-        argv += ["like-toolfleet"] if self.like_toolfleet else []
+        argv += [("like-toolfleet-claim" if self.claim else "like-toolfleet")] if self.like_toolfleet else []
         self.worker = WorkerProcess(argv, self.redis_url, raw_celery.ready_key(self.namespace))
-        self.app = raw_celery.make_app(self.redis_url, self.namespace, self.like_toolfleet)
+        self.app = raw_celery.make_app(self.redis_url, self.namespace, self.like_toolfleet, self.claim)
         self.noop = self.app.tasks[raw_celery.NOOP]
 
     def stop(self) -> None:

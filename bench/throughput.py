@@ -120,13 +120,16 @@ class _Side:
         }
 
 
-def measure(tf: ToolfleetFleet, raw: RawFleet, raw_like_toolfleet: RawFleet | None = None, *,
+def measure(tf: ToolfleetFleet, raw: RawFleet, raw_like_toolfleet: RawFleet | None = None,
+            raw_with_claim: RawFleet | None = None, *,
             total_calls: int = 10_000, in_flight: int = 4, rounds: int = 10) -> list[dict[str, Any]]:
     """``total_calls`` no-op calls on each side, run in ``rounds`` alternating segments (the order
     of the sides reverses every round), so drifting machine load hits all alike. One row per side,
     with each segment's rate (the report pairs them by round). ``raw_like_toolfleet``, a raw Celery
     fleet with toolfleet's Celery settings, splits the difference into what those settings cost
-    and what toolfleet's own path costs."""
+    and what toolfleet's own path costs. ``raw_with_claim``, that fleet with a claim round trip per
+    call as well (``bench.raw_celery.CLAIM_SCRIPT``), is the floor of a Celery runtime that fences
+    each call before it runs."""
     sides = [
         _Side("toolfleet", lambda: run_toolfleet(tf), tf.worker, tf.concurrency),
         _Side("raw_celery", lambda: run_raw(raw), raw.worker, raw.concurrency),
@@ -134,6 +137,9 @@ def measure(tf: ToolfleetFleet, raw: RawFleet, raw_like_toolfleet: RawFleet | No
     if raw_like_toolfleet is not None:
         sides.append(_Side("raw_celery_toolfleet_settings", lambda: run_raw(raw_like_toolfleet),
                            raw_like_toolfleet.worker, raw_like_toolfleet.concurrency))
+    if raw_with_claim is not None:
+        sides.append(_Side("raw_celery_toolfleet_settings_claim", lambda: run_raw(raw_with_claim),
+                           raw_with_claim.worker, raw_with_claim.concurrency))
     client = redis.Redis.from_url(tf.redis_url)
     try:
         for side in sides:  # warm-up

@@ -128,3 +128,43 @@ def test_scale_projection_and_its_section_from_measured_rows():
     text = scale_section({"meta": {"cpu_count": 2},
                           "scale": {"rows": rows, "rounds": 6, "in_flight": 4, "projection": pr}})
     assert "Each shard's share of the ledger's commands: 40% / 30% / 30%" in text
+
+
+def test_the_claim_floor_side_claims_every_call_before_its_body(redis_url):
+    """bench.raw_celery with ``claim``: a real prefork worker sends one claim script per call
+    (a fencing token, a start, a started event) and still answers "ok"; a cancelled flag makes
+    every call refuse to run its body, as toolfleet's claim does."""
+    from bench.overhead import run_raw
+    from bench.stack import RawFleet
+
+    with RawFleet(redis_url, 1, like_toolfleet=True, claim=True) as fleet:
+        run_raw(fleet, n=4, interval_s=0.01)  # raises unless all four answered "ok"
+        client = redis.Redis.from_url(redis_url)
+        runs = client.hgetall(f"{fleet.namespace}:runs")
+        assert sum(1 for k in runs if k.startswith(b"fence:")) == 4 and all(
+            v == b"1" for k, v in runs.items() if k.startswith(b"fence:"))
+        assert client.xlen(f"{fleet.namespace}:events") == 4
+        client.hset(f"{fleet.namespace}:flags", "cancelled", "1")
+        assert fleet.noop.delay().get(timeout=30) == "not claimed"
+        client.close()
+
+
+def test_the_throughput_section_shows_the_claim_floor():
+    """The summary and section 3 give the fourth side's figures: the claim floor against raw
+    Celery, and toolfleet against that floor (medians of the rounds' ratios)."""
+    from bench.report_redis import throughput_section
+    from bench.report_summary import summary_section
+
+    def row(system: str, rates: list[float]) -> dict:
+        return {"system": system, "worker_processes": 1, "in_flight": 4, "rounds": 2, "calls": 320,
+                "wall_s": 1.0, "calls_per_s": sum(rates) / 2, "segment_calls_per_s": rates,
+                "worker_cpu_ms_per_call": 1.0, "client_cpu_ms_per_call": 1.0, "redis_cpu_ms_per_call": 0.3,
+                "redis_commands_per_call": 19.0, "redis_monitor_sample": None}
+
+    results = {"meta": {"cpu_count": 2}, "throughput": [
+        row("toolfleet", [400, 400]), row("raw_celery", [600, 600]),
+        row("raw_celery_toolfleet_settings", [570, 570]), row("raw_celery_toolfleet_settings_claim", [500, 500])]}
+    summary = summary_section(results)
+    assert "0.950 raw Celery with toolfleet's Celery settings; 0.833 with a claim round trip" in summary
+    assert "toolfleet is 0.800 of it" in summary
+    assert "it reaches **0.833** of raw Celery, and toolfleet 0.800 of it" in throughput_section(results)
