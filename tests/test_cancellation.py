@@ -148,3 +148,26 @@ def test_calls_submitted_under_a_cancelled_turn_id_say_they_did_not_run(dispatch
     assert [r.code for r in results] == [ErrorCode.NOT_EXECUTED, ErrorCode.NOT_EXECUTED], results
     assert all("had started before" not in r.content for r in results), results
     assert refund_store.notes(workspace) == []
+
+
+TERM_TRAP = "trap 'echo got TERM; exit 3' TERM; echo started; sleep 30 & wait"
+
+
+def test_a_cancelled_command_gets_term_before_kill(dispatcher, worker, workspace):
+    """A cancel TERMs the command's processes first (tools/command.py _stop_group), so its trap
+    runs and its last words are in the result; a KILL comes only TERM_GRACE_S later. (The
+    sandbox's own deadline, ``timeout``, once moved the command out of the group TERM went to.)"""
+    turn = dispatcher.submit([call("c1", "run_command", command=TERM_TRAP)], workspace=str(workspace))
+    wait_started(dispatcher, turn.turn_id, "c1")
+    assert not turn.wait(1.0)  # running
+    turn.cancel()
+    result = turn.results(timeout_s=10)[0]
+    assert result.code is ErrorCode.CANCELLED, result.content
+    assert "started" in result.content and "got TERM" in result.content, result.content
+
+
+def test_a_command_past_its_time_limit_gets_term_before_kill(dispatcher, worker, workspace):
+    result = dispatcher.run([call("c1", "run_command", command=TERM_TRAP, timeout_s=1.5)],
+                            workspace=str(workspace), timeout_s=30)[0]
+    assert result.code is ErrorCode.TIMEOUT, result.content
+    assert "started" in result.content and "got TERM" in result.content, result.content

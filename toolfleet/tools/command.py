@@ -301,4 +301,10 @@ def _bounded(argv: list[str], ctx: ToolContext, box: sandbox.SandboxState) -> li
     ``sleep 4; echo t1 >> f`` wrote after the next turn's write). Unsandboxed: unchanged."""
     if box.unsandboxed:
         return argv
-    return ["timeout", "-s", "KILL", f"{max(ctx.remaining_s, 0.0) + SELF_KILL_AFTER_S:.3f}", *argv]
+    # --foreground: timeout stays in the sandbox init's process group with the command (without it,
+    # it moves itself and the command to a group of their own, so the TERM of a cancel or a time limit
+    # (_stop_group) missed the command: no trap of the command ran, and it ended by the KILL
+    # TERM_GRACE_S later). On its deadline it KILLs the command's shell only; its own exit then
+    # ends the init and, with it, every process of the namespace.
+    return ["timeout", "--foreground", "-s", "KILL", f"{max(ctx.remaining_s, 0.0) + SELF_KILL_AFTER_S:.3f}",
+            *argv]
