@@ -4,8 +4,8 @@
 its time limit, its hard limit and the caller's ``WORKER_LOST``, and its write landed after the next
 turn's write of the same file (a gray-failure trial; promises 14 / F5: "No write of a turn lands
 after the next turn's on the same path"; S2: "No process outlives its call"). The sandbox now ends
-itself half a second past the call's time limit (tools/command.py ``_bounded``: ``timeout -s KILL``
-as its first process)."""
+itself half a second past the call's time limit (tools/command.py ``_bounded``: ``timeout
+--foreground -s KILL`` as its first process; its exit ends the sandbox's PID namespace)."""
 
 from __future__ import annotations
 
@@ -24,11 +24,17 @@ def settings(settings):
     return fencing_settings(settings)  # heartbeat 0.3 s (liveness bound 2.2 s), margin 0.5 s
 
 
-def test_a_frozen_workers_command_writes_nothing_after_the_next_turns_write(dispatcher, start_worker, workspace):
+@pytest.mark.parametrize("command", [
+    "touch running; sleep 4; echo t1 >> same.txt",
+    # the write in a background subshell: the sandbox's deadline KILLs the shell only (timeout
+    # --foreground), so the subshell ends only because the namespace ends with its first process
+    "touch running; (sleep 4; echo t1 >> same.txt) & sleep 30",
+], ids=["foreground", "background"])
+def test_a_frozen_workers_command_writes_nothing_after_the_next_turns_write(dispatcher, start_worker, workspace,
+                                                                            command):
     workers = [start_worker(concurrency=1), start_worker(concurrency=1)]
     path = workspace / "same.txt"
     # turn 1: a 1 s time limit (hard limit 1.75 s); its write would come at 4 s
-    command = "touch running; sleep 4; echo t1 >> same.txt"
     turn1 = dispatcher.submit([call("w", "run_command", command=command, timeout_s=1)], workspace=str(workspace))
     record = wait_started(dispatcher, turn1.turn_id, "w")
     victim = next(w for w in workers if w.name == record["worker"])

@@ -291,7 +291,7 @@ class _SandboxInit:
 
 
 def _bounded(argv: list[str], ctx: ToolContext, box: sandbox.SandboxState) -> list[str]:
-    """``argv`` under a deadline the sandbox keeps by itself: coreutils ``timeout -s KILL`` as the
+    """``argv`` under a deadline the sandbox keeps by itself: coreutils ``timeout --foreground -s KILL`` as the
     sandbox's first process, ``SELF_KILL_AFTER_S`` past the call's time limit (within Celery's hard
     limit, SOFT_LIMIT_MARGIN_S after it). The worker stops the command at its limit; this holds
     when the worker cannot: frozen (SIGSTOP, a paused VM), the sandbox outside its process group
