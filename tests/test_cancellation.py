@@ -171,3 +171,18 @@ def test_a_command_past_its_time_limit_gets_term_before_kill(dispatcher, worker,
                             workspace=str(workspace), timeout_s=30)[0]
     assert result.code is ErrorCode.TIMEOUT, result.content
     assert "started" in result.content and "got TERM" in result.content, result.content
+
+
+def test_a_cancelled_command_gets_one_term(dispatcher, worker, workspace):
+    """One TERM, not two: a program that treats a second TERM as "quit now, no clean-up" keeps its
+    clean-up (a breaker's trial: the sandbox's deadline, then inside the sandbox and in the group
+    the TERM goes to, sent the command a second TERM in about 1 run of 4)."""
+    command = "n=0; trap 'n=$((n+1)); echo TERM $n' TERM; echo started; while :; do sleep 0.02; done"
+    for _ in range(3):
+        turn = dispatcher.submit([call("c1", "run_command", command=command)], workspace=str(workspace))
+        wait_started(dispatcher, turn.turn_id, "c1")
+        assert not turn.wait(0.5)  # running
+        turn.cancel()
+        result = turn.results(timeout_s=10)[0]
+        assert result.code is ErrorCode.CANCELLED, result.content
+        assert "TERM 1" in result.content and "TERM 2" not in result.content, result.content

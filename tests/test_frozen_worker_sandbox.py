@@ -4,8 +4,9 @@
 its time limit, its hard limit and the caller's ``WORKER_LOST``, and its write landed after the next
 turn's write of the same file (a gray-failure trial; promises 14 / F5: "No write of a turn lands
 after the next turn's on the same path"; S2: "No process outlives its call"). The sandbox now ends
-itself half a second past the call's time limit (tools/command.py ``_bounded``: ``timeout
---foreground -s KILL`` as its first process; its exit ends the sandbox's PID namespace)."""
+itself half a second past the call's time limit (tools/command.py ``_bounded``: ``timeout -s KILL``
+around bwrap, outside the sandbox where the command cannot signal it; bwrap's end ends the
+sandbox's PID namespace)."""
 
 from __future__ import annotations
 
@@ -26,10 +27,12 @@ def settings(settings):
 
 @pytest.mark.parametrize("command", [
     "touch running; sleep 4; echo t1 >> same.txt",
-    # the write in a background subshell: the sandbox's deadline KILLs the shell only (timeout
-    # --foreground), so the subshell ends only because the namespace ends with its first process
+    # the write in a background subshell: it ends only because the namespace ends with the init
     "touch running; (sleep 4; echo t1 >> same.txt) & sleep 30",
-], ids=["foreground", "background"])
+    # a breaker's trial: the command stops its parent, which was the deadline's timeout when that ran
+    # inside the sandbox; outside, the parent is the sandbox's init, which the signal does not reach
+    "kill -STOP $PPID; kill -STOP -1; touch running; sleep 4; echo t1 >> same.txt",
+], ids=["foreground", "background", "stops-its-parent"])
 def test_a_frozen_workers_command_writes_nothing_after_the_next_turns_write(dispatcher, start_worker, workspace,
                                                                             command):
     workers = [start_worker(concurrency=1), start_worker(concurrency=1)]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import threading
@@ -65,7 +66,8 @@ def run_command(
     workspace = workspace_of(ctx)
     info_r, info_w = (None, None) if box.unsandboxed else os.pipe()
     try:
-        argv, env = box.command(_bounded(["bash", "-c", command], ctx, box), workspace, info_fd=info_w)
+        argv, env = box.command(["bash", "-c", command], workspace, info_fd=info_w)
+        argv = _bounded(argv, ctx, box)
         note = sandbox.UNSANDBOXED_NOTE + "\n" if box.unsandboxed else ""
         proc = subprocess.Popen(
             argv,
@@ -93,7 +95,8 @@ def run_command(
         if info_r is not None:
             os.close(info_r)
         if init is None and not box.unsandboxed:  # its init not reported yet: bwrap's child, if forked
-            init = _SandboxInit.child_of(proc.pid)
+            bwrap = _children(proc.pid)  # proc is the deadline's timeout (_bounded): bwrap is its child
+            init = _SandboxInit.child_of(bwrap[0]) if bwrap else None
         _stop_group(proc, init)
         if init is not None:
             init.close()
@@ -233,9 +236,10 @@ class _SandboxInit:
 
     @classmethod
     def read(cls, info_fd: int) -> _SandboxInit:
-        """Read bwrap's ``--info-fd`` JSON (written once the sandbox exists, then closed) from
-        ``info_fd`` and close it; waits at most ``sandbox.PROBE_TIMEOUT_S``. A bwrap that failed
-        first closes the fd without writing: then there is no init to wait for."""
+        """Read bwrap's ``--info-fd`` JSON (written once the sandbox exists) from ``info_fd``, up to
+        its end or the fd's, and close it; waits at most ``sandbox.PROBE_TIMEOUT_S``. A bwrap that
+        failed first exits without writing (its ``timeout`` with it, which closes the fd): then
+        there is no init to wait for."""
         data = b""
         poller = select.poll()
         poller.register(info_fd, select.POLLIN)
@@ -246,6 +250,8 @@ class _SandboxInit:
                 if not chunk:
                     break
                 data += chunk
+                if _whole_json(data):  # the deadline's timeout holds the fd open too: no EOF till it ends
+                    break
         finally:
             os.close(info_fd)
         try:
@@ -259,11 +265,7 @@ class _SandboxInit:
         """The sandbox's init found as ``bwrap``'s child (``/proc/<pid>/task/<tid>/children``), for
         a start interrupted before bwrap reported it; ``None`` when bwrap has not forked it (then
         killing bwrap is enough: the child it forks later is killed with it, --die-with-parent)."""
-        try:
-            children = [int(pid) for task in os.listdir(f"/proc/{bwrap_pid}/task")
-                        for pid in open(f"/proc/{bwrap_pid}/task/{task}/children").read().split()]
-        except (OSError, ValueError):
-            return None
+        children = _children(bwrap_pid)
         return cls(children[0]) if children else None
 
     def kill(self) -> None:
@@ -290,21 +292,39 @@ class _SandboxInit:
             self._fd = None
 
 
+def _whole_json(data: bytes) -> bool:
+    try:
+        json.loads(data)
+    except ValueError:
+        return False
+    return True
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (``/proc/<pid>/task/<tid>/children``); ``[]`` when it is gone."""
+    try:
+        return [int(child) for task in os.listdir(f"/proc/{pid}/task")
+                for child in open(f"/proc/{pid}/task/{task}/children").read().split()]
+    except (OSError, ValueError):
+        return []
+
+
 def _bounded(argv: list[str], ctx: ToolContext, box: sandbox.SandboxState) -> list[str]:
-    """``argv`` under a deadline the sandbox keeps by itself: coreutils ``timeout --foreground -s KILL`` as the
-    sandbox's first process, ``SELF_KILL_AFTER_S`` past the call's time limit (within Celery's hard
-    limit, SOFT_LIMIT_MARGIN_S after it). The worker stops the command at its limit; this holds
-    when the worker cannot: frozen (SIGSTOP, a paused VM), the sandbox outside its process group
-    (``--new-session``) runs on. When ``timeout`` ends, the sandbox's init exits and the kernel
-    ends every process of its PID namespace, so nothing of the call acts after its hard limit,
-    which the watchdog and the locks count on (a gray-failure trial: a frozen worker's
-    ``sleep 4; echo t1 >> f`` wrote after the next turn's write). Unsandboxed: unchanged."""
+    """The sandbox's argv (``bwrap ...``) under a deadline kept outside it: coreutils ``timeout -s
+    KILL`` runs bwrap, ``SELF_KILL_AFTER_S`` past the call's time limit (within Celery's hard limit,
+    SOFT_LIMIT_MARGIN_S after it). The worker stops the command at its limit; this holds when the
+    worker cannot: frozen (SIGSTOP, a paused VM), the sandbox, in a session of its own, runs on.
+    On its deadline ``timeout`` KILLs bwrap and itself (their process group); bwrap's end takes the
+    sandbox's init with it (``--die-with-parent``), and the init's end makes the kernel end every
+    process of its PID namespace, so nothing of the call acts after its hard limit, which the
+    watchdog and the locks count on (a gray-failure trial: a frozen worker's ``sleep 4; echo t1 >>
+    f`` wrote after the next turn's write).
+
+    Outside, not in the sandbox: inside, ``timeout`` was the command shell's parent, in its PID
+    namespace and of its user, so ``kill -STOP $PPID`` switched the deadline off (a breaker's trial:
+    a frozen worker's command wrote after the next turn's write again); and it sat in the process
+    group a stop's TERM goes to, so it sent the command a second TERM. Unsandboxed: unchanged."""
     if box.unsandboxed:
         return argv
-    # --foreground: timeout stays in the sandbox init's process group with the command (without it,
-    # it moves itself and the command to a group of their own, so the TERM of a cancel or a time limit
-    # (_stop_group) missed the command: no trap of the command ran, and it ended by the KILL
-    # TERM_GRACE_S later). On its deadline it KILLs the command's shell only; its own exit then
-    # ends the init and, with it, every process of the namespace.
-    return ["timeout", "--foreground", "-s", "KILL", f"{max(ctx.remaining_s, 0.0) + SELF_KILL_AFTER_S:.3f}",
-            *argv]
+    return [shutil.which("timeout") or "timeout", "-s", "KILL",
+            f"{max(ctx.remaining_s, 0.0) + SELF_KILL_AFTER_S:.3f}", *argv]
