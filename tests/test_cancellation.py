@@ -153,16 +153,22 @@ def test_calls_submitted_under_a_cancelled_turn_id_say_they_did_not_run(dispatch
 TERM_TRAP = "trap 'echo got TERM; exit 3' TERM; echo started; sleep 30 & wait"
 
 
+def _cancelled_while_running(dispatcher, workspace, command: str, running_s: float):
+    """The result of ``command`` cancelled once it has run ``running_s`` (CANCELLED asserted)."""
+    turn = dispatcher.submit([call("c1", "run_command", command=command)], workspace=str(workspace))
+    wait_started(dispatcher, turn.turn_id, "c1")
+    assert not turn.wait(running_s)  # running
+    turn.cancel()
+    result = turn.results(timeout_s=10)[0]
+    assert result.code is ErrorCode.CANCELLED, result.content
+    return result
+
+
 def test_a_cancelled_command_gets_term_before_kill(dispatcher, worker, workspace):
     """A cancel TERMs the command's processes first (tools/command.py _stop_group), so its trap
     runs and its last words are in the result; a KILL comes only TERM_GRACE_S later. (The
     sandbox's own deadline, ``timeout``, once moved the command out of the group TERM went to.)"""
-    turn = dispatcher.submit([call("c1", "run_command", command=TERM_TRAP)], workspace=str(workspace))
-    wait_started(dispatcher, turn.turn_id, "c1")
-    assert not turn.wait(1.0)  # running
-    turn.cancel()
-    result = turn.results(timeout_s=10)[0]
-    assert result.code is ErrorCode.CANCELLED, result.content
+    result = _cancelled_while_running(dispatcher, workspace, TERM_TRAP, 1.0)
     assert "started" in result.content and "got TERM" in result.content, result.content
 
 
@@ -179,10 +185,5 @@ def test_a_cancelled_command_gets_one_term(dispatcher, worker, workspace):
     the TERM goes to, sent the command a second TERM in about 1 run of 4)."""
     command = "n=0; trap 'n=$((n+1)); echo TERM $n' TERM; echo started; while :; do sleep 0.02; done"
     for _ in range(3):
-        turn = dispatcher.submit([call("c1", "run_command", command=command)], workspace=str(workspace))
-        wait_started(dispatcher, turn.turn_id, "c1")
-        assert not turn.wait(0.5)  # running
-        turn.cancel()
-        result = turn.results(timeout_s=10)[0]
-        assert result.code is ErrorCode.CANCELLED, result.content
+        result = _cancelled_while_running(dispatcher, workspace, command, 0.5)
         assert "TERM 1" in result.content and "TERM 2" not in result.content, result.content
