@@ -30,7 +30,9 @@ holder that died is answered ``SESSION_LOST`` by another live worker (it drains 
 Close and expiry: :func:`toolfleet.dispatcher.affinity.close_live_session` drops the holder key;
 the holder's housekeeping (every ``heartbeat_s / 2``, at most 1 s) then ends the shell. A shell idle
 past ``TOOLFLEET_LIVE_SESSION_TTL_S`` (default 1800 s) is ended the same way. A warm shutdown ends
-every shell; a killed worker takes its shells with it (``--die-with-parent``, PID namespaces).
+every shell; a killed worker takes its shells with it (``--die-with-parent``, PID namespaces); a
+frozen one, or one cut off from Redis, loses them to their lease before its liveness lapses
+(:mod:`.shell_lease`).
 """
 
 from __future__ import annotations
@@ -56,7 +58,10 @@ from ..errors import ToolFailure
 from ..keys import Keys
 from ..redis_client import client_for
 from .catalog import mget
+from .holder_keys import _RENEW_IF, _delete_if, _s, lost_reply
 from .live_shell import Shell
+from .shell_lease import LeaseFile
+from .shell_lease import margin_s as lease_margin_s
 
 log = logging.getLogger(__name__)
 LIVE_TOOLS = frozenset({"shell"})
@@ -131,6 +136,7 @@ class SessionHost:
         _remove_stale_dirs()
         self.dir = tempfile.mkdtemp(prefix=f"toolfleet-live-{os.getpid()}-", dir="/tmp")
         self.path = os.path.join(self.dir, "host.sock")
+        self.lease = LeaseFile(os.path.join(self.dir, "lease"))  # the shells' watchdogs read it (.shell_lease)
         host = self
 
         class Handler(socketserver.StreamRequestHandler):
@@ -184,8 +190,12 @@ class SessionHost:
         try:
             if session.closed:
                 return lost_reply(self.worker, closed=True)
+            if session.shell.lease_lapsed:  # never a quiet new shell: the session's processes are gone
+                return self._lapsed(sid, ran=False)
             session.running = cancelled
             outcome = session.shell.run(str(request["command"]), deadline, cancelled)  # what is left of its time
+            if session.shell.lease_lapsed:
+                return self._lapsed(sid, ran=True)
         finally:
             session.running = None
             session.used_at = time.monotonic()
@@ -229,8 +239,10 @@ class SessionHost:
             if not self.redis.set(key, self.worker, nx=True, px=ttl_ms):
                 return None, {"code": "EXECUTION_ERROR", "message": "two calls started this session at once",
                               "hint": "ask again"}
+        if self.lease.deadline - time.monotonic() < self.settings.heartbeat_s / 2:
+            self.beat()  # back from a lapse (Redis was away): a new shell never starts under a lapsed lease
         try:
-            session = _Session(Shell(workspace, self.spawner))
+            session = _Session(Shell(workspace, self.spawner, self.lease))
         except BaseException:
             _delete_if(self.redis, key, self.worker)
             raise
@@ -238,12 +250,25 @@ class SessionHost:
             self.sessions[sid] = session
         return session, None
 
+    def _lapsed(self, sid: str, ran: bool) -> dict[str, Any]:
+        """The session's shell was ended by its lease (this worker lost its liveness for a while):
+        drop the session, so the call after this one starts a new shell, and say ``SESSION_LOST``."""
+        _delete_if(self.redis, self.keys.live_holder(sid), self.worker)
+        self.end(sid)
+        return lost_reply(self.worker, lapsed=True, ran=ran)
+
     # ---- liveness, close, expiry, rescue ----
     def beat(self) -> None:
+        """Renew this worker's liveness key (``2 * heartbeat_s``), then its shells' lease: until
+        ``margin_s`` before the earliest time the renewed key can lapse (timed from before the renewal
+        was sent). A beat that fails renews nothing: the shells end before the key lapses."""
+        heartbeat_s = self.settings.heartbeat_s
+        sent_at = time.monotonic()
         pipe = self.redis.pipeline()
-        pipe.set(self.keys.live_worker(self.worker), "1", px=int(self.settings.heartbeat_s * 2000))
+        pipe.set(self.keys.live_worker(self.worker), "1", px=int(heartbeat_s * 2000))
         pipe.sadd(self.keys.live_workers, self.worker)
         pipe.execute()
+        self.lease.renew(sent_at + 2 * heartbeat_s - lease_margin_s(heartbeat_s))
 
     def _housekeeping(self) -> None:
         period = min(self.settings.heartbeat_s / 2, 1.0)
@@ -322,15 +347,6 @@ def _remove_stale_dirs() -> None:
             continue
 
 
-def lost_reply(worker: str, closed: bool = False) -> dict[str, Any]:
-    why = "the session was closed" if closed else f"its worker {worker} stopped or died"
-    return {"code": "SESSION_LOST",
-            "message": f"the live session's shell is gone: {why} (its cwd, environment and processes are lost); "
-                       "this call did not run",
-            "hint": "call again to start a new shell in this session (it starts in the workspace root with a fresh "
-                    "environment), and redo the set-up it needs"}
-
-
 def _close_shell(session: _Session) -> None:
     """Close an ended session's shell once its call let go of it (or after ``END_LOCK_WAIT_S``: the
     sandbox was killed already; closing reaps it)."""
@@ -351,18 +367,6 @@ def _watch_cancel(rfile: Any, cancelled: threading.Event) -> None:
     except (OSError, ValueError):
         pass
     cancelled.set()
-
-
-_RENEW_IF = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
-_DELETE_IF = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
-
-
-def _delete_if(client: redis.Redis, key: str, value: str) -> None:
-    client.eval(_DELETE_IF, 1, key, value)
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else (value or "")
 
 
 def connect_affinity(app: Celery, runtime: Any) -> None:

@@ -16,8 +16,9 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ..models import ErrorCode, ToolResult
-from .affinity import _delete_if, log, lost_reply, worker_queue
+from .affinity import log, worker_queue
 from .authenticity import message_problem, report_drop
+from .holder_keys import _delete_if, lost_reply
 
 if TYPE_CHECKING:
     from .affinity import SessionHost

@@ -54,6 +54,7 @@ from typing import Any
 
 from ..tools import sandbox
 from ..tools.command import _SandboxInit
+from .shell_lease import LAPSE_SIGNAL, LeaseFile
 from .shell_output import ShellOutput
 from .shell_start import channel, children, killpg, living, output_channel, popen, send_signal
 
@@ -93,9 +94,11 @@ class Shell:
     """A persistent shell in ``workspace``. Not thread-safe: one command at a time (the caller holds
     a per-session lock). ``spawn(fn)`` runs ``fn`` (which starts ``bwrap``) in a long-lived thread."""
 
-    def __init__(self, workspace: Path, spawn: Callable[[Callable[[], Any]], Any] = lambda fn: fn()) -> None:
+    def __init__(self, workspace: Path, spawn: Callable[[Callable[[], Any]], Any] = lambda fn: fn(),
+                 lease: LeaseFile | None = None) -> None:
         self.workspace = workspace
         self._spawn = spawn
+        self._lease = lease  # the holder's liveness lease: a sandboxed shell ends when it lapses (.shell_lease)
         self._cond = threading.Condition()
         self._out = ShellOutput(MAX_OUTPUT_BYTES)  # the output so far, head and tail (.shell_output)
         self._eof = False
@@ -117,7 +120,7 @@ class Shell:
         self._reader, shell_out = output_channel()
         try:  # what covers the secrets, taken before the argv: a rotation in between restarts, never leaks
             self._hidden = box.hidden_now(self.workspace)
-            self.proc = popen(box, self.workspace, self._spawn, shell_end, shell_out, info_w)
+            self.proc = popen(box, self.workspace, self._spawn, shell_end, shell_out, info_w, self._lease)
         finally:
             shell_end.close()
             shell_out.close()
@@ -128,7 +131,8 @@ class Shell:
             self.init = _SandboxInit.read(info_r) if info_r is not None else _SandboxInit(None)
         except BaseException:
             if info_r is not None and self.proc is not None:  # its init not reported yet: bwrap's child
-                self.init = _SandboxInit.child_of(self.proc.pid)
+                bwrap = children(self.proc.pid) if self._lease is not None else [self.proc.pid]
+                self.init = _SandboxInit.child_of(bwrap[0]) if bwrap else None
             self.close()  # the init killed, or bwrap before it forked one
             raise
         self._shell_pid: int | None = None
@@ -156,6 +160,12 @@ class Shell:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and not self._eof
+
+    @property
+    def lease_lapsed(self) -> bool:
+        """The shell's sandbox was ended by its lease watchdog: the holder's liveness lapsed (frozen,
+        or cut off from Redis) and the session counts as lost (:mod:`.shell_lease`)."""
+        return self._lease is not None and self.proc is not None and self.proc.poll() == -int(LAPSE_SIGNAL)
 
     def kill(self) -> None:
         """SIGKILL the shell's sandbox (its init: the kernel ends every process of it) without

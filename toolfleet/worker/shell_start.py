@@ -36,6 +36,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .shell_lease import LeaseFile
+
 SHELL_PATH = "/dev/.toolfleet-shell"  # on the sandbox's own /dev (a tmpfs of bwrap's), never the host's
 SHELL_ARGS = ("--noprofile", "--norc", "-s")
 
@@ -60,10 +62,12 @@ def output_channel() -> tuple[socket.socket, socket.socket]:
 
 
 def popen(box: Any, workspace: Path, spawn: Callable[[Callable[[], Any]], Any], stdin: socket.socket,
-          stdout: socket.socket, info_w: int | None) -> subprocess.Popen[bytes]:
+          stdout: socket.socket, info_w: int | None, lease: LeaseFile | None = None) -> subprocess.Popen[bytes]:
     """Start the shell in ``box`` (a :class:`~toolfleet.tools.sandbox.SandboxState`) reading ``stdin``
     (the shell's end of :func:`channel`), stdout and stderr both to ``stdout`` (the shell's end of
-    :func:`output_channel`); ``spawn`` runs the start (``--die-with-parent``: a long-lived thread)."""
+    :func:`output_channel`); ``spawn`` runs the start (``--die-with-parent``: a long-lived thread).
+    A sandboxed shell with a ``lease`` runs under its watchdog (:mod:`.shell_lease`): the returned
+    process is then the watchdog, ``bwrap`` its child."""
     bash_fd = None
     try:
         if box.unsandboxed:
@@ -73,6 +77,8 @@ def popen(box: Any, workspace: Path, spawn: Callable[[Callable[[], Any]], Any], 
             bash_fd = os.open(bash, os.O_RDONLY | os.O_CLOEXEC)  # bwrap copies it to an execute-only file
             argv, env = box.command([SHELL_PATH, *SHELL_ARGS], workspace, info_fd=info_w,
                                     mounts=["--perms", "0111", "--ro-bind-data", str(bash_fd), SHELL_PATH])
+            if lease is not None:
+                argv = lease.wrap(argv)
         fds = tuple(fd for fd in (info_w, bash_fd) if fd is not None)
         return spawn(lambda: subprocess.Popen(
             argv, cwd=workspace, env=env, stdin=stdin.fileno(), stdout=stdout.fileno(),
