@@ -3,7 +3,7 @@ Its liveness key lapses, the session's next call is answered ``SESSION_LOST`` ("
 shell is gone ... its cwd, environment and processes are lost") and the call after it starts a new
 shell on another worker. The old shell's sandbox left the worker's process group (``bwrap
 --new-session``), so the freeze does not stop it: before the shell's lease watchdog
-(``toolfleet/worker/shell_lease.py``, docs/guarantees.md L3) a job it ran went on writing into the
+(``toolfleet/worker/sandbox_lease.py``, docs/guarantees.md L3) a job it ran went on writing into the
 workspace after the caller was told the session's processes were gone, after the new shell's write.
 Now the watchdog, outside the frozen group, ends the sandbox before the liveness key can lapse."""
 
@@ -17,7 +17,7 @@ import redis
 
 from toolfleet import Dispatcher, ErrorCode
 from toolfleet.tools.registry import default_registry
-from toolfleet.worker.shell_lease import margin_s
+from toolfleet.worker.sandbox_lease import margin_s
 
 from .conftest import TEST_TOOLS
 from .faults import call, freeze, thaw, wait_until

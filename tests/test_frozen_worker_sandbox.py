@@ -6,11 +6,13 @@ turn's write of the same file (a gray-failure trial; promises 14 / F5: "No write
 after the next turn's on the same path"; S2: "No process outlives its call"). The sandbox now ends
 itself half a second past the call's time limit (tools/command.py ``_bounded``: ``timeout -s KILL``
 around bwrap, outside the sandbox where the command cannot signal it; bwrap's end ends the
-sandbox's PID namespace)."""
+sandbox's PID namespace), and once the worker's liveness lease lapses its reaper ends it sooner,
+before the caller is told ``WORKER_LOST`` (``toolfleet/worker/reaper.py``)."""
 
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 
@@ -18,6 +20,7 @@ from toolfleet import ErrorCode
 
 from .faults import call, freeze, thaw, wait_started, wait_until
 from .fencing_trials import fencing_settings
+from .leftovers import processes_with
 
 
 @pytest.fixture
@@ -60,3 +63,30 @@ def test_a_frozen_workers_command_writes_nothing_after_the_next_turns_write(disp
     print(f"\nturn 1 {first.code.value}; turn 2 ok {answered_s:.1f} s after the freeze; same.txt = {lines}")
     assert "t1" not in lines or lines.index("t1") < lines.index("t2"), (
         f"turn 1's command (answered {first.code.value}, its worker frozen) wrote after turn 2: {lines}")
+
+
+def test_a_frozen_workers_command_is_gone_when_its_caller_is_told_worker_lost(dispatcher, start_worker, workspace):
+    """The same freeze, with a command whose own time limit (60 s) is far off: before the worker's
+    sandbox reaper (``toolfleet/worker/reaper.py``) it ran on for its whole time limit after the caller
+    was told ``WORKER_LOST``, and its write landed 4 s in. The reaper, outside the frozen group, ends
+    it once the worker's lease lapses, before any dispatcher can judge the worker dead."""
+    victim = start_worker(concurrency=1)  # the only one: its call is answered at the liveness bound (F1), not
+    # sent again after its 60 s deadline (a journaled write, F4)
+    tag = f"4.{uuid.uuid4().int % 10**9:09d}"  # `sleep <tag>`: about 4 s, and its command line names it
+    command = f"touch running; sleep {tag}; echo late >> late.txt"
+    turn = dispatcher.submit([call("w", "run_command", command=command, timeout_s=60)], workspace=str(workspace))
+    wait_started(dispatcher, turn.turn_id, "w")
+    wait_until((workspace / "running").exists, 10, "the command running")
+    freeze(victim)
+    frozen_at = time.monotonic()
+    try:
+        [first] = turn.results(timeout_s=30)
+        answered_s = time.monotonic() - frozen_at
+        left = processes_with(tag)
+        time.sleep(max(frozen_at + 5.0 - time.monotonic(), 0.0))  # past the command's 4 s
+    finally:
+        thaw(victim)
+    print(f"\n{first.code.value} {answered_s:.1f} s after the freeze; the command's processes then: {left}")
+    assert first.code in (ErrorCode.WORKER_LOST, ErrorCode.OUTCOME_UNKNOWN), first.content
+    assert not left, f"{first.code.value} answered while the frozen worker's command still ran: {left}"
+    assert not (workspace / "late.txt").exists(), "the frozen worker's command wrote after its caller's answer"

@@ -82,6 +82,9 @@ def run_command(
     finally:
         if info_w is not None:
             os.close(info_w)
+    from ..worker import reaper  # here: the worker package imports the tools
+
+    entry = reaper.register(proc.pid)  # a frozen worker's sandbox ends with its liveness (worker/reaper.py)
     init: _SandboxInit | None = None
     try:  # a cancel or the soft limit landing while bwrap starts must not leave its sandbox behind
         chunks = HeadTail()  # bounded: the head and the tail of what it prints
@@ -100,6 +103,7 @@ def run_command(
         _stop_group(proc, init)
         if init is not None:
             init.close()
+        reaper.unregister(entry)
         raise
 
     def output() -> str:
@@ -138,10 +142,19 @@ def run_command(
     finally:
         if proc.poll() is None:
             _stop_group(proc, init)
+        reaper.unregister(entry)
         exited.close()  # type: ignore[attr-defined]
         if init is not None:
             init.close()
     text = output()
+    if proc.returncode == -signal.SIGKILL and reaper.lapsed():
+        raise ToolFailure(
+            "the command was stopped: this worker lost its liveness (frozen, or cut off from Redis) past its lease, "
+            f"and its sandboxes were ended; it may have acted in part: {command}",
+            "run it again",
+            code="WORKER_LOST",
+            output=text,
+        )
     if proc.returncode != 0:
         raise ToolFailure(
             f"command exited with status {proc.returncode}: {command}",

@@ -32,7 +32,7 @@ the holder's housekeeping (every ``heartbeat_s / 2``, at most 1 s) then ends the
 past ``TOOLFLEET_LIVE_SESSION_TTL_S`` (default 1800 s) is ended the same way. A warm shutdown ends
 every shell; a killed worker takes its shells with it (``--die-with-parent``, PID namespaces); a
 frozen one, or one cut off from Redis, loses them to their lease before its liveness lapses
-(:mod:`.shell_lease`).
+(:mod:`.sandbox_lease`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import shutil
 import socket
 import socketserver
@@ -60,8 +59,9 @@ from ..redis_client import client_for
 from .catalog import mget
 from .holder_keys import _RENEW_IF, _delete_if, _s, lost_reply
 from .live_shell import Shell
-from .shell_lease import LeaseFile
-from .shell_lease import margin_s as lease_margin_s
+from .sandbox_lease import LeaseFile
+from .sandbox_lease import margin_s as lease_margin_s
+from .shell_start import _Spawner
 
 log = logging.getLogger(__name__)
 LIVE_TOOLS = frozenset({"shell"})
@@ -83,30 +83,6 @@ def idle_ttl_s() -> float:
 def worker_queue(keys: Keys, worker: str) -> str:
     """The queue only ``worker`` consumes: ``<namespace>.w.<worker>``."""
     return keys.queue(f"w.{worker}")
-
-
-class _Spawner(threading.Thread):
-    """Runs functions (``bwrap`` starts) in one thread that lives as long as the worker."""
-
-    def __init__(self) -> None:
-        super().__init__(name="toolfleet-live-spawner", daemon=True)
-        self.jobs: queue.Queue[tuple[Any, queue.Queue[Any]]] = queue.Queue()
-
-    def run(self) -> None:
-        while True:
-            fn, reply = self.jobs.get()
-            try:
-                reply.put((True, fn()))
-            except BaseException as exc:  # noqa: BLE001 - handed back to the caller
-                reply.put((False, exc))
-
-    def __call__(self, fn: Any) -> Any:
-        reply: queue.Queue[Any] = queue.Queue()
-        self.jobs.put((fn, reply))
-        ok, value = reply.get(timeout=30)
-        if not ok:
-            raise value
-        return value
 
 
 class _Session:
@@ -136,7 +112,7 @@ class SessionHost:
         _remove_stale_dirs()
         self.dir = tempfile.mkdtemp(prefix=f"toolfleet-live-{os.getpid()}-", dir="/tmp")
         self.path = os.path.join(self.dir, "host.sock")
-        self.lease = LeaseFile(os.path.join(self.dir, "lease"))  # the shells' watchdogs read it (.shell_lease)
+        self.lease = LeaseFile(os.path.join(self.dir, "lease"))  # the shells' watchdogs read it (.sandbox_lease)
         host = self
 
         class Handler(socketserver.StreamRequestHandler):
@@ -147,7 +123,8 @@ class SessionHost:
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, name="toolfleet-live-host", daemon=True).start()
         self.beat()
-        threading.Thread(target=self._housekeeping, name="toolfleet-live-beat", daemon=True).start()
+        threading.Thread(target=self._beats, name="toolfleet-live-beat", daemon=True).start()
+        threading.Thread(target=self._housekeeping, name="toolfleet-live-housekeeping", daemon=True).start()
 
     # ---- requests from pool processes ----
     def _serve(self, conn: socket.socket, rfile: Any, wfile: Any) -> None:
@@ -270,14 +247,24 @@ class SessionHost:
         pipe.execute()
         self.lease.renew(sent_at + 2 * heartbeat_s - lease_margin_s(heartbeat_s))
 
-    def _housekeeping(self) -> None:
+    def _beats(self) -> None:
+        """Beat every half heartbeat (at most 1 s), in a thread of its own: a slow housekeeping (a
+        rescue reading a dead holder's queue) never delays the lease, so a healthy holder's shells
+        are not ended by it."""
         period = min(self.settings.heartbeat_s / 2, 1.0)
         while not self.stop.wait(period):
             try:
                 self.beat()
+            except Exception as exc:  # noqa: BLE001 - Redis away: the key and the shells' lease lapse
+                log.warning("live sessions: heartbeat failed (%s)", exc)
+
+    def _housekeeping(self) -> None:
+        period = min(self.settings.heartbeat_s / 2, 1.0)
+        while not self.stop.wait(period):
+            try:
                 self._end_unheld()
                 live_rescue.rescue_lost_calls(self)
-            except Exception as exc:  # noqa: BLE001 - Redis away: keys lapse, shells stay until it is back
+            except Exception as exc:  # noqa: BLE001 - Redis away: the next round tries again
                 log.warning("live sessions: housekeeping failed (%s)", exc)
 
     def _end_unheld(self) -> None:

@@ -46,6 +46,7 @@ from .events import BatchedTaskEvents
 from .execute import RUNNING_COPY_MESSAGE, SUPERSEDED_MESSAGE, execute, with_journal_key
 from .main_steps import MAIN_WAIT_S, MainSteps
 from .pool import POOL_CLASS
+from .reaper import connect_reaper
 from .redaction import redacted_failure, task_summary
 from .runtime import Runtime
 from .task_states import KILLED_AT_HARD_LIMIT, KILLED_ON_CANCEL, CallFailed, ShadowedAMQP, task_outcome
@@ -288,6 +289,7 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
 
     connect_catalog(app, runtime)
     connect_affinity(app, runtime)  # live sessions: own queue, session host (worker/affinity.py)
+    connect_reaper(app, runtime)  # run_command's sandboxes end when the worker's liveness lapses
     return app
 
 

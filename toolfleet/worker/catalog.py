@@ -28,6 +28,7 @@ from ..keys import Keys
 from ..observe.metrics import heartbeat
 from ..redis_client import busy, client_for
 from ..settings import Settings
+from . import reaper
 from .runtime import MAIN_SOCKET_TIMEOUT_S
 
 TOOLS_SEEN_TTL_S = 7 * 24 * 3600  # how long the tools a worker served are known after its last start (s)
@@ -100,13 +101,15 @@ def connect_catalog(app: Celery, runtime: Any) -> None:
         # heartbeat nor the worker's shutdown waits on it for ever
         client = client_for(runtime.settings.ledger, socket_connect_timeout=3, socket_timeout=MAIN_SOCKET_TIMEOUT_S)
         key = runtime.keys.catalog(worker)
-        ttl_ms = int(runtime.settings.heartbeat_s * 3 * 1000)
+        ttl_ms = int(runtime.settings.heartbeat_s * reaper.CATALOG_TTL_BEATS * 1000)
 
         def publish() -> None:
+            sent_at = time.monotonic()
             pipe = client.pipeline()
             pipe.set(key, json.dumps(catalog_entry(runtime, worker)), px=ttl_ms)
             pipe.sadd(runtime.keys.workers, worker)
             pipe.execute()
+            reaper.renew(sent_at, runtime.settings.heartbeat_s)  # the sandboxes' lease (worker/reaper.py)
             heartbeat(worker, time.time())  # observe/metrics.py (a no-op without --metrics-port)
 
         def beat() -> None:
@@ -123,7 +126,9 @@ def connect_catalog(app: Celery, runtime: Any) -> None:
             alive with PEXPIRE, which Redis does not refuse for memory, so a live worker is not
             judged dead (its calls answered WORKER_LOST) while it waits Redis out with them."""
             try:
-                client.pexpire(key, ttl_ms)
+                sent_at = time.monotonic()
+                if client.pexpire(key, ttl_ms):
+                    reaper.renew(sent_at, runtime.settings.heartbeat_s)
             except redis.RedisError:
                 pass
 

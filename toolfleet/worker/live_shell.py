@@ -54,7 +54,7 @@ from typing import Any
 
 from ..tools import sandbox
 from ..tools.command import _SandboxInit
-from .shell_lease import LAPSE_SIGNAL, LeaseFile
+from .sandbox_lease import LAPSE_SIGNAL, LeaseFile
 from .shell_output import ShellOutput
 from .shell_start import channel, children, killpg, living, output_channel, popen, send_signal
 
@@ -98,7 +98,7 @@ class Shell:
                  lease: LeaseFile | None = None) -> None:
         self.workspace = workspace
         self._spawn = spawn
-        self._lease = lease  # the holder's liveness lease: a sandboxed shell ends when it lapses (.shell_lease)
+        self._lease = lease  # the holder's liveness lease: a sandboxed shell ends when it lapses (.sandbox_lease)
         self._cond = threading.Condition()
         self._out = ShellOutput(MAX_OUTPUT_BYTES)  # the output so far, head and tail (.shell_output)
         self._eof = False
@@ -164,7 +164,7 @@ class Shell:
     @property
     def lease_lapsed(self) -> bool:
         """The shell's sandbox was ended by its lease watchdog: the holder's liveness lapsed (frozen,
-        or cut off from Redis) and the session counts as lost (:mod:`.shell_lease`)."""
+        or cut off from Redis) and the session counts as lost (:mod:`.sandbox_lease`)."""
         return self._lease is not None and self.proc is not None and self.proc.poll() == -int(LAPSE_SIGNAL)
 
     def kill(self) -> None:

@@ -28,15 +28,17 @@ reads as commands: by the kernel, not by parsing what the command's processes wr
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .shell_lease import LeaseFile
+from .sandbox_lease import LeaseFile
 
 SHELL_PATH = "/dev/.toolfleet-shell"  # on the sandbox's own /dev (a tmpfs of bwrap's), never the host's
 SHELL_ARGS = ("--noprofile", "--norc", "-s")
@@ -66,7 +68,7 @@ def popen(box: Any, workspace: Path, spawn: Callable[[Callable[[], Any]], Any], 
     """Start the shell in ``box`` (a :class:`~toolfleet.tools.sandbox.SandboxState`) reading ``stdin``
     (the shell's end of :func:`channel`), stdout and stderr both to ``stdout`` (the shell's end of
     :func:`output_channel`); ``spawn`` runs the start (``--die-with-parent``: a long-lived thread).
-    A sandboxed shell with a ``lease`` runs under its watchdog (:mod:`.shell_lease`): the returned
+    A sandboxed shell with a ``lease`` runs under its watchdog (:mod:`.sandbox_lease`): the returned
     process is then the watchdog, ``bwrap`` its child."""
     bash_fd = None
     try:
@@ -86,6 +88,30 @@ def popen(box: Any, workspace: Path, spawn: Callable[[Callable[[], Any]], Any], 
     finally:
         if bash_fd is not None:
             os.close(bash_fd)
+
+
+class _Spawner(threading.Thread):
+    """Runs functions (``bwrap`` starts) in one thread that lives as long as the worker."""
+
+    def __init__(self) -> None:
+        super().__init__(name="toolfleet-live-spawner", daemon=True)
+        self.jobs: queue.Queue[tuple[Any, queue.Queue[Any]]] = queue.Queue()
+
+    def run(self) -> None:
+        while True:
+            fn, reply = self.jobs.get()
+            try:
+                reply.put((True, fn()))
+            except BaseException as exc:  # noqa: BLE001 - handed back to the caller
+                reply.put((False, exc))
+
+    def __call__(self, fn: Any) -> Any:
+        reply: queue.Queue[Any] = queue.Queue()
+        self.jobs.put((fn, reply))
+        ok, value = reply.get(timeout=30)
+        if not ok:
+            raise value
+        return value
 
 
 # ---- the processes of a shell's sandbox ----

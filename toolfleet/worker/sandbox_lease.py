@@ -1,4 +1,17 @@
-"""A live session's shell ends when its holder's liveness lapses, even if the holder is frozen.
+"""Sandboxes end when their worker's liveness lapses, even if the worker is frozen: a lease each.
+
+Two leases, one mechanism (a lease file of a monotonic deadline, renewed only after Redis confirmed
+the liveness key it shadows, read by a process outside the worker's process group):
+
+- **A live session's shell** (below): one watchdog per shell, around its ``bwrap``, shadowing the
+  holder's ``live_worker`` key.
+- **``run_command``'s sandboxes** (:func:`reap`): one *reaper* per worker, shadowing the worker's
+  catalog key (``3 * heartbeat_s``, renewed every heartbeat: the dispatcher answers a silent
+  worker's calls ``WORKER_LOST`` once it has lapsed). Each running command registers its deadline
+  process (``timeout``, the leader of its session, bwrap its child) as a file ``<pid>-<start time>``
+  in the reaper's private directory; when the lease lapses the reaper KILLs every registered group
+  whose start time still matches (never a reused pid), so a frozen worker's command stops acting
+  before its caller is told ``WORKER_LOST``, not only at its own time limit.
 
 The dispatcher answers ``SESSION_LOST`` ("its processes are lost") once the holder's liveness key
 (``live_worker``, ``2 * heartbeat_s`` long, renewed every ``heartbeat_s / 2``) lapses in Redis. A
@@ -8,7 +21,7 @@ this, its processes ran on and wrote after the caller was told they were gone (a
 ``tests/test_frozen_live_holder.py``).
 
 So every sandboxed shell runs under a **lease watchdog**: this file, run as a script by the worker's
-Python (``python -I -S shell_lease.py <lease file> <worker pid> -- bwrap ...``), in the shell's own
+Python (``python -I -S sandbox_lease.py <lease file> <worker pid> -- bwrap ...``), in the shell's own
 session (outside the worker's process group, so a freeze of the worker does not stop it). It starts
 ``bwrap`` as its child and reads the **lease file**, which the holder rewrites after each liveness
 renewal Redis confirmed: one number, a :func:`time.monotonic` time (``CLOCK_MONOTONIC``, shared by
@@ -91,6 +104,48 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def start_time(pid: int) -> str | None:
+    """``pid``'s start time (clock ticks since boot, ``/proc/<pid>/stat`` field 22): with the pid, a
+    name no later process can have; ``None`` when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def reap(path: str, registry: str, worker: int, idle_wake_s: float = 1.0) -> None:
+    """The reaper's loop: until ``worker`` is gone, sleep until the lease's deadline (at most
+    ``idle_wake_s``, to notice the worker's end); while it has lapsed, KILL the process group of every
+    sandbox registered in ``registry`` (then every 50 ms, for a group registered meanwhile)."""
+    while True:
+        deadline = read_deadline(path)
+        left_s = -1.0 if deadline is None else deadline - time.monotonic()
+        if left_s <= 0:
+            _kill_registered(registry)
+        if os.getppid() != worker:  # the worker ended (its children are reparented): so does the reaper
+            return
+        time.sleep(0.05 if left_s <= 0 else min(left_s, idle_wake_s))
+
+
+def _kill_registered(registry: str) -> None:
+    try:
+        names = os.listdir(registry)
+    except OSError:
+        return
+    for name in names:
+        pid_text, _, started = name.partition("-")
+        try:
+            pid = int(pid_text)
+        except ValueError:
+            continue
+        if start_time(pid) == started:
+            try:
+                os.killpg(pid, signal.SIGKILL)  # timeout and bwrap; bwrap's end ends the namespace
+            except OSError:
+                pass
+
+
 def _exit_as(returncode: int) -> None:
     if returncode >= 0:
         os._exit(returncode)
@@ -100,9 +155,14 @@ def _exit_as(returncode: int) -> None:
 
 
 def main(args: list[str]) -> None:
-    """``<lease file> <worker pid> -- argv...``: run ``argv`` until it exits or the lease lapses."""
+    """``<lease file> <worker pid> -- argv...``: run ``argv`` until it exits or the lease lapses;
+    ``--reap <lease file> <registry dir> <worker pid>``: the reaper (:func:`reap`)."""
+    if len(args) == 4 and args[0] == "--reap":
+        os.chdir("/")
+        reap(args[1], args[2], int(args[3]))
+        return
     if len(args) < 4 or args[2] != "--":
-        sys.stderr.write("usage: shell_lease.py LEASE_FILE WORKER_PID -- COMMAND...\n")
+        sys.stderr.write("usage: sandbox_lease.py LEASE_FILE WORKER_PID -- COMMAND...\n")
         os._exit(2)
     path, parent, argv = args[0], int(args[1]), args[3:]
     _die_with_parent(parent)
