@@ -163,12 +163,21 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace")
 
     def children(self) -> list[int]:
-        """Process ids of the prefork pool's processes."""
+        """Process ids of the prefork pool's processes: the main process's children in its process
+        group (not the sandbox reaper nor a live shell's sandbox, which have sessions of their own)."""
         path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
         try:
-            return [int(pid) for pid in path.read_text().split()]
+            pids = [int(pid) for pid in path.read_text().split()]
         except OSError:
             return []
+        out = []
+        for pid in pids:
+            try:
+                if os.getpgid(pid) == os.getpgid(self.proc.pid):
+                    out.append(pid)
+            except ProcessLookupError:
+                pass
+        return out
 
     def kill(self) -> None:
         """SIGKILL the whole worker: main process and pool, at once (a vanished host)."""
