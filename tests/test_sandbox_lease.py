@@ -12,10 +12,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -158,3 +160,28 @@ def test_the_reaper_ends_with_its_worker(tmp_path: Path):
     parent.kill()
     parent.wait()
     assert not wait_gone(str(registry), WAIT_S), "the reaper outlived its worker"
+
+
+def test_a_shell_its_lease_ended_is_never_restarted_quietly(tmp_path: Path):
+    """A shell the lease ended is a lost session: ``Shell.run`` raises :class:`LeaseLapsed` where it
+    would have started a new shell (a breaker's suspicion: a lapse between the host's check and the
+    run gave the caller a "new shell" note, not SESSION_LOST)."""
+    from toolfleet.worker.live_shell import LeaseLapsed, Shell
+
+    from .test_live_shell import SPAWNER
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    lease = LeaseFile(str(tmp_path / "lease"))
+    lease.renew(time.monotonic() + 2.0)  # never renewed: it lapses 2 s from now
+    shell = Shell(workspace, SPAWNER, lease)
+    try:
+        assert shell.run("echo hi", time.monotonic() + WAIT_S, threading.Event()).output.strip() == "hi"
+        assert shell.proc is not None
+        assert shell.proc.wait(timeout=WAIT_S) == -LAPSE_SIGNAL
+        assert shell.lease_lapsed
+        with pytest.raises(LeaseLapsed) as lapsed:
+            shell.run("echo again", time.monotonic() + WAIT_S, threading.Event())
+        assert lapsed.value.ran is False
+    finally:
+        shell.close()

@@ -58,7 +58,7 @@ from ..keys import Keys
 from ..redis_client import client_for
 from .catalog import mget
 from .holder_keys import _RENEW_IF, _delete_if, _s, lost_reply
-from .live_shell import Shell
+from .live_shell import LeaseLapsed, Shell
 from .sandbox_lease import LeaseFile
 from .sandbox_lease import margin_s as lease_margin_s
 from .shell_start import _Spawner
@@ -170,7 +170,10 @@ class SessionHost:
             if session.shell.lease_lapsed:  # never a quiet new shell: the session's processes are gone
                 return self._lapsed(sid, ran=False)
             session.running = cancelled
-            outcome = session.shell.run(str(request["command"]), deadline, cancelled)  # what is left of its time
+            try:
+                outcome = session.shell.run(str(request["command"]), deadline, cancelled)  # what is left of its time
+            except LeaseLapsed as exc:  # it would have started a new shell
+                return self._lapsed(sid, ran=exc.ran)
             if session.shell.lease_lapsed:
                 return self._lapsed(sid, ran=True)
         finally:

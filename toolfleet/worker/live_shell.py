@@ -55,7 +55,7 @@ from typing import Any
 from ..tools import sandbox
 from ..tools.command import _SandboxInit
 from .sandbox_lease import LAPSE_SIGNAL, LeaseFile
-from .shell_output import ShellOutput
+from .shell_output import ShellOutput, _join, _recv, _text
 from .shell_start import channel, children, killpg, living, output_channel, popen, send_signal
 
 TERM_GRACE_S = 0.25  # between TERM and KILL of the command's processes (s)
@@ -88,6 +88,15 @@ def encode(command: str) -> str:
     if b"\0" in data:
         raise ValueError("a command cannot contain a NUL character")
     return "$'" + "".join(f"\\x{byte:02x}" for byte in data) + "'"
+
+
+class LeaseLapsed(Exception):
+    """The shell was ended by its lease (:mod:`.sandbox_lease`); ``ran``: the call's command had been
+    written to it (it may have acted in part)."""
+
+    def __init__(self, ran: bool) -> None:
+        super().__init__("the shell's lease lapsed")
+        self.ran = ran
 
 
 class Shell:
@@ -215,7 +224,12 @@ class Shell:
             except OSError:
                 pass
 
-    def restart(self) -> None:
+    def restart(self, ran: bool = False) -> None:
+        """A new shell in place of this one. Raises :class:`LeaseLapsed` (``ran``: whether the call's
+        command had been written) instead when the lease ended this one: its session is lost, and a
+        quiet new shell would hide that."""
+        if self.lease_lapsed:
+            raise LeaseLapsed(ran)
         self.close()
         self._start()
 
@@ -225,7 +239,8 @@ class Shell:
         stop it (``stopped = "timeout"``), or until ``cancelled`` is set (``"cancelled"``). A command
         whose time is up or that is cancelled before it is written does not run; one that cannot be
         written whole in time (the shell does not read) is never run: the shell is restarted
-        (``restarted``). Raises ``ValueError`` for a NUL in ``command``."""
+        (``restarted``). Raises ``ValueError`` for a NUL in ``command``, and :class:`LeaseLapsed` where
+        it would restart a shell its lease ended (the session is lost: never a quiet new shell)."""
         script = encode(command)
         note = ""
         if not self.alive:
@@ -350,7 +365,7 @@ class Shell:
         if found is not None:
             return Outcome(found[0], None, stopped=why, note=note)
         text = self._take()
-        self.restart()
+        self.restart(ran=True)
         return Outcome(text, None, stopped=why, restarted=True, note=note)
 
     def _wait_until(self, mark: bytes, start: int, wait_s: float) -> tuple[str, int] | None:
@@ -383,23 +398,3 @@ class Shell:
                 todo.extend(children(pid))
         found.discard(shell_pid)  # type: ignore[arg-type]
         return found
-
-
-def _join(*notes: str) -> str:
-    return "\n".join(n for n in notes if n)
-
-
-def _text(data: bytes, dropped: int) -> str:
-    text = data.decode("utf-8", errors="replace")
-    if dropped:
-        half = len(text) // 2
-        text = text[:half] + f"\n[... {dropped} bytes of output dropped ...]\n" + text[half:]
-    return text
-
-
-def _recv(out: socket.socket) -> bytes:
-    """The next bytes of the output channel; ``b""`` at its end, or once the worker closed its end."""
-    try:
-        return out.recv(65536)
-    except OSError:  # closed under the drain by close(): the shell is gone
-        return b""

@@ -31,7 +31,9 @@ from .sandbox_lease import LeaseFile, read_deadline, start_time
 
 log = logging.getLogger(__name__)
 CATALOG_TTL_BEATS = 3  # the catalog key lives 3 heartbeats (worker/catalog.py): the lease shadows it
-REAP_MARGIN_S = 0.25  # the sandboxes end this long before a dispatcher can judge the worker dead (s)
+REAP_MARGIN_S = 0.5  # the sandboxes end this long before a dispatcher can judge the worker dead (s): the
+# kill of a sandbox that loads every core took up to 0.7 s past the deadline in a breaker's trial (the
+# reaper also raises its priority, sandbox_lease.boost)
 _state: dict[str, Any] = {}  # "dir", "lease", "registry", "proc": set in the main process before the fork
 
 

@@ -18,6 +18,8 @@ Not thread-safe: the shell calls it under its lock.
 
 from __future__ import annotations
 
+import socket
+
 
 class ShellOutput:
     """The output kept since the last command ended (or the shell started)."""
@@ -119,3 +121,23 @@ class ShellOutput:
         rest = self.slice(end, len(self))
         self.clear()
         self._head = bytearray(rest)
+
+
+def _join(*notes: str) -> str:
+    return "\n".join(n for n in notes if n)
+
+
+def _text(data: bytes, dropped: int) -> str:
+    text = data.decode("utf-8", errors="replace")
+    if dropped:
+        half = len(text) // 2
+        text = text[:half] + f"\n[... {dropped} bytes of output dropped ...]\n" + text[half:]
+    return text
+
+
+def _recv(out: socket.socket) -> bytes:
+    """The next bytes of the output channel; ``b""`` at its end, or once the worker closed its end."""
+    try:
+        return out.recv(65536)
+    except OSError:  # closed under the drain by close(): the shell is gone
+        return b""
