@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toolfleet.worker.sandbox_lease import LAPSE_SIGNAL, LeaseFile, read_deadline, start_time
+from toolfleet.worker.sandbox_lease import LAPSE_SIGNAL, LeaseFile, read_deadline, script_argv, start_time
 
 from .leftovers import processes_with, wait_gone
 
@@ -107,9 +107,7 @@ def test_a_lease_file_of_any_bytes_reads_as_a_time_or_as_lapsed(data: bytes):
 
 
 def _reaper(lease: LeaseFile, registry: Path) -> subprocess.Popen[bytes]:
-    script = lease.wrap([])[3]  # the file the watchdog runs, as the worker's reaper runs it
-    return subprocess.Popen([sys.executable, "-I", "-S", script, "--reap", lease.path, str(registry), str(os.getpid())],
-                            start_new_session=True)
+    return subprocess.Popen(script_argv("--reap", lease.path, str(registry), str(os.getpid())), start_new_session=True)
 
 
 def _group(tag: str) -> subprocess.Popen[bytes]:
@@ -148,8 +146,9 @@ def test_the_reaper_ends_with_its_worker(tmp_path: Path):
     lease.renew(time.monotonic() + 3600)
     parent = subprocess.Popen([sys.executable, "-c", (
         "import os, subprocess, sys\n"
-        f"subprocess.Popen([sys.executable, '-I', '-S', {lease.wrap([])[3]!r}, '--reap', {lease.path!r}, "
-        f"{str(registry)!r}, str(os.getpid())], start_new_session=True)\n"
+        "from toolfleet.worker.sandbox_lease import script_argv\n"
+        f"subprocess.Popen(script_argv('--reap', {lease.path!r}, {str(registry)!r}, str(os.getpid())), "
+        "start_new_session=True)\n"
         "print('started', flush=True)\n"
         "import time; time.sleep(3600)\n")], stdout=subprocess.PIPE)
     assert parent.stdout is not None and parent.stdout.readline() == b"started\n"

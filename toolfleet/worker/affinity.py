@@ -43,7 +43,6 @@ import os
 import shutil
 import socket
 import socketserver
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -59,7 +58,7 @@ from ..redis_client import client_for
 from .catalog import mget
 from .holder_keys import _RENEW_IF, _delete_if, _s, lost_reply
 from .live_shell import LeaseLapsed, Shell
-from .sandbox_lease import LeaseFile
+from .sandbox_lease import LeaseFile, private_dir
 from .sandbox_lease import margin_s as lease_margin_s
 from .shell_start import _Spawner
 
@@ -109,8 +108,7 @@ class SessionHost:
         self.stop = threading.Event()
         self.spawner = _Spawner()
         self.spawner.start()
-        _remove_stale_dirs()
-        self.dir = tempfile.mkdtemp(prefix=f"toolfleet-live-{os.getpid()}-", dir="/tmp")
+        self.dir = private_dir("live")
         self.path = os.path.join(self.dir, "host.sock")
         self.lease = LeaseFile(os.path.join(self.dir, "lease"))  # the shells' watchdogs read it (.sandbox_lease)
         host = self
@@ -167,12 +165,10 @@ class SessionHost:
         try:
             if session.closed:
                 return lost_reply(self.worker, closed=True)
-            if session.shell.lease_lapsed:  # never a quiet new shell: the session's processes are gone
-                return self._lapsed(sid, ran=False)
             session.running = cancelled
             try:
                 outcome = session.shell.run(str(request["command"]), deadline, cancelled)  # what is left of its time
-            except LeaseLapsed as exc:  # it would have started a new shell
+            except LeaseLapsed as exc:  # never a quiet new shell: the session's processes are gone
                 return self._lapsed(sid, ran=exc.ran)
             if session.shell.lease_lapsed:
                 return self._lapsed(sid, ran=True)
@@ -323,18 +319,6 @@ class SessionHost:
         self.server.shutdown()
         self.server.server_close()
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _remove_stale_dirs() -> None:
-    """Remove the socket directories of session hosts whose worker died without its shutdown."""
-    for path in Path("/tmp").glob("toolfleet-live-*-*"):
-        try:
-            pid = int(path.name.split("-")[2])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except (ValueError, IndexError, PermissionError):
-            continue
 
 
 def _close_shell(session: _Session) -> None:

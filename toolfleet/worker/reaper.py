@@ -17,24 +17,20 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from celery import Celery
 from celery.signals import celeryd_after_setup, worker_shutdown
 
-from . import sandbox_lease
-from .sandbox_lease import LeaseFile, read_deadline, start_time
+from .sandbox_lease import LeaseFile, private_dir, read_deadline, script_argv, start_time
 
 log = logging.getLogger(__name__)
 CATALOG_TTL_BEATS = 3  # the catalog key lives 3 heartbeats (worker/catalog.py): the lease shadows it
 REAP_MARGIN_S = 0.5  # the sandboxes end this long before a dispatcher can judge the worker dead (s): the
 # kill of a sandbox that loads every core took up to 0.7 s past the deadline in a breaker's trial (the
 # reaper also raises its priority, sandbox_lease.boost)
-_state: dict[str, Any] = {}  # "dir", "lease", "registry", "proc": set in the main process before the fork
+_state: dict[str, Any] = {}  # "dir", "lease", "registry", "proc", "pid": set in the main process before the fork
 
 
 def lease_deadline(sent_at: float, heartbeat_s: float) -> float:
@@ -57,18 +53,15 @@ def lapsed() -> bool:
 
 def start(heartbeat_s: float) -> None:
     """Make the reaper's directory and start it (main process, before the pool forks)."""
-    _remove_stale_dirs()
-    directory = tempfile.mkdtemp(prefix=f"toolfleet-reap-{os.getpid()}-", dir="/tmp")
+    directory = private_dir("reap")
     registry = os.path.join(directory, "running")
     os.mkdir(registry, 0o700)
     lease = LeaseFile(os.path.join(directory, "lease"))
     lease.renew(lease_deadline(time.monotonic(), heartbeat_s))  # nothing runs before the first publish
-    proc = subprocess.Popen(
-        [sys.executable, "-I", "-S", os.path.abspath(sandbox_lease.__file__), "--reap", lease.path, registry,
-         str(os.getpid())],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/",
-        start_new_session=True)  # outside the worker's process group: a freeze of it does not stop the reaper
-    _state.update(dir=directory, lease=lease, registry=registry, proc=proc)
+    proc = subprocess.Popen(script_argv("--reap", lease.path, registry, str(os.getpid())),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/",
+                            start_new_session=True)  # outside the worker's process group: a freeze does not stop it
+    _state.update(dir=directory, lease=lease, registry=registry, proc=proc)  # proc: kept, so Popen never warns
 
 
 def renew(sent_at: float, heartbeat_s: float) -> None:
@@ -112,17 +105,6 @@ def stop() -> None:
     _state.clear()
     if directory is not None:
         shutil.rmtree(directory, ignore_errors=True)
-
-
-def _remove_stale_dirs() -> None:
-    """Remove the directories of reapers whose worker died without its shutdown."""
-    for path in Path("/tmp").glob("toolfleet-reap-*-*"):
-        try:
-            os.kill(int(path.name.split("-")[2]), 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except (ValueError, IndexError, PermissionError):
-            continue
 
 
 def connect_reaper(app: Celery, runtime: Any) -> None:

@@ -97,7 +97,30 @@ class LeaseFile:
     def wrap(self, argv: list[str]) -> list[str]:
         """``argv`` (``bwrap ...``) run under the lease watchdog of this file. The caller starts it
         with ``start_new_session=True`` and the fds ``bwrap`` needs in ``pass_fds`` (they pass on)."""
-        return [sys.executable, "-I", "-S", os.path.abspath(__file__), self.path, str(os.getpid()), "--", *argv]
+        return script_argv(self.path, str(os.getpid()), "--", *argv)
+
+
+def script_argv(*args: str) -> list[str]:
+    """How the worker runs this file: its own Python, isolated (``-I -S``), with ``args``."""
+    return [sys.executable, "-I", "-S", os.path.abspath(__file__), *args]
+
+
+def private_dir(kind: str) -> str:
+    """A new ``/tmp/toolfleet-<kind>-<pid>-*`` directory (``0700``; every sandbox covers ``/tmp`` with a
+    tmpfs of its own, so no command can reach it), once those of ``kind`` whose worker died without
+    its shutdown are removed."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    for path in Path("/tmp").glob(f"toolfleet-{kind}-*-*"):
+        try:
+            os.kill(int(path.name.split("-")[2]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (ValueError, IndexError, PermissionError):
+            continue
+    return tempfile.mkdtemp(prefix=f"toolfleet-{kind}-{os.getpid()}-", dir="/tmp")
 
 
 def read_deadline(path: str) -> float | None:
