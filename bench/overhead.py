@@ -3,9 +3,13 @@
 (a) toolfleet: ``Dispatcher.submit(calls).results()`` (validation, plan, ledger, push collection);
 (b) a raw Celery ``group`` of the same no-op, collected with ``get(interval=0.005)``;
 (c) the same group with the default ``get()`` (polls the result backend every 0.5 s);
-(d) the no-op handler called in-process with asyncio (``asyncio.to_thread`` per call): the floor.
+(d) the no-op handler called in-process with asyncio (``asyncio.to_thread`` per call): the floor;
+(e) with a raw fleet that has toolfleet's Celery settings and a claim round trip per call
+(``bench.raw_celery``, ``like-toolfleet-claim``), its group collected as (b): raw Celery's own figure
+for a runtime that fences each call before running it (docs/design.md, fencing), so a/e is the gap
+left to toolfleet's own path.
 
-The four run interleaved, round by round, so drifting machine load hits them alike. Ratios are of
+They run interleaved, round by round, so drifting machine load hits them alike. Ratios are of
 medians from this one run: a/b (target <= 1.15) and c/a (target >= 10).
 """
 
@@ -59,19 +63,25 @@ def run_in_process(loop: asyncio.AbstractEventLoop, n: int = BATCH) -> float:
 
 
 def measure(tf: ToolfleetFleet, raw: RawFleet, *, rounds: int = 30, default_get_rounds: int = 10,
-            warmup: int = 3) -> dict[str, Any]:
-    """Interleave (a)-(d) for ``rounds`` rounds ((c) only in the first ``default_get_rounds``: each
-    costs ~0.5 s by construction)."""
+            warmup: int = 3, raw_claim: RawFleet | None = None) -> dict[str, Any]:
+    """Interleave (a)-(d), and (e) when ``raw_claim`` is given, for ``rounds`` rounds ((c) only in the
+    first ``default_get_rounds``: each costs ~0.5 s by construction)."""
     samples: dict[str, list[float]] = {"toolfleet": [], "raw_poll_5ms": [], "raw_default_get": [], "in_process": []}
+    if raw_claim is not None:
+        samples["raw_claim_poll_5ms"] = []
     loop = asyncio.new_event_loop()
     try:
         for _ in range(warmup):
             run_toolfleet(tf)
             run_raw(raw)
             run_in_process(loop)
+            if raw_claim is not None:
+                run_raw(raw_claim)
         for i in range(rounds):
             samples["toolfleet"].append(run_toolfleet(tf))
             samples["raw_poll_5ms"].append(run_raw(raw))
+            if raw_claim is not None:
+                samples["raw_claim_poll_5ms"].append(run_raw(raw_claim))
             if i < default_get_rounds:
                 samples["raw_default_get"].append(run_raw(raw, interval_s=None))
             samples["in_process"].append(run_in_process(loop))
@@ -87,6 +97,7 @@ def measure(tf: ToolfleetFleet, raw: RawFleet, *, rounds: int = 30, default_get_
         "stats": stats,
         "ratio_a_over_b": a / b,
         "ratio_c_over_a": c / a,
+        **({"ratio_a_over_e": a / stats["raw_claim_poll_5ms"]["median_ms"]} if raw_claim is not None else {}),
         "target_a_over_b": 1.15,
         "target_c_over_a": 10.0,
     }

@@ -8,7 +8,9 @@ between two writes of ``x`` makes the next write wait for it). Its critical path
 Lower bound = max(critical path, total work / worker slots): no schedule on ``slots`` processes can
 beat it. Efficiency = lower bound / makespan (submit to the last result). Zero-overhead simulations
 of two queue disciplines (one FIFO queue; the plan's rank first, as toolfleet's message priorities
-do) separate what the order of starts costs from what the machinery costs.
+do) separate what the order of starts costs from what the machinery costs. With a raw Celery fleet
+of as many slots, each run is followed by one of the same plan as a Celery canvas
+(:mod:`bench.plan_raw`): raw Celery's own efficiency, measured in the same run.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Any
 from toolfleet import Dispatcher, ToolCall
 from toolfleet.dispatcher import Plan
 
+from . import plan_raw
+from .stack import RawFleet
 from .stats import median
 
 # (access, key) in model order; see the module docstring
@@ -154,9 +158,11 @@ def _median_run(makespans: list[float], parts: list[dict[str, Any]]) -> dict[str
 
 
 def measure(dispatcher: Dispatcher, slots: int, *, n_calls: int = 16, duration_s: float = 0.1,
-            trials: int = 5, warmup: int = 1) -> dict[str, Any]:
-    """Run the mixed batch ``trials`` times on a fleet of ``slots`` worker processes."""
+            trials: int = 5, warmup: int = 1, raw: RawFleet | None = None) -> dict[str, Any]:
+    """Run the mixed batch ``trials`` times on a fleet of ``slots`` worker processes; with ``raw`` (a
+    raw Celery fleet of ``slots`` processes), each run is followed by one of the same plan on it."""
     makespans: list[float] = []
+    raw_makespans: list[float] = []
     parts: list[dict[str, Any]] = []
     plan = None
     for i in range(warmup + trials):
@@ -169,9 +175,12 @@ def measure(dispatcher: Dispatcher, slots: int, *, n_calls: int = 16, duration_s
         if bad:
             raise RuntimeError(f"plan batch failed: {bad[0].content}")
         plan = turn.plan
+        raw_elapsed = None if raw is None else plan_raw.run_once(raw, plan, duration_s)
         if i >= warmup:
             makespans.append(elapsed)
             parts.append(breakdown(dispatcher, turn.turn_id, plan, t0_wall, elapsed, duration_s))
+            if raw_elapsed is not None:
+                raw_makespans.append(raw_elapsed)
     assert plan is not None
     durations = {c: duration_s for c in plan.order}
     lb = lower_bound_s(plan, durations, slots)
@@ -192,4 +201,5 @@ def measure(dispatcher: Dispatcher, slots: int, *, n_calls: int = 16, duration_s
         "breakdown_ms": _median_run(makespans, parts),
         "efficiency": lb / made,
         "target": 0.90,
+        **({"raw_celery": plan_raw.summary(raw_makespans, lb)} if raw_makespans else {}),
     }

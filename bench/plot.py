@@ -46,6 +46,8 @@ def _plan(ax: Any, results: dict[str, Any]) -> bool:
         "FIFO simulated": [p["fifo_simulated_ms"] for p in runs],
         "rank-first simulated": [p.get("rank_first_simulated_ms", 0) for p in runs],
         "measured makespan": [p["median_makespan_ms"] for p in runs],
+        **({"raw Celery canvas, measured": [p["raw_celery"]["median_makespan_ms"] for p in runs]}
+           if all(p.get("raw_celery") for p in runs) else {}),
     })
     ax.set_title("1. Plan efficiency (16 x 100 ms calls)")
     ax.set_ylabel("ms")
@@ -57,9 +59,12 @@ def _overhead(ax: Any, results: dict[str, Any]) -> bool:
     if not ov:
         return False
     s = ov["stats"]
-    labels = ["(a) toolfleet", "(b) raw, 5 ms poll", "(c) raw, default get", "(d) in-process"]
+    labels = ["(a) toolfleet", "(b) raw,\n5 ms poll", "(c) raw,\ndefault get", "(d) in-\nprocess"]
     values = [s[k]["median_ms"] for k in ("toolfleet", "raw_poll_5ms", "raw_default_get", "in_process")]
-    ax.bar(labels, values, color=["C0", "C1", "C3", "C2"])
+    if "raw_claim_poll_5ms" in s:
+        labels.append("(e) raw,\na claim per call")
+        values.append(s["raw_claim_poll_5ms"]["median_ms"])
+    ax.bar(labels, values, color=["C0", "C1", "C3", "C2", "C4"][:len(values)])
     ax.set_yscale("log")
     for x, v in enumerate(values):
         ax.text(x, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)

@@ -1,4 +1,5 @@
-"""The raw Celery baseline: a plain Celery app on the same Redis, its own queue, the same no-op body.
+"""The raw Celery baseline: a plain Celery app on the same Redis, its own queue, the same no-op body,
+and a sleep task (``bench.raw.sleep``) for the plan efficiency section's canvas (:mod:`bench.plan_raw`).
 
 Celery's defaults (JSON, default prefetch, no task events), only the broker, result backend and
 queue set. With ``like_toolfleet``, the same app takes every Celery setting toolfleet's workers and
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 import redis
@@ -33,6 +35,7 @@ from toolfleet.worker.events import BatchedTaskEvents
 from .tools import noop_body
 
 NOOP = "bench.raw.noop"
+SLEEP = "bench.raw.sleep"
 # A claim of toolfleet's shape (toolfleet/ledger_scripts.py CLAIM): the turn's flags read, a fencing
 # token taken, the start recorded, a started event on the turn's stream; returns the token, or 0
 # when the turn is cancelled or ended. KEYS: flags hash, runs hash, events stream; ARGV: call id, now.
@@ -73,6 +76,13 @@ def make_app(redis_url: str, namespace: str, like_toolfleet: bool = False, claim
             if not script(keys=keys, args=[self.request.id, "0"]):
                 return "not claimed"
         return noop_body()
+
+    @app.task(name=SLEEP)
+    def sleep(seconds: float, label: str = "") -> str:
+        """The body of ``sleep_read`` / ``sleep_write`` (bench/tools.py) without toolfleet: the plan
+        efficiency section's raw Celery side."""
+        time.sleep(seconds)
+        return label
 
     @worker_ready.connect(weak=False)
     def _ready(sender: Any = None, **_: Any) -> None:

@@ -17,7 +17,7 @@ def plan_section(results: dict[str, Any]) -> str | None:
     rows = [[p["slots"], ms(p["critical_path_ms"]), ms(p["work_per_slot_ms"]), ms(p["lower_bound_ms"]),
              ms(p["fifo_simulated_ms"]), ms(p.get("rank_first_simulated_ms")),
              f"{ms(min(p['makespans_ms']))} / **{ms(p['median_makespan_ms'])}** / {ms(max(p['makespans_ms']))}",
-             f"{p['efficiency']:.3f}"] for p in runs]
+             f"{p['efficiency']:.3f}", _raw_plan(p)] for p in runs]
     return (
         f"{p0['n_calls']} calls of {p0['duration_ms']:g} ms (`sleep_read` / `sleep_write` on `key:<label>`): "
         "reads of six keys, two write chains, reads after writes of the same key "
@@ -28,10 +28,20 @@ def plan_section(results: dict[str, Any]) -> str | None:
         "(toolfleet's message priorities: the call heading the longest chain starts first). Makespan minus "
         "the rank-first simulation is what the machinery costs; the simulations' gap to the lower bound is "
         f"what the order of starts costs. Median of {len(p0['makespans_ms'])} runs.\n\n"
+        "*Raw Celery, measured*: after each run, the same plan as a Celery canvas (`bench/plan_raw.py`): a group "
+        "of the independent calls and of chains along the dependencies, each next call sent by the worker that "
+        "ran the one before, `time.sleep` bodies, one FIFO queue, Celery's defaults, on a raw fleet of as many "
+        "slots; its median makespan and efficiency.\n\n"
         + table(["worker slots", "critical path ms", "work / slots ms", "lower bound ms", "FIFO simulated ms",
-                  "rank-first simulated ms", "makespan ms: best / median / worst", "efficiency (median)"], rows)
+                  "rank-first simulated ms", "makespan ms: best / median / worst", "efficiency (median)",
+                  "raw Celery, measured: makespan ms / efficiency"], rows)
         + _plan_breakdown(runs)
     )
+
+
+def _raw_plan(p: dict[str, Any]) -> str:
+    raw = p.get("raw_celery")
+    return "" if not raw else f"{ms(raw['median_makespan_ms'])} / {raw['efficiency']:.3f}"
 
 
 def _plan_breakdown(runs: list[dict[str, Any]]) -> str:
@@ -69,14 +79,18 @@ def overhead_section(results: dict[str, Any]) -> str | None:
     names = {"toolfleet": "(a) toolfleet `submit().results()`",
              "raw_poll_5ms": "(b) raw Celery group, `get(interval=0.005)`",
              "raw_default_get": "(c) raw Celery group, default `get()`",
-             "in_process": "(d) in-process asyncio (`to_thread` per call), the floor"}
+             "in_process": "(d) in-process asyncio (`to_thread` per call), the floor",
+             "raw_claim_poll_5ms": "(e) raw Celery with toolfleet's settings and a claim per call, group, "
+                                   "`get(interval=0.005)`"}
     rows = [[names[k], v["n"], ms(v["median_ms"]), ms(v["p10_ms"]), ms(v["p90_ms"])] for k, v in s.items()]
     return (
         f"{ov['batch']} no-op calls, submit to the last result, {ov['worker_processes']} worker processes on each "
-        "side; the four run interleaved round by round.\n\n"
+        "side (e: 2 processes of its own); they run interleaved round by round.\n\n"
         + table(["way", "runs", "median ms", "p10 ms", "p90 ms"], rows)
         + f"\n\na/b = **{ov['ratio_a_over_b']:.3f}** (target <= {TARGETS['a_b']:.2f}); "
         f"c/a = **{ov['ratio_c_over_a']:.1f}** (target >= {TARGETS['c_a']:g})."
+        + ("" if "ratio_a_over_e" not in ov else
+           f" a/e = **{ov['ratio_a_over_e']:.3f}**: what toolfleet's path costs beyond a claim per call.")
     )
 
 

@@ -154,9 +154,9 @@ def run(sizes: Sizes, only: tuple[str, ...], redis_url: str | None, out: Path, c
                 if slots == 2:
                     continue  # measured with the two-process fleet
                 _log(f"plan efficiency with {slots} worker slots")
-                with ToolfleetFleet(url, slots) as tf:
+                with ToolfleetFleet(url, slots) as tf, RawFleet(url, slots) as raw:
                     results["plan_efficiency"].append(plan_efficiency.measure(tf.dispatcher, slots,
-                                                                              trials=sizes.plan_trials))
+                                                                              trials=sizes.plan_trials, raw=raw))
         if "scale" in only:
             _log(f"scale: the ledger on one Redis and on a three-master cluster, {sizes.scale_calls} calls each")
             try:
@@ -196,12 +196,15 @@ def run(sizes: Sizes, only: tuple[str, ...], redis_url: str | None, out: Path, c
 def _stage_two_processes(url: str, sizes: Sizes, only: tuple[str, ...], results: dict[str, Any]) -> None:
     with ToolfleetFleet(url, 2) as tf, RawFleet(url, 2) as raw:
         if "overhead" in only:
-            _log("overhead, 16 no-op calls: toolfleet, raw Celery (5 ms poll, default get), in-process")
-            results["overhead"] = overhead.measure(tf, raw, rounds=sizes.overhead_rounds,
-                                                   default_get_rounds=sizes.overhead_default_get_rounds)
+            _log("overhead, 16 no-op calls: toolfleet, raw Celery (5 ms poll, default get, with a claim), in-process")
+            with RawFleet(url, 2, like_toolfleet=True, claim=True) as rcl:
+                results["overhead"] = overhead.measure(tf, raw, rounds=sizes.overhead_rounds,
+                                                       default_get_rounds=sizes.overhead_default_get_rounds,
+                                                       raw_claim=rcl)
         if "plan" in only:
-            _log("plan efficiency with 2 worker slots")
-            results["plan_efficiency"] = [plan_efficiency.measure(tf.dispatcher, 2, trials=sizes.plan_trials)]
+            _log("plan efficiency with 2 worker slots (toolfleet, then the same plan as a raw Celery canvas)")
+            results["plan_efficiency"] = [plan_efficiency.measure(tf.dispatcher, 2, trials=sizes.plan_trials,
+                                                                  raw=raw)]
         if "cancel" in only:
             _log(f"cancel latency, {sizes.cancel_trials} trials per case")
             results["cancel_latency"] = cancel_latency.measure(tf, trials=sizes.cancel_trials)

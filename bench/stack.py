@@ -178,6 +178,7 @@ class RawFleet:
         self.worker = WorkerProcess(argv, self.redis_url, raw_celery.ready_key(self.namespace))
         self.app = raw_celery.make_app(self.redis_url, self.namespace, self.like_toolfleet, self.claim)
         self.noop = self.app.tasks[raw_celery.NOOP]
+        self.sleep = self.app.tasks[raw_celery.SLEEP]
 
     def stop(self) -> None:
         self.app.close()

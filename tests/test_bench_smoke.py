@@ -38,10 +38,29 @@ def test_the_mixed_batch_has_the_lower_bound_the_report_claims():
     assert plan_efficiency.simulate_s(plan, durations, 4, by_rank=True) == pytest.approx(0.5)
 
 
+def test_the_mixed_batch_is_a_forest_a_celery_canvas_can_say():
+    """bench.plan_raw: each call's one parent in the transitive reduction; a join is refused."""
+    from bench.plan_raw import forest
+
+    parents = forest(_plan_of_mixed_batch())
+    assert parents["c05"] == "c02" and parents["c06"] == "c05" and parents["c09"] == "c06"
+    assert parents["c13"] == "c09" and parents["c11"] == parents["c15"] == "c10"
+    assert [c for c, p in parents.items() if p is None] == ["c00", "c01", "c02", "c03", "c04", "c08", "c12", "c14"]
+    join = make_plan([PlanItem("w1", "write", ["key:x"]), PlanItem("w2", "write", ["key:y"]),
+                      PlanItem("w3", "write", ["key:x", "key:y"])])
+    with pytest.raises(ValueError, match="a join"):
+        forest(join)
+
+
 def test_plan_efficiency_smoke_run_and_every_report_section(redis_url, namespace):
-    with ToolfleetFleet(redis_url, 2, namespace=namespace) as fleet:
-        result = plan_efficiency.measure(fleet.dispatcher, 2, n_calls=4, duration_s=0.01, trials=1, warmup=0)
-    assert result["n_calls"] == 4 and len(result["makespans_ms"]) == 1
+    from bench.stack import RawFleet
+
+    with ToolfleetFleet(redis_url, 2, namespace=namespace) as fleet, RawFleet(redis_url, 2) as raw:
+        result = plan_efficiency.measure(fleet.dispatcher, 2, n_calls=7, duration_s=0.01, trials=1, warmup=0,
+                                         raw=raw)
+    assert result["n_calls"] == 7 and len(result["makespans_ms"]) == 1
+    # the same plan (a chain of writes of x among the reads) as a raw Celery canvas, measured after it
+    assert len(result["raw_celery"]["makespans_ms"]) == 1 and result["raw_celery"]["efficiency"] > 0
     assert result["lower_bound_ms"] > 0 and result["efficiency"] > 0
     b = result["breakdown_ms"]  # from the ledger's events: its parts add up to the run's makespan
     parts_ms = b["submit_ms"] + b["first_start_ms"] + b["runs_ms"] + b["waits_ms"] + b["collect_ms"]
@@ -50,6 +69,7 @@ def test_plan_efficiency_smoke_run_and_every_report_section(redis_url, namespace
     for title in SECTIONS:
         assert f"## {title}" in report
     assert "plan efficiency, 2 worker slots" in report and "Where the makespan goes" in report
+    assert "the same plan as a Celery canvas (measured" in report
     assert "_Not measured in this run._" in report  # the sections this smoke run skipped
 
 
@@ -168,3 +188,20 @@ def test_the_throughput_section_shows_the_claim_floor():
     assert "0.950 raw Celery with toolfleet's Celery settings; 0.833 with a claim round trip" in summary
     assert "toolfleet is 0.800 of it" in summary
     assert "it reaches **0.833** of raw Celery, and toolfleet 0.800 of it" in throughput_section(results)
+
+
+def test_the_overhead_rows_show_the_fenced_floor_e():
+    """Section 2's (e), raw Celery with toolfleet's settings and a claim per call: the summary gives
+    e/b (the floor of a/b for a runtime that fences each call) and a/e, the section a/e."""
+    from bench.report_sections import overhead_section
+    from bench.report_summary import summary_section
+
+    def stat(median_ms: float) -> dict:
+        return {"n": 4, "median_ms": median_ms, "p10_ms": median_ms, "p90_ms": median_ms}
+
+    ov = {"batch": 16, "worker_processes": 2, "ratio_a_over_b": 1.1, "ratio_c_over_a": 12.5, "ratio_a_over_e": 0.88,
+          "stats": {"toolfleet": stat(44.0), "raw_poll_5ms": stat(40.0), "raw_default_get": stat(550.0),
+                    "in_process": stat(1.0), "raw_claim_poll_5ms": stat(50.0)}}
+    summary = summary_section({"meta": {"cpu_count": 2}, "overhead": ov})
+    assert "e/b **1.250**" in summary and "a/e 0.880" in summary and "c/e 11.0" in summary
+    assert "(e) raw Celery with toolfleet's settings and a claim per call" in overhead_section({"overhead": ov})
