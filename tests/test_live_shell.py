@@ -180,7 +180,8 @@ def test_a_stopped_command_that_keeps_forking_leaves_no_process(shell):
         seconds = marker()
         out = run(shell, f"(trap '' TERM; while :; do sleep {seconds} & done)", timeout_s=0.5)
         assert out.stopped == "timeout", out
-        assert wait_gone(seconds, 1.0) == []
+        # KILLed, they may still show for a moment while they exit (a loaded CI machine: more than 1 s once)
+        assert wait_gone(seconds, 5.0) == []
     assert run(shell, "echo on").output == "on\n"
 
 
