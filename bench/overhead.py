@@ -10,7 +10,7 @@ for a runtime that fences each call before running it (docs/design.md, fencing),
 left to toolfleet's own path.
 
 They run interleaved, round by round, so drifting machine load hits them alike. Ratios are of
-medians from this one run: a/b (target <= 1.15) and c/a (target >= 10).
+medians from this one run: a/b and c/a (targets: ``bench.report_util.TARGETS``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from celery import group
 
 from toolfleet import ToolCall
 
+from .report_util import TARGETS
 from .stack import RawFleet, ToolfleetFleet
 from .stats import summary_ms
 from .tools import noop
@@ -98,6 +99,6 @@ def measure(tf: ToolfleetFleet, raw: RawFleet, *, rounds: int = 30, default_get_
         "ratio_a_over_b": a / b,
         "ratio_c_over_a": c / a,
         **({"ratio_a_over_e": a / stats["raw_claim_poll_5ms"]["median_ms"]} if raw_claim is not None else {}),
-        "target_a_over_b": 1.15,
-        "target_c_over_a": 10.0,
+        "target_a_over_b": TARGETS["a_b"],
+        "target_c_over_a": TARGETS["c_a"],
     }

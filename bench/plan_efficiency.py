@@ -25,6 +25,7 @@ from toolfleet import Dispatcher, ToolCall
 from toolfleet.dispatcher import Plan
 
 from . import plan_raw
+from .report_util import TARGETS
 from .stack import RawFleet
 from .stats import median
 
@@ -200,6 +201,6 @@ def measure(dispatcher: Dispatcher, slots: int, *, n_calls: int = 16, duration_s
         "breakdowns_ms": parts,  # one per run, in run order
         "breakdown_ms": _median_run(makespans, parts),
         "efficiency": lb / made,
-        "target": 0.90,
+        "target": TARGETS["plan"],
         **({"raw_celery": plan_raw.summary(raw_makespans, lb)} if raw_makespans else {}),
     }

@@ -40,12 +40,28 @@ def test_the_mixed_batch_has_the_lower_bound_the_report_claims():
 
 def test_the_mixed_batch_is_a_forest_a_celery_canvas_can_say():
     """bench.plan_raw: each call's one parent in the transitive reduction; a join is refused."""
-    from bench.plan_raw import forest
+    from bench.plan_raw import canvas, forest
 
     parents = forest(_plan_of_mixed_batch())
     assert parents["c05"] == "c02" and parents["c06"] == "c05" and parents["c09"] == "c06"
     assert parents["c13"] == "c09" and parents["c11"] == parents["c15"] == "c10"
     assert [c for c, p in parents.items() if p is None] == ["c00", "c01", "c02", "c03", "c04", "c08", "c12", "c14"]
+    from celery import Celery
+
+    app = Celery("canvas-shape", set_as_current=False)
+
+    @app.task(name="tests.canvas_shape.sleep", shared=False)
+    def sleep(seconds: float, label: str = "") -> str:
+        return label
+
+    work, ids = canvas(_plan_of_mixed_batch(), sleep, 0.1)
+    assert sorted(ids) == [f"c{i:02d}" for i in range(16)] and len(set(ids.values())) == 16
+    heads = {t.tasks[0].args[1] if hasattr(t, "tasks") else t.args[1]: t for t in work.tasks}
+    assert sorted(heads) == ["c00", "c01", "c02", "c03", "c04", "c08", "c12", "c14"]
+    y = heads["c03"].tasks  # c03 -> c07 -> c10 -> (c11 | c15): a group at the chain's end
+    assert [t.args[1] for t in y[:3]] == ["c03", "c07", "c10"]
+    assert sorted(t.args[1] for t in y[3].tasks) == ["c11", "c15"]
+    assert all(t.options["task_id"] == ids[t.args[1]] for t in (*y[:3], *y[3].tasks))
     join = make_plan([PlanItem("w1", "write", ["key:x"]), PlanItem("w2", "write", ["key:y"]),
                       PlanItem("w3", "write", ["key:x", "key:y"])])
     with pytest.raises(ValueError, match="a join"):
@@ -61,6 +77,8 @@ def test_plan_efficiency_smoke_run_and_every_report_section(redis_url, namespace
     assert result["n_calls"] == 7 and len(result["makespans_ms"]) == 1
     # the same plan (a chain of writes of x among the reads) as a raw Celery canvas, measured after it
     assert len(result["raw_celery"]["makespans_ms"]) == 1 and result["raw_celery"]["efficiency"] > 0
+    # the canvas keeps the dependencies: the chain c02 -> c05 -> c06 runs one call after another
+    assert result["raw_celery"]["makespans_ms"][0] >= result["critical_path_ms"] >= 3 * 10
     assert result["lower_bound_ms"] > 0 and result["efficiency"] > 0
     b = result["breakdown_ms"]  # from the ledger's events: its parts add up to the run's makespan
     parts_ms = b["submit_ms"] + b["first_start_ms"] + b["runs_ms"] + b["waits_ms"] + b["collect_ms"]
