@@ -122,6 +122,8 @@ def test_giving_up_cancels_prints_results_and_nothing_runs_later(settings, dispa
     assert by_id["t1"]["error"]["code"] in ("CANCELLED", "WORKER_LOST", "OUTCOME_UNKNOWN")
     assert doc["error"]["reason"] == "gave_up"
     assert elapsed < GIVE_UP_S + 20
+    # the run's own elapsed time, not the monotonic clock less the count of calls that started
+    assert GIVE_UP_S <= doc["elapsed_s"] <= elapsed, doc["elapsed_s"]
     zero_executions_after(dispatcher, start_worker, workspace, turn_id)
 
 

@@ -130,9 +130,9 @@ def run(
         # as they are once the cancel has settled (final within cancel_grace_s), then exit 1.
         missing = len(turn.calls) - len(_recorded(turn))
         results = _results_after_giving_up(turn, settings)
-        started = sum(1 for r in results if r.attempts)
+        ran = sum(1 for r in results if r.attempts)  # not `started`: that is the elapsed time's start
         gave_up = (f"{exc}; {missing} call(s) had no result yet when you gave up"
-                   + ("" if started else f"; none had started: is a worker serving these tools? `toolfleet tools"
+                   + ("" if ran else f"; none had started: is a worker serving these tools? `toolfleet tools"
                       f"{where(settings)}` lists what the live workers serve"))
     except ToolfleetError as exc:
         results = _recorded(turn)
