@@ -201,6 +201,21 @@ def test_format_values_in_help_match_the_adapters_and_usage_lines_name_arguments
         assert "{" not in usage, usage
 
 
+def test_the_command_list_has_one_line_a_command():
+    """`toolfleet --help` listed each command's first paragraph with the docstring's own line breaks
+    inside a box (typer's rich mode keeps them), so `worker` and `up` read as broken fragments (a
+    newcomer's trial): the list is click's now, a line a command."""
+    from toolfleet.cli import app
+
+    text = cli("--help", env=dict(os.environ, COLUMNS="120")).stdout
+    listed = text.split("Commands:", 1)[1].strip("\n").splitlines()
+    names = [c.name or c.callback.__name__ for c in app.registered_commands]
+    assert [line.split()[0] for line in listed] == [*names, "mcp"], text
+    assert all(re.match(r"^  \S+ +\S", line) for line in listed), text
+    worker = " ".join(cli("worker", "--help").stdout.split())
+    assert "serving the built-in tools plus --tools modules (--no-builtins: only the modules'" in worker, worker
+
+
 def test_format_errors_name_the_cli_flag(tmp_path, workspace):
     bogus = cli("run", str(ROOT / "examples/cases/openai_chat/01_parallel_reads.json"), "-w", str(workspace),
                 "--format", "bogus")

@@ -25,7 +25,8 @@ from .terminal import make_console
 if TYPE_CHECKING:
     from .settings import Settings
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run LLM tool calls on Celery workers.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="Run LLM tool calls on Celery workers.")
 out = make_console()  # a terminal's width; 120 columns (or $COLUMNS) when piped
 err = make_console(stderr=True)
 

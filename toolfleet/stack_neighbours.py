@@ -31,7 +31,9 @@ def _warn_shared(client: Any, keys: Keys, namespace: str, url: str, console: Con
     if live:
         console.print(f"[yellow]warning:[/] namespace {namespace!r} at {shown_url(url)} already has {len(live)} live "
                       f"worker(s): {', '.join(live)}; this stack's workers share their queues (calls may run on "
-                      "either). Pass --namespace NAME (or set TOOLFLEET_NAMESPACE) for a fleet of your own.")
+                      "either). If they are yours (a worker started by hand, or a stack of another TOOLFLEET_HOME "
+                      "such as the demo's), stop them or leave them be; for a fleet of your own pass --namespace "
+                      "NAME (or set TOOLFLEET_NAMESPACE).")
 
 
 def _warn_other_keys(client: Any, keys: Keys, mine: dict[str, Any], namespace: str, console: Console) -> None:
