@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from toolfleet import repair_history
 from toolfleet.errors import BatchRejected
@@ -143,3 +145,48 @@ def test_a_sound_history_comes_back_unchanged(history):
 def test_a_history_must_be_a_list():
     with pytest.raises(BatchRejected):
         repair_history({"role": "user"})  # type: ignore[arg-type]
+
+
+def _sound_history(fmt: str, turns: list[list[str]], order: list[int]) -> list:
+    """A history a provider accepts: each turn's calls (ids unique within the turn, reused across
+    turns, as servers that number calls per response do), then their results, in ``order``
+    (Responses; Chat's and Anthropic's in call order)."""
+    history: list = []
+    for n, ids in enumerate(turns):
+        history.append({"role": "user", "content": f"turn {n}"})
+        answered = sorted(ids, key=lambda i: order[ids.index(i) % len(order)])
+        if fmt == "openai_chat":  # (repair puts a turn's results in call order: a change it does not report)
+            history.append({"role": "assistant", "content": None, "tool_calls": [chat_call(i) for i in ids]})
+            history += [tool_msg(i, f"{n}:{i}") for i in ids]
+        elif fmt == "anthropic":
+            history.append({"role": "assistant", "content": [
+                {"type": "tool_use", "id": i, "name": "g", "input": {}} for i in ids]})
+            history.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": i, "content": f"{n}:{i}"} for i in ids]})
+        else:
+            history += [{"type": "function_call", "call_id": i, "name": "g", "arguments": "{}"} for i in ids]
+            history += [{"type": "function_call_output", "call_id": i, "output": f"{n}:{i}"} for i in answered]
+    return history
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["openai_chat", "anthropic", "openai_responses"]),
+       st.lists(st.lists(st.sampled_from(["call_0", "call_1", "toolu_2"]), min_size=1, max_size=3, unique=True),
+                min_size=1, max_size=5),
+       st.permutations([0, 1, 2]))
+def test_call_ids_reused_across_turns_keep_each_result_with_its_call(fmt, turns, order):
+    """A Responses history whose second turn reused call_0 lost that turn's result: repair kept
+    only the first call of an id, so the second output read as a duplicate and was dropped (a
+    breaker's find). Every format now leaves such a sound history as it is."""
+    history = _sound_history(fmt, turns, order)
+    repaired = repair_history(history, format=fmt)
+    assert repaired.ok and repaired.repairs == [] and repaired.messages == history
+
+
+def test_responses_call_id_reused_with_the_first_result_lost_gets_a_placeholder_there():
+    call = {"type": "function_call", "call_id": "call_0", "name": "g", "arguments": "{}"}
+    history = [call, {"role": "user", "content": "again"}, dict(call),
+               {"type": "function_call_output", "call_id": "call_0", "output": "two"}]
+    repaired = repair_history(history, format="responses")
+    assert kinds(repaired) == [("missing_result", "call_0")] and repaired.repairs[0].position == 0
+    assert [i.get("output", "")[:14] for i in repaired.messages] == ["", "Error [ABORTED", "", "", "two"]

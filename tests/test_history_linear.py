@@ -56,7 +56,13 @@ def test_a_history_whose_calls_share_one_id_is_repaired_in_linear_time():
                  {"role": "tool", "tool_call_id": "", "content": "ok"}]
         anthropic += [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
                       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}]}]
+    responses: list[Any] = [{"role": "user", "content": "go"}]
+    for k in range(n):  # every other call lost its output: those get placeholders
+        responses.append({"type": "function_call", "call_id": "", "name": "f", "arguments": "{}"})
+        if k % 2:
+            responses.append({"type": "function_call_output", "call_id": "", "output": "ok"})
     started = time.perf_counter()
     assert repair_history(chat, "openai_chat").ok
     assert repair_history(anthropic, "anthropic").ok
+    assert len(repair_history(responses, "openai_responses").repairs) == n // 2
     assert time.perf_counter() - started < 8.0

@@ -213,6 +213,7 @@ class _Results:
         self.by_id: dict[str, list[tuple[int, Any]]] = defaultdict(list)
         self.taken: set[int] = set()
         self._next: dict[str, int] = {}  # call id -> how many of its results were handed out
+        self._before: dict[str, int] = {}  # call id -> where take_before looks next
 
     def add(self, call_id: str, position: int, result: Any) -> None:
         self.by_id[call_id].append((position, result))
@@ -229,6 +230,20 @@ class _Results:
                 return position, result
         self._next[call_id] = n
         return None
+
+    def take_before(self, call_id: str, position: int) -> tuple[int, Any] | None:
+        """The first result of ``call_id`` not handed out yet, if it stands before ``position``.
+        Asked with growing positions (calls in history order): a cursor per id keeps it linear."""
+        found = self.by_id.get(call_id, ())
+        n = self._before.get(call_id, 0)
+        while n < len(found) and id(found[n][1]) in self.taken:
+            n += 1
+        self._before[call_id] = n
+        if n == len(found) or found[n][0] >= position:
+            return None
+        self.taken.add(id(found[n][1]))
+        self._before[call_id] = n + 1
+        return found[n]
 
     def leftovers(self, calls: set[str], repairs: list[Repair]) -> None:
         for call_id, found in self.by_id.items():
@@ -281,20 +296,29 @@ def _chat(items: list[Any], repairs: list[Repair]) -> list[Any]:
 
 def _responses(items: list[Any], repairs: list[Repair]) -> list[Any]:
     results = _Results()
-    calls: dict[str, int] = {}
+    calls: list[tuple[str, int]] = []  # every call item, in history order (an id may repeat across turns)
     kinds, answers = tuple(OUTPUT_OF), tuple(OUTPUT_OF.values())  # compared, not hashed: a type may be any JSON value
     roles = history_roles(items)  # built-in tool items the client executes, and their answers (.adapters.client_tools)
+    unanswered: dict[str, list[int]] = defaultdict(list)  # call id -> positions of its calls without a result yet
+    answer_of: dict[int, tuple[int, Any]] = {}  # position of a call -> its result after it (position, item)
     for position, item in enumerate(items):
         if not isinstance(item, dict):
             continue
         if item.get("type") in answers or roles.get(position, ("",))[0] == "result":
-            results.add(roles[position][1] if position in roles else str(item.get("call_id") or ""), position, item)
+            call_id = roles[position][1] if position in roles else str(item.get("call_id") or "")
+            results.add(call_id, position, item)
+            waiting = unanswered.get(call_id)
+            if waiting and id(item) not in results.taken:  # the latest call of its id before it (ids repeat)
+                answer_of[waiting.pop()] = (position, item)
+                results.taken.add(id(item))
         elif item.get("type") in kinds or position in roles:
-            calls.setdefault(str(item.get("call_id") or ""), position)
+            call_id = str(item.get("call_id") or "")
+            calls.append((call_id, position))
+            unanswered[call_id].append(position)
     placed: dict[int, Any] = {}  # position of a call -> the result to put right after it
     in_place: set[int] = set()
-    for call_id, at_call in calls.items():
-        found = results.take(call_id)
+    for call_id, at_call in calls:
+        found = answer_of.get(at_call) or results.take_before(call_id, at_call)  # else one before it, if any
         if found is None:
             name = str(items[at_call].get("name") or "")
             if at_call in roles:
@@ -318,7 +342,7 @@ def _responses(items: list[Any], repairs: list[Repair]) -> list[Any]:
         out.append(item)
         if position in placed:
             out.append(placed[position])
-    results.leftovers(set(calls), repairs)
+    results.leftovers({call_id for call_id, _ in calls}, repairs)
     return out
 
 
