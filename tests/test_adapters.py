@@ -182,6 +182,30 @@ def test_anthropic_stream_releases_at_content_block_stop_and_empty_input_means_e
         {"type": "tool_use", "id": "toolu_st2", "name": "list_dir", "input": {}}]}]
 
 
+@pytest.mark.parametrize("start, deltas, arguments", [
+    ('{"path": "secret_dir"}', [], {"path": "secret_dir"}),  # whole input at the start, as JSON text
+    ({"path": "d"}, [], {"path": "d"}),                      # ... as an object
+    ({}, ['{"path":', ' "x"}'], {"path": "x"}),             # Anthropic's own: {} then the deltas
+    ("", [], {}),
+    ('{"path": "start"}', ['{"path": "delta"}'], {"path": "delta"}),  # deltas win
+])
+def test_anthropic_stream_reads_a_whole_input_sent_at_the_block_start(start, deltas, arguments):
+    """A gateway's tool_use block that carried its input as JSON text at content_block_start, with
+    no deltas, ran with {} (list_dir of the workspace root instead of the directory asked for: a
+    breaker's find); it is read as the same block sent whole would be."""
+    events = [{"type": "content_block_start", "index": 0,
+               "content_block": {"type": "tool_use", "id": "t1", "name": "list_dir", "input": start}},
+              *({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": d}}
+                for d in deltas),
+              {"type": "content_block_stop", "index": 0}, {"type": "message_stop"}]
+    [call] = get_adapter("anthropic_stream").parse(events)
+    assert parse_arguments(call) == arguments
+    whole = get_adapter("anthropic").parse({"type": "message", "role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "list_dir", "input": start}]})
+    if not deltas:
+        assert parse_arguments(whole[0]) == arguments
+
+
 def test_responses_stream_releases_at_arguments_done():
     events = load(FILES["openai_responses_stream"])
     done = [i for i, e in enumerate(events) if e["type"] == "response.function_call_arguments.done"]

@@ -366,6 +366,42 @@ def test_any_arguments_text_or_object_give_the_call_exactly_one_outcome(name, ar
     outcomes([ToolCall(id="c1", name=name, arguments=arguments)])
 
 
+PYTHON_BUILT = st.recursive(  # what a payload built in Python (YAML, msgpack, an SDK object) may hold
+    st.none() | st.integers() | st.text(max_size=5) | st.binary(max_size=4) | st.frozensets(st.integers(), max_size=2),
+    lambda inner: st.dictionaries(st.integers() | st.text(max_size=3) | st.tuples(st.integers()), inner, max_size=3)
+    | st.lists(inner, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(objects=st.lists(st.dictionaries(st.integers() | st.text(max_size=3) | st.tuples(st.integers()),
+                                        PYTHON_BUILT, min_size=1, max_size=3), min_size=1, max_size=3))
+def test_python_built_arguments_that_are_not_json_are_each_calls_error(objects):
+    """An Anthropic ``input`` {1: "a"} raised pydantic's ValidationError out of parse: the whole
+    batch failed (a breaker's find). Arguments objects that JSON could not carry (keys that are not
+    strings, sets, bytes), in every whole format, are each that call's INVALID_ARGUMENT now; plain
+    ones still run."""
+    for format in ("anthropic", "openai_chat", "openai_responses"):
+        if format == "anthropic":
+            payload = {"type": "message", "role": "assistant", "content": [
+                {"type": "tool_use", "id": f"t{n}", "name": "read_file", "input": o} for n, o in enumerate(objects)]}
+        elif format == "openai_chat":
+            payload = {"role": "assistant", "tool_calls": [
+                {"id": f"t{n}", "type": "function", "function": {"name": "read_file", "arguments": o}}
+                for n, o in enumerate(objects)]}
+        else:
+            payload = {"output": [{"type": "function_call", "call_id": f"t{n}", "name": "read_file", "arguments": o}
+                                  for n, o in enumerate(objects)]}
+        calls = get_adapter(format).parse(payload)
+        assert [c.id for c in calls] == [f"t{n}" for n in range(len(objects))]
+        for outcome, o in zip(outcomes(calls), objects, strict=True):
+            try:
+                plain = json.loads(json.dumps(o)) == o
+            except (TypeError, ValueError):
+                plain = False
+            if not plain:
+                assert isinstance(outcome, ToolResult) and outcome.code == ErrorCode.INVALID_ARGUMENT, (o, outcome)
+
+
 def test_zz_the_property_run_had_its_examples():
     """Runs last in this file: the count of examples that ran (printed for the record)."""
     total = sum(RAN.values())

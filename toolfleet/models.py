@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class ErrorCode(StrEnum):
@@ -37,6 +37,9 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+NOT_JSON_ARGUMENTS = "<arguments that cannot be written as JSON>"
+
+
 class ToolCall(_Frozen):
     """One call the model proposed, in the provider-neutral shape.
 
@@ -48,6 +51,34 @@ class ToolCall(_Frozen):
     name: str
     arguments: str | dict[str, Any] = ""
     index: int = 0
+
+    @field_validator("arguments", mode="before")
+    @classmethod
+    def _plain_arguments(cls, value: Any) -> Any:
+        """An object that is not plain JSON (built in Python: a key that is not a string, a set,
+        bytes) becomes a text saying so, which is not JSON: validation then makes it this call's
+        ``INVALID_ARGUMENT``, where the object would fail the whole batch (or its send). A key
+        ``1`` is not read as ``"1"``: which parameter was meant is the model's to say."""
+        if not isinstance(value, dict) or plain_json(value):
+            return value
+        return NOT_JSON_ARGUMENTS
+
+
+def plain_json(value: Any) -> bool:
+    """Whether ``value`` is made only of what JSON text parses to: dicts with string keys, lists,
+    strings, numbers, booleans and None (walked without recursion)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if not all(isinstance(k, str) for k in item):
+                return False
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif not (item is None or isinstance(item, (str, int, float))):
+            return False
+    return True
 
 
 class ToolError(_Frozen):

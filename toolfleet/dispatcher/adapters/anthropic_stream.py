@@ -28,7 +28,7 @@ from typing import Any
 from ...models import ToolCall
 from .anthropic import AnthropicAdapter
 from .base import CallAssembler, StreamFormat, as_dict
-from .wire import at, cut, join_surrogates, kind, need_index, need_object, need_text
+from .wire import at, call_arguments, cut, join_surrogates, kind, need_index, need_object, need_text
 
 
 class AnthropicStreamParser:
@@ -75,9 +75,12 @@ class AnthropicStreamParser:
             slot = self.calls.get(position)
             if slot is not None and not slot.done:
                 joined = join_surrogates("".join(slot.parts))
-                start = self._start_input.get(position)
-                whole = start if isinstance(start, dict) and start else None
-                self.calls.complete(position, joined if joined.strip() or whole is None else whole)
+                start = self._start_input.get(position)  # Anthropic sends {} and then the deltas; a gateway
+                # may send the whole input at the start, as an object or as JSON text: read as the block's
+                if joined.strip() or start is None or start == {} or start == "":
+                    self.calls.complete(position, joined)
+                else:
+                    self.calls.complete(position, call_arguments(start))
         elif kind_ == "message_delta":
             self._message.update(need_object(data.get("delta"), at(where, "delta"), "delta", optional=True))
             usage = need_object(data.get("usage"), at(where, "usage"), "usage", optional=True)

@@ -19,6 +19,7 @@ import re
 from typing import Any
 
 from ...errors import BatchRejected
+from ...models import NOT_JSON_ARGUMENTS, plain_json
 from ...tools.redact import redact_text
 from ...tools.validation import MAX_NESTING
 
@@ -124,17 +125,21 @@ def escape_surrogates(text: str) -> str:
 
 def call_arguments(value: Any) -> str | dict[str, Any]:
     """A call's arguments as :class:`~toolfleet.models.ToolCall` takes them: text (pairs joined) or
-    an object as is; missing means ``""`` (``{}``); any other JSON value, and an object nested past
-    ``MAX_NESTING``, its JSON text, so validation says what is wrong with it."""
+    an object as is; missing means ``""`` (``{}``); any other JSON value, an object nested past
+    ``MAX_NESTING``, and one that is not plain JSON (a payload built in Python: a key that is not a
+    string, a set, bytes), its JSON text (or a note that it has none), so validation says what is
+    wrong with that call alone."""
     if isinstance(value, str):
         return join_surrogates(value)
+    if isinstance(value, dict) and not plain_json(value):
+        return NOT_JSON_ARGUMENTS  # a payload built in Python (ToolCall says why)
     if isinstance(value, dict) and depth_of(value, MAX_NESTING) <= MAX_NESTING:
         return value
     if value is None:
         return ""
     # anything else goes on as text, which nothing downstream walks recursively; validation reads
     # it and says what is wrong (not an object, or too deep)
-    return dumps(value) or "<arguments that cannot be written as JSON>"
+    return dumps(value) or NOT_JSON_ARGUMENTS
 
 
 def dumps(value: Any) -> str | None:
