@@ -212,6 +212,50 @@ def test_responses_stream_releases_at_arguments_done():
     assert list(released_at("openai_responses_stream", events).values()) == done
 
 
+def _fc(call_id: str, item_id: str | None = None, **extra) -> dict:
+    return {"type": "function_call", "call_id": call_id, "name": "list_dir", "arguments": "{}",
+            **({"id": item_id} if item_id else {}), **extra}
+
+
+@pytest.mark.parametrize("events, ids", [
+    # the item's done event without its output_index: the same item, known by its id (docs/streams.md)
+    ([{"type": "response.output_item.added", "output_index": 0, "item": _fc("c1", "fc_1", arguments="")},
+      {"type": "response.output_item.done", "item": _fc("c1", "fc_1")},
+      {"type": "response.completed", "response": {"output": [_fc("c1", "fc_1")]}}], ["c1"]),
+    # a server that numbers every item 0 and sends no item ids: two calls, told apart by call_id
+    ([{"type": "response.output_item.added", "output_index": 0, "item": _fc("c1")},
+      {"type": "response.output_item.done", "output_index": 0, "item": _fc("c1")},
+      {"type": "response.output_item.added", "output_index": 0, "item": _fc("c2")},
+      {"type": "response.output_item.done", "output_index": 0, "item": _fc("c2")},
+      {"type": "response.completed", "response": {"output": [_fc("c1"), _fc("c2")]}}], ["c1", "c2"]),
+])
+def test_responses_stream_items_are_known_by_item_id_then_output_index(events, ids):
+    """The parser keyed items by output_index first: a done event without its index made a second
+    c1 (a live stream was refused as duplicate_call_id), and a second call at index 0 without item
+    ids was merged into the first and never ran (a breaker's finds)."""
+    adapter = get_adapter("openai_responses_stream")
+    assert [c.id for c in adapter.parse(events)] == ids
+    assert [i["call_id"] for i in adapter.whole(events)["output"]] == ids
+    results = [ToolResult(call_id=i, name="list_dir", status="ok", content="ok") for i in ids]
+    check_messages("openai_responses", adapter.assistant_messages(events) + adapter.format_results(results, events))
+
+
+def test_a_stream_adapter_answers_custom_and_client_calls_from_the_events_too():
+    """format_results(results, response=events) answered a custom_tool_call and a local_shell_call
+    with function_call_output (only a rebuilt response was read): the events are replayed now."""
+    custom = {"type": "custom_tool_call", "call_id": "k1", "name": "apply", "input": "x", "id": "ct_1"}
+    shell = {"type": "local_shell_call", "call_id": "s1", "id": "ls_1", "status": "completed",
+             "action": {"type": "exec", "command": ["ls"], "env": {}}}
+    events = [{"type": f"response.output_item.{step}", "output_index": n, "item": item}
+              for n, item in enumerate((custom, shell)) for step in ("added", "done")]
+    events.append({"type": "response.completed", "response": {"output": [custom, shell]}})
+    adapter = get_adapter("openai_responses_stream")
+    results = [ToolResult(call_id=c.id, name=c.name, status="ok", content="ok") for c in adapter.parse(events)]
+    assert [m["type"] for m in adapter.format_results(results, response=events)] == [
+        "custom_tool_call_output", "local_shell_call_output"]
+    assert adapter.format_results(results, response=events) == adapter.format_results(results, adapter.whole(events))
+
+
 def test_a_call_completed_early_waits_for_earlier_ones_so_model_order_holds():
     events = load(FILES["openai_responses_stream"])
     first_done = next(i for i, e in enumerate(events) if e["type"] == "response.function_call_arguments.done")

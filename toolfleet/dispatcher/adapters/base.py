@@ -220,11 +220,18 @@ class StreamFormat:
         calls = [call for event in events for call in parser.feed(event)]
         return calls + parser.finish()
 
+    def whole(self, payload: Any) -> Any:
+        """``payload`` as the non-streamed format's response: a list of events is replayed
+        (``replay(...).response()``); anything else (a rebuilt response, None) as it is."""
+        return self.replay(payload).response() if isinstance(as_dict(payload), list) else payload
+
     def assistant_messages(self, payload: Any) -> list[dict[str, Any]]:
         """From a rebuilt response (``parser.response()``) or the list of events itself."""
-        if isinstance(as_dict(payload), list):
-            payload = self.replay(payload).response()
-        return super().assistant_messages(payload)  # type: ignore[misc]
+        return super().assistant_messages(self.whole(payload))  # type: ignore[misc]
+
+    def format_results(self, results: Sequence[ToolResult], response: Any = None) -> list[dict[str, Any]]:
+        """As the non-streamed format's, ``response`` a rebuilt response or the list of events itself."""
+        return super().format_results(results, self.whole(response))  # type: ignore[misc]
 
 
 def parses_as_object(text: str) -> bool:

@@ -316,3 +316,6 @@ class OpenAIChatStreamAdapter(StreamFormat, OpenAIChatAdapter):
 
     def parser(self) -> OpenAIChatStreamParser:
         return OpenAIChatStreamParser()
+
+    def custom_call_ids(self, payload: Any) -> set[str]:
+        return super().custom_call_ids(self.whole(payload))

@@ -110,9 +110,11 @@ class OpenAIResponsesStreamParser:
         index = need_index(data.get("output_index"), at(where, "output_index"), "output_index")
         item_id = need_text(item.get("id"), at(here, "id"), "an item id")
         key = index if index is not None else item_id or len(self._items)
-        position = self._at.get(key)
+        position = self._keys.get(item_id) if item_id else None  # an item is known by its id first (docs/streams.md)
+        if position is None or _another_item(self._items[position], item):  # (an id reused for another call)
+            position = self._at.get(key)
         known = self._items[position] if position is not None else None
-        if known is None or (item_id and known.get("id") and known.get("id") != item_id):
+        if known is None or _another_item(known, item):
             if known is not None:  # the index reused by a new item: a new call
                 self.calls.complete(position)
             position = len(self._items)
@@ -228,6 +230,8 @@ class OpenAIResponsesStreamParser:
             self.cut_why[call_id] = why
 
     def _key(self, data: dict[str, Any], where: str) -> Any:
+        """The position of the item an argument event is for: its ``item_id`` first, else its
+        ``output_index`` (docs/streams.md)."""
         index = need_index(data.get("output_index"), at(where, "output_index"), "output_index")
         item_id = data.get("item_id")
         if isinstance(item_id, str) and item_id in self._keys:
@@ -278,3 +282,18 @@ class OpenAIResponsesStreamAdapter(StreamFormat, OpenAIResponsesAdapter):
 
     def parser(self) -> OpenAIResponsesStreamParser:
         return OpenAIResponsesStreamParser()
+
+    def custom_call_ids(self, payload: Any) -> set[str]:
+        return super().custom_call_ids(self.whole(payload))
+
+    def client_calls(self, payload: Any) -> dict[str, ClientCall]:
+        return super().client_calls(self.whole(payload))
+
+
+def _another_item(known: dict[str, Any], item: dict[str, Any]) -> bool:
+    """Whether ``item``, seen at the output index of ``known``, is another item: their ids or
+    their call ids differ (a server that numbers every item 0, or sends no item ids)."""
+    for field in ("id", "call_id"):
+        if known.get(field) and item.get(field) and known.get(field) != item.get(field):
+            return True
+    return False
