@@ -216,3 +216,23 @@ def test_cancelling_the_task_while_it_submits_cancels_the_turn_once_submitted(fl
             thread.join(WAIT_S)
     ledger = fleet.dispatcher.ledger
     assert ledger.is_cancelled("aio-cancelled-while-submitting")
+
+
+def test_leaving_an_async_stream_by_an_exception_cancels_the_turn(fleet):
+    """Only a cancelled task cancelled the turn: the provider's stream raising (a read timeout)
+    closed it normally, and its calls ran after the caller had the error."""
+    events = [chunk(0, "s1", "count_until_cancelled", '{"seconds": 30}'), chunk(1, "s2", "wait_read")]
+
+    async def main():
+        with pytest.raises(TimeoutError):
+            async with fleet.open_stream(format="openai_chat_stream") as stream:
+                for event in events:
+                    await stream.feed(event)
+                raise TimeoutError("the provider's stream timed out")
+        return stream.turn, await stream.turn.results(WAIT_S)
+
+    turn, results = asyncio.run(main())
+    assert turn.turn.cancelled
+    assert [r.call_id for r in results] == ["s1", "s2"]
+    assert results[0].error.code in (ErrorCode.CANCELLED, ErrorCode.NOT_EXECUTED)
+    assert results[1].error.code == ErrorCode.NOT_EXECUTED

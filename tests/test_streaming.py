@@ -215,3 +215,66 @@ def test_a_long_chat_stream_is_parsed_in_time_linear_in_its_length():
     assert [c.id for c in calls] == ["call_w"] and json.loads(calls[0].arguments)["content"] == content
     assert message["reasoning_content"] == "why " * ((len(arguments) + 3) // 4)
     assert json.dumps(events[1]) == before  # the caller's event is not changed by the merge
+
+
+def _chat_chunk(index, call_id, arguments):
+    return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": index, "id": call_id, "type": "function",
+         "function": {"name": "wait_read", "arguments": arguments}}]}, "finish_reason": None}]}
+
+
+def _paired(turn) -> list[str]:
+    """The call ids of the rebuilt assistant message, checked against those of the tool messages."""
+    called = [c["id"] for m in turn.assistant_messages() for c in m.get("tool_calls") or []]
+    assert called == [m["tool_call_id"] for m in turn.messages(30)]
+    return called
+
+
+def test_an_unreadable_event_mid_stream_cancels_the_turn_it_began(dispatcher, workspace):
+    """An event that cannot be read (a call id that is not a string) raised out of feed with the
+    turn left open: a `with` block then closed it normally, so the calls taken before it ran with
+    nobody to read them (a breaker's find). It is refused as a duplicate id is: the turn is cancelled."""
+    stream = dispatcher.open_stream(format="openai_chat_stream", workspace=str(workspace))
+    stream.feed(_chat_chunk(0, "first", '{"label": "x", "seconds": 30}'))
+    stream.feed(_chat_chunk(1, "second", '{"label": "y", "seconds": 30}'))  # complete: taken
+    stream.feed(_chat_chunk(2, "open", '{"label": "z"'))  # begun, not complete
+    with pytest.raises(BatchRejected) as refused:
+        stream.feed(_chat_chunk(3, 12345, '{}'))
+    assert refused.value.reason == "unreadable_payload" and "stream event 4" in str(refused.value)
+    turn = stream.turn
+    assert turn.closed and turn.cancelled
+    codes = {r.call_id: r.code for r in turn.results(30)}
+    assert codes == {"first": ErrorCode.NOT_EXECUTED, "second": ErrorCode.NOT_EXECUTED, "open": ErrorCode.NOT_EXECUTED}
+    assert _paired(turn) == ["first", "second", "open"]
+
+
+def test_leaving_a_stream_block_by_an_exception_cancels_its_turn(dispatcher, workspace):
+    """The caller's code (or the provider's stream) raising inside `with open_stream()` left the
+    taken calls to run after the caller had been told the stream failed: the turn is cancelled."""
+    with pytest.raises(ConnectionError):
+        with dispatcher.open_stream(format="openai_chat_stream", workspace=str(workspace)) as stream:
+            stream.feed(_chat_chunk(0, "first", '{"label": "x"}'))
+            stream.feed(_chat_chunk(1, "open", '{"label": "y"'))
+            raise ConnectionError("the provider's stream broke")
+    turn = stream.turn
+    assert turn.closed and turn.cancelled
+    assert {r.call_id: r.code for r in turn.results(30)} == {"first": ErrorCode.NOT_EXECUTED,
+                                                             "open": ErrorCode.NOT_EXECUTED}
+    assert _paired(turn) == ["first", "open"]
+
+
+def test_submit_stream_whose_events_raise_leaves_no_call_to_run_later(dispatcher, workspace):
+    """submit_stream never hands back the turn when its events raise: the turn must not run on."""
+    turn_id = uuid.uuid4().hex
+
+    def events():
+        yield _chat_chunk(0, "first", '{"label": "x"}')
+        yield _chat_chunk(1, "second", '{"label": "y"}')
+        raise TimeoutError("read timed out")
+
+    with pytest.raises(TimeoutError):
+        dispatcher.submit_stream(events(), format="openai_chat_stream", workspace=str(workspace), turn_id=turn_id)
+    assert dispatcher.ledger.is_cancelled(turn_id)
+    stored = dispatcher.ledger.results(turn_id)
+    assert {k: r.code for k, r in stored.items()} == {"first": ErrorCode.NOT_EXECUTED,
+                                                       "second": ErrorCode.NOT_EXECUTED}

@@ -241,9 +241,9 @@ class AsyncTurnStream:
     """``async with fleet.open_stream(...) as stream: await stream.feed(event)`` for each event of a
     provider stream (an ``AsyncOpenAI``/``AsyncAnthropic`` stream, say): each call is submitted the
     moment its arguments are complete (:class:`~toolfleet.TurnStream`); :attr:`turn` is the
-    :class:`AsyncTurn`. Leaving the block closes the turn (no more calls); leaving it because the task
-    was cancelled cancels the turn first. ``feed`` raises :class:`~toolfleet.errors.BatchRejected`
-    as ``TurnStream.feed`` does."""
+    :class:`AsyncTurn`. Leaving the block closes the turn (no more calls); leaving it by an exception
+    (the task was cancelled, the stream's reader failed) cancels the turn first, as ``TurnStream``
+    does. ``feed`` raises :class:`~toolfleet.errors.BatchRejected` as ``TurnStream.feed`` does."""
 
     def __init__(self, dispatcher: Dispatcher, format: str | None, options: dict[str, Any]) -> None:
         self._dispatcher, self._format, self._options = dispatcher, format, options
@@ -282,8 +282,10 @@ class AsyncTurnStream:
         return await self.open()
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        if exc_type is not None and issubclass(exc_type, asyncio.CancelledError) and self._stream is not None:
-            _quietly(lambda: self._stream.turn.cancel("the awaiting asyncio task was cancelled"))
+        if exc_type is not None and self._stream is not None:
+            why = "the awaiting asyncio task was cancelled" if issubclass(exc_type, asyncio.CancelledError) \
+                else f"the stream was left by an exception: {exc_type.__name__}"
+            _quietly(lambda: self._stream.turn.cancel(why))
         if self._stream is not None:
             await _in_thread(self._stream.close, name="toolfleet-aio-close")  # its thread starts now, so
             # the close happens even if this task is cancelled again (asyncio.run cancels leftovers)

@@ -41,6 +41,7 @@ class TurnStream:
         self.parser: Any = None
         self.events_read = 0
         self._pending: list[Any] = []  # events read before the format could be told
+        self._aborting = False
         if format is not None:
             self._use(_stream_adapter(format))
 
@@ -52,8 +53,9 @@ class TurnStream:
     def feed(self, event: Any) -> list[ToolCall]:
         """Read one event; returns the calls it completed (already validated and submitted).
 
-        Raises :class:`BatchRejected` when a completed call has no id or repeats an earlier id:
-        the turn is then cancelled (calls not started never start) and closed.
+        Raises :class:`BatchRejected` when an event cannot be read or a completed call has no id
+        or repeats an earlier id: the turn is then cancelled (calls not started never start,
+        running ones are stopped) and closed; any other error of the parser does the same.
         """
         self.events_read += 1
         if self.parser is None:
@@ -68,9 +70,12 @@ class TurnStream:
         try:
             calls = [call for e in events for call in self.parser.feed(e)]
         except BatchRejected as exc:
-            if exc.reason != "unanswerable_call":
-                raise
-            self._refuse(exc)  # a call toolfleet cannot answer (.adapters.client_tools): the turn ends here
+            # an unreadable event, or a call toolfleet cannot answer (.adapters.client_tools): the
+            # turn ends here, as it would have refused the same response sent whole
+            self._refuse(exc)
+        except Exception as exc:
+            self._abort(f"the stream's parser failed: {type(exc).__name__}")
+            raise
         return self._take(calls, cut_off=self.parser.cut_off)  # an event may complete a call by cutting it off
 
     def close(self) -> Turn:
@@ -130,8 +135,7 @@ class TurnStream:
 
     def _refuse(self, exc: BatchRejected) -> NoReturn:
         """The stream is refused at this event: cancel and close the turn, and raise ``exc`` saying so."""
-        self.turn.cancel(f"stream refused: {exc.reason}")
-        self.turn.close()
+        self._abort(f"stream refused: {exc.reason}")
         raise BatchRejected(
             f"{exc} (at stream event {self.events_read}; calls taken before it keep running or "
             "finished results, calls not started were cancelled)",
@@ -140,10 +144,39 @@ class TurnStream:
             pointer=exc.pointer,
         ) from exc
 
+    def _abort(self, reason: str) -> None:
+        """Cancel and close the turn (idempotent). The calls the stream had begun and not finished
+        are taken as ``NOT_EXECUTED`` and the assistant message rebuilt from the events so far, so
+        ``turn.assistant_messages()`` still pairs with ``turn.messages()``."""
+        if self.turn.closed or self._aborting:
+            return
+        self._aborting = True
+        self.turn.cancel(reason)
+        if self.parser is not None:
+            try:
+                rest = self.parser.finish()
+                self.turn.add_calls(rest, failed={c.id: ToolResult.failure(
+                    c.id, c.name, ErrorCode.NOT_EXECUTED,
+                    f"the stream ended early ({reason}) before this call was complete; it did not run",
+                    "send the call again in full.") for c in rest})
+            except Exception:  # noqa: BLE001 - a call the turn refuses (a repeated id): the turn still ends
+                pass
+            try:
+                self.turn.response = self.parser.response()
+            except Exception:  # noqa: BLE001 - the events so far may not rebuild; the turn still ends
+                pass
+        self.turn.close()
+
     def __enter__(self) -> TurnStream:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        """Leaving the block closes the turn; leaving it by an exception (the stream's reader
+        failed, the caller's own code raised, a KeyboardInterrupt) cancels it first: the caller was
+        told the stream failed, so no call of it starts later (calls not started never start,
+        running ones are stopped, finished ones keep their results)."""
+        if exc_type is not None:
+            self._abort(f"the stream was left by an exception: {exc_type.__name__}")
         self.close()
 
 
