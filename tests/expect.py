@@ -27,6 +27,10 @@ def check_run(doc: dict[str, Any], expect: dict[str, Any], workspace: Path, canc
         check_call(call_id, by_id[call_id], want)
     if cancelled:
         assert doc["final_after_cancel_s"] <= expect["cancel"]["within_s"], doc["final_after_cancel_s"]
+    # the run's time counts from the submit: it holds each call's time from its send to its end
+    # (it began after the submit returned, so a fast case read 0.029 s for calls that took 55 ms)
+    spans = [r["queued_ms"] + r["run_ms"] for r in results if r["queued_ms"] is not None and r["run_ms"] is not None]
+    assert not spans or doc["elapsed_s"] * 1000 >= max(spans) - 5, (doc["elapsed_s"], max(spans))
     for rel, want in expect.get("files_after", {}).items():
         text = (workspace / rel).read_text()
         for snippet in want.get("contains", []):

@@ -77,11 +77,14 @@ def test_circuit_opens_after_consecutive_failures_and_closes_after_a_health_chec
         assert result.code is ErrorCode.EXECUTION_ERROR, result.content
     refused = dispatcher.run([call("x1", "flaky", fail=False)], workspace=ws, timeout_s=30)[0]
     assert refused.code is ErrorCode.TOOL_UNAVAILABLE and "circuit" in refused.content, refused.content
+    assert "retry in about" in refused.content, refused.content
 
-    # Cooldown over: the next call is still refused, and triggers a health check, which fails.
+    # Cooldown over: the next call is still refused, and triggers a health check, which fails. Its
+    # hint says the check was just sent (it said to wait a whole cool-down more: a newcomer's find)
     wait_until(lambda: _cooled_down(dispatcher), 10, "the cooldown")
-    assert dispatcher.run([call("x2", "flaky", fail=False)], workspace=ws, timeout_s=30)[0].code \
-        is ErrorCode.TOOL_UNAVAILABLE
+    probing = dispatcher.run([call("x2", "flaky", fail=False)], workspace=ws, timeout_s=30)[0]
+    assert probing.code is ErrorCode.TOOL_UNAVAILABLE
+    assert "health check of the tool was sent just now" in probing.content, probing.content
     wait_until(lambda: _breaker_state(dispatcher, "flaky") == "open", 15, "the failed health check")
 
     # The backend recovers: after the next cooldown a health check passes and the circuit closes.

@@ -124,6 +124,10 @@ def test_giving_up_cancels_prints_results_and_nothing_runs_later(settings, dispa
     assert elapsed < GIVE_UP_S + 20
     # the run's own elapsed time, not the monotonic clock less the count of calls that started
     assert GIVE_UP_S <= doc["elapsed_s"] <= elapsed, doc["elapsed_s"]
+    # giving up cancelled the turn: how long its results took after that cancel is said (it was null),
+    # and the give-up came GIVE_UP_S after the submit (the budget once began after it)
+    after = doc["final_after_cancel_s"]
+    assert after is not None and 0 <= after <= doc["elapsed_s"] - GIVE_UP_S + 0.05, (after, doc["elapsed_s"])
     zero_executions_after(dispatcher, start_worker, workspace, turn_id)
 
 

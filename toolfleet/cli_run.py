@@ -84,6 +84,7 @@ def run(
         registry = Registry.from_catalog(settings, default_registry(tools)) if tools else None
         dispatcher = Dispatcher(settings, registry, _policy(policy))
         options = {"workspace": str(workspace.resolve()), "session_id": session}
+        started = time.monotonic()  # the run's time, --timeout and --cancel-after count from the submit
         if adapter.streamed:
             # a recorded stream that cannot be read is refused whole, before anything runs
             adapter.replay(payload if isinstance(payload, list) else [payload])
@@ -103,7 +104,6 @@ def run(
         raise typer.Exit(2) from None
     except ToolfleetError as exc:
         _fail(exc)
-    started = time.monotonic()
     from .cli_policy import announce_pending
 
     announce_pending(turn, err)
@@ -116,18 +116,21 @@ def run(
         def _cancel() -> None:
             cancelled_at.append(time.monotonic())
             turn.cancel(f"cancelled after {cancel_after:g} s (--cancel-after)")
-        timer = threading.Timer(cancel_after, _cancel)
+        timer = threading.Timer(max(cancel_after - (time.monotonic() - started), 0.0), _cancel)
         timer.daemon = True
         timer.start()
     gave_up: str | None = None
+    left_s = None if timeout_s is None else max(timeout_s - (time.monotonic() - started), 0.0)
     try:
         if as_json:
-            results = turn.results(timeout_s)
+            results = turn.results(left_s)
         else:
-            results = live_progress(turn, out, timeout_s, lambda: dispatcher.ledger.audit.read(turn.turn_id))
+            results = live_progress(turn, out, left_s, lambda: dispatcher.ledger.audit.read(turn.turn_id))
     except TimeoutError as exc:
         # Giving up cancels the turn (Turn.results): nothing of it runs later. Print its results
         # as they are once the cancel has settled (final within cancel_grace_s), then exit 1.
+        if not cancelled_at:
+            cancelled_at.append(time.monotonic())  # the cancel of giving up: final_after_cancel_s counts from it
         missing = len(turn.calls) - len(_recorded(turn))
         results = _results_after_giving_up(turn, settings)
         ran = sum(1 for r in results if r.attempts)  # not `started`: that is the elapsed time's start

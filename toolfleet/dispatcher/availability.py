@@ -198,14 +198,17 @@ class Availability:
             if closed is not None:
                 closed.add(spec.name)
             return None
-        if state == PROBE:
+        if state == PROBE:  # the cool-down is over: this call sends the health check that closes the circuit
             self._send_health_check(spec)
+            hint = "a health check of the tool was sent just now: retry in a few seconds; or use another tool"
+        else:
+            hint = (f"retry in about {self.settings.breaker_cooldown_s:g} s, once a health check has passed; "
+                    "or use another tool")
         return ToolResult.failure(
             call_id, spec.name, ErrorCode.TOOL_UNAVAILABLE,
             f"the circuit of {spec.name!r} is open after {self.settings.breaker_failures} failures in a row; "
             "it did not run",
-            f"retry in about {self.settings.breaker_cooldown_s:g} s, once a health check has passed; "
-            "or use another tool",
+            hint,
         )
 
     def served_tools(self, *, fresh: bool = False) -> set[str]:
