@@ -35,12 +35,22 @@ def test_a_tool_served_only_by_workers_of_another_key_is_refused_at_once(setting
     assert other not in result.content
 
 
-def test_a_worker_of_the_same_key_serves_beside_one_of_another(settings, start_worker, workspace):
-    start_worker(concurrency=1, settings=with_keys(settings, fleet_key=generate_key()))
+def test_a_worker_of_the_same_key_serves_beside_one_of_another(settings, start_worker, workspace, caplog, capsys):
+    """The call still runs; the dispatcher logs, and `toolfleet run` says, that a worker of another
+    key takes from the tool's queue (a newcomer's trial: four reads took 19 s with no word why)."""
+    from toolfleet.cli_run import _warn_other_keys
+
+    other = start_worker(concurrency=1, settings=with_keys(settings, fleet_key=generate_key()))
     start_worker(concurrency=1)
     with Dispatcher(settings, make_registry()) as dispatcher:
-        [result] = dispatcher.run([call("a", "tally", text="x")], workspace=str(workspace), timeout_s=60)
+        turn = dispatcher.submit([call("a", "tally", text="x")], workspace=str(workspace))
+        [result] = turn.results(60)
+        assert dispatcher.availability.shared_with_other_keys()["tally"] == [other.name]
+        _warn_other_keys(dispatcher, turn)
     assert result.ok, result.content
+    assert any(other.name in r.getMessage() and "another fleet key" in r.getMessage() for r in caplog.records)
+    said = " ".join(capsys.readouterr().err.split())
+    assert other.name in said and "hold another fleet key" in said, said
 
 
 def test_a_worker_says_at_start_which_live_workers_hold_another_key(settings, start_worker, tmp_path):

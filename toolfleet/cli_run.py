@@ -111,6 +111,7 @@ def run(
     # cancelled from another terminal while it runs (issue 15, point 4)
     print(f"turn {turn.turn_id}: {len(turn.calls)} call(s); cancel it from anywhere with "
           f"`toolfleet cancel {turn.turn_id}{where(settings)}`", file=sys.stderr, flush=True)
+    _warn_other_keys(dispatcher, turn)
     cancelled_at: list[float] = []
     if cancel_after is not None:
         def _cancel() -> None:
@@ -235,3 +236,21 @@ def _event_text(line: str) -> str | None:
     if line.startswith("data:"):
         line = line[5:].strip()
     return None if line in ("", "[DONE]") else line
+
+
+def _warn_other_keys(dispatcher: Any, turn: Any) -> None:
+    """Say (stderr) which live workers of another fleet key take from the queues of this turn's
+    tools: each drops the calls it takes, sent again seconds later (a worker started by hand
+    before `toolfleet down` and `up`; a newcomer's trial saw four reads take 19 s and no word)."""
+    try:
+        shared = dispatcher.availability.shared_with_other_keys()
+    except Exception:  # noqa: BLE001 - a warning only
+        return
+    names = {c.name for c in turn.calls}
+    workers = sorted({w for tool, ws in shared.items() if tool in names for w in ws})
+    if workers:
+        err.print(f"warning: live worker(s) {', '.join(workers)} of namespace {dispatcher.settings.namespace!r} "
+                  "hold another fleet key and take from the queues of this turn's tools: each call they take is "
+                  "dropped unrun and sent again seconds later. Restart them with the fleet's key (a worker "
+                  "started by hand before `toolfleet down` and `up` holds the old one; docs/signing.md).",
+                  style="bold yellow", markup=False, soft_wrap=True)

@@ -88,6 +88,7 @@ class Availability:
         self._lock = threading.Lock()
         self._served: set[str] = set()
         self._other_key: dict[str, list[str]] = {}  # tool -> live workers that serve it and hold another key
+        self._warned_other_key: set[str] = set()
         self._conflicts: dict[str, dict[str, list[str]]] = {}
         self._ever_served: set[str] = set()  # tools this dispatcher has seen a live worker serve
         self._served_at = -1e9
@@ -224,10 +225,32 @@ class Availability:
                     if not accepts(entry, kid):
                         for tool in readable_tools(entry):
                             self._other_key.setdefault(tool["name"], []).append(str(entry.get("worker")))
+                self._say_shared_with_other_keys()
                 self._conflicts = version_conflicts(entries)
                 self._served_at = time.monotonic()
                 self._ever_served |= self._served
             return set(self._served)
+
+    def shared_with_other_keys(self) -> dict[str, list[str]]:
+        """Tools this dispatcher's calls are sent for whose queues a live worker of another fleet key
+        also takes from: ``{tool: [worker, ...]}``. Such a worker drops, unrun, each call it takes;
+        the call is sent again once the watchdog sees it lost (seconds later), so a turn runs slowly
+        or its calls end ``NOT_EXECUTED`` at the caller's timeout. (Tools only such workers serve
+        are refused at once instead, :meth:`refusal`.)"""
+        self.served_tools()
+        with self._lock:
+            return {tool: sorted(workers) for tool, workers in self._other_key.items() if tool in self._served}
+
+    def _say_shared_with_other_keys(self) -> None:
+        """Log once per worker that shares a served tool's queue and holds another key (lock held)."""
+        for tool, workers in self._other_key.items():
+            for worker in workers:
+                if tool in self._served and worker not in self._warned_other_key:
+                    self._warned_other_key.add(worker)
+                    log.warning("live worker %s of namespace %r holds another fleet key and takes from the queues "
+                                "of tools this dispatcher sends (%s): it drops each call it takes, which is sent "
+                                "again seconds later; restart it with the fleet's key (docs/signing.md)",
+                                worker, self.settings.namespace, tool)
 
     def ever_served(self, name: str) -> bool:
         """Whether this dispatcher has seen a live worker serve ``name`` (then a missing catalog
