@@ -350,3 +350,18 @@ def test_a_chat_stream_event_neither_a_chunk_nor_the_sdk_helpers_is_ignored_with
     assert parser.feed({"error": {"message": "overloaded"}}) == []
     assert len(parser.warnings) == 2 and all("ignored an event" in w for w in parser.warnings)
     assert "overloaded" in parser.warnings[1]
+
+
+def test_a_responses_list_that_holds_a_calls_answer_does_not_run_it_again():
+    """A function_call followed by its own function_call_output in the list given (an input list
+    passed as the response) was run again and answered twice (a breaker's find): it is not a call
+    to run; a call_0 reused by a later turn still is, told apart by position."""
+    fc = {"type": "function_call", "call_id": "call_0", "name": "read_file", "arguments": "{}"}
+    answer = {"type": "function_call_output", "call_id": "call_0", "output": "x"}
+    custom = {"type": "custom_tool_call", "call_id": "k", "name": "apply", "input": "y"}
+    adapter = get_adapter("openai_responses")
+    assert [c.id for c in adapter.parse({"output": [fc, answer, {**fc, "call_id": "b"}]})] == ["b"]
+    assert [c.id for c in adapter.parse({"output": [custom, {"type": "custom_tool_call_output", "call_id": "k",
+                                                             "output": "z"}]})] == []
+    later = adapter.parse({"output": [fc, answer, {"role": "user", "content": "again"}, dict(fc)]})
+    assert [(c.id, c.index) for c in later] == [("call_0", 0)]

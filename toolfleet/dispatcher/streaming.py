@@ -135,7 +135,7 @@ class TurnStream:
 
     def _refuse(self, exc: BatchRejected) -> NoReturn:
         """The stream is refused at this event: cancel and close the turn, and raise ``exc`` saying so."""
-        self._abort(f"stream refused: {exc.reason}")
+        self._abort(f"stream refused: {exc.reason}", refused=exc.call_ids)
         raise BatchRejected(
             f"{exc} (at stream event {self.events_read}; calls taken before it keep running or "
             "finished results, calls not started were cancelled)",
@@ -144,17 +144,18 @@ class TurnStream:
             pointer=exc.pointer,
         ) from exc
 
-    def _abort(self, reason: str) -> None:
+    def _abort(self, reason: str, refused: Collection[str] = ()) -> None:
         """Cancel and close the turn (idempotent). The calls the stream had begun and not finished
-        are taken as ``NOT_EXECUTED`` and the assistant message rebuilt from the events so far, so
-        ``turn.assistant_messages()`` still pairs with ``turn.messages()``."""
+        (but those of ``refused`` ids: a computer_call, a repeated id) are taken as ``NOT_EXECUTED``
+        and the assistant message rebuilt from the events so far, so ``turn.assistant_messages()``
+        still pairs with ``turn.messages()``."""
         if self.turn.closed or self._aborting:
             return
         self._aborting = True
         self.turn.cancel(reason)
         if self.parser is not None:
             try:
-                rest = self.parser.finish()
+                rest = [c for c in self.parser.finish() if c.id not in refused]
                 self.turn.add_calls(rest, failed={c.id: ToolResult.failure(
                     c.id, c.name, ErrorCode.NOT_EXECUTED,
                     f"the stream ended early ({reason}) before this call was complete; it did not run",

@@ -45,6 +45,25 @@ def _answered(item: dict[str, Any]) -> bool:
     return isinstance(kind, str) and kind in OUTPUT_OF
 
 
+def answered_here(items: list[Any]) -> set[int]:
+    """Positions of the ``function_call`` / ``custom_tool_call`` items of ``items`` whose answer
+    (an output item of the same ``call_id``) follows them in the same list, before another call
+    of that id: a list that already holds a call's answer (an ``input`` list passed as a response)
+    must not run the call again, nor answer it twice. Ids reused across turns (``call_0``) are told
+    apart by position."""
+    latest: dict[str, int] = {}  # call id -> position of its latest call not yet answered
+    answered: set[int] = set()
+    outputs = tuple(OUTPUT_OF.values())
+    for n, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("call_id"), str):
+            continue
+        if _answered(item):
+            latest[item["call_id"]] = n
+        elif item.get("type") in outputs and item["call_id"] in latest:
+            answered.add(latest.pop(item["call_id"]))
+    return answered
+
+
 class OpenAIResponsesAdapter:
     name = "openai_responses"
     streamed = False
@@ -56,7 +75,7 @@ class OpenAIResponsesAdapter:
         ``computer_call``."""
         calls: list[ToolCall] = []
         items, where = self._items(payload)
-        answered, clients = answered_ids(items), []
+        answered, clients, done = answered_ids(items), [], answered_here(items)
         for n, item in enumerate(items):
             here = at(where, n)
             if is_client_call(item, answered):
@@ -64,7 +83,7 @@ class OpenAIResponsesAdapter:
                 calls.append(client.call)
                 clients.append((client, here))
                 continue
-            if not _answered(item):
+            if not _answered(item) or n in done:  # (an answered call: not a call to run)
                 continue
             custom = item.get("type") == "custom_tool_call"
             calls.append(
@@ -82,12 +101,12 @@ class OpenAIResponsesAdapter:
         """``{call_id: ClientCall}`` of the response's client-executed built-in tool items
         (:mod:`.client_tools`); BatchRejected as :meth:`parse`."""
         items, where = self._items(payload)
-        answered, out, n_calls = answered_ids(items), {}, 0
+        answered, out, n_calls, done = answered_ids(items), {}, 0, answered_here(items)
         for n, item in enumerate(items):
             if is_client_call(item, answered):
                 client = read_item(item, n_calls, at(where, n))
                 out[client.call.id] = client
-            if is_client_call(item, answered) or _answered(item):
+            if is_client_call(item, answered) or (_answered(item) and n not in done):
                 n_calls += 1
         return out
 
