@@ -365,3 +365,29 @@ def test_a_responses_list_that_holds_a_calls_answer_does_not_run_it_again():
                                                              "output": "z"}]})] == []
     later = adapter.parse({"output": [fc, answer, {"role": "user", "content": "again"}, dict(fc)]})
     assert [(c.id, c.index) for c in later] == [("call_0", 0)]
+
+
+def test_a_chat_call_of_another_type_goes_back_as_the_function_it_ran_as():
+    """A tool call typed "web_search" (a gateway's) was run as a function and went back with that
+    type, which the API refuses (a breaker's find)."""
+    message = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "web_search", "function": {"name": "read_file", "arguments": '{"path": "a"}'}}]}
+    adapter = get_adapter("openai_chat")
+    [call] = adapter.parse(message)
+    assistant = adapter.assistant_messages(message)
+    assert assistant[0]["tool_calls"][0]["type"] == "function"
+    result = ToolResult(call_id=call.id, name=call.name, status="ok", content="ok")
+    check_messages("openai_chat", assistant + adapter.format_results([result]))
+
+
+def test_a_responses_stream_summary_missing_a_custom_call_is_not_trusted():
+    """response.completed listing [reasoning, c2] for a stream that carried custom call c1 and
+    function call c2 was taken as the history: c1 vanished from it (a breaker's find)."""
+    custom = {"type": "custom_tool_call", "call_id": "c1", "name": "apply", "input": "x", "id": "ct_1"}
+    fc = _fc("c2", "fc_2")
+    events = [{"type": f"response.output_item.{step}", "output_index": n, "item": item}
+              for n, item in enumerate((custom, fc)) for step in ("added", "done")]
+    events.append({"type": "response.completed", "response": {"output": [
+        {"type": "reasoning", "id": "rs_1", "summary": []}, fc]}})
+    adapter = get_adapter("openai_responses_stream")
+    assert [i.get("call_id") for i in adapter.whole(events)["output"]] == ["c1", "c2"]

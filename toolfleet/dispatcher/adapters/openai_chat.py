@@ -100,7 +100,7 @@ def for_chat_wire(message: dict[str, Any]) -> dict[str, Any]:
         function["name"] = function.get("name") or ""
         function["arguments"] = arguments_for_wire(((as_dict(raw).get("function")) or {}).get("arguments"))
         call["function"] = function
-        call["type"] = call.get("type") or "function"
+        call["type"] = "function"  # run as a function (whatever type a gateway wrote): it goes back as one
         calls.append(call)
     if calls:
         out["tool_calls"] = calls

@@ -262,7 +262,9 @@ class OpenAIResponsesStreamParser:
 
 
 def _call_ids(items: list[Any]) -> list[Any]:
-    return [i.get("call_id") for i in items if isinstance(i, dict) and i.get("type") == "function_call"]
+    """The (type, call_id) of every item that carries a call id: function, custom and client calls
+    alike (comparing function calls only took a summary that lacked a custom call: a breaker's find)."""
+    return [(i.get("type"), i.get("call_id")) for i in items if isinstance(i, dict) and i.get("call_id")]
 
 
 def _text(value: Any, pointer: str) -> str | None:
