@@ -23,7 +23,8 @@ def add(a: int, b: int) -> str:
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
 def whoami() -> str:
-    """This server's process id and its parent's (the worker's pool process that hosts it)."""
+    """This server's process id and its parent's, as this process sees them: inside the sandbox
+    (a PID namespace of its own) they read 2 and 1, not the host's ids."""
     return f"pid {os.getpid()}, parent {os.getppid()}"
 
 
