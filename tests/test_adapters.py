@@ -391,3 +391,17 @@ def test_a_responses_stream_summary_missing_a_custom_call_is_not_trusted():
         {"type": "reasoning", "id": "rs_1", "summary": []}, fc]}})
     adapter = get_adapter("openai_responses_stream")
     assert [i.get("call_id") for i in adapter.whole(events)["output"]] == ["c1", "c2"]
+
+
+def test_a_responses_stream_message_at_a_calls_output_index_is_another_item():
+    """Every item at output_index 0, no item ids: a message after a call was merged into it (gone
+    from the history; with a terminal response the call came twice, refused as duplicate_call_id)."""
+    fc = _fc("c1", status="completed")
+    message = {"type": "message", "role": "assistant", "status": "completed",
+               "content": [{"type": "output_text", "text": "hi", "annotations": []}]}
+    events = [{"type": f"response.output_item.{step}", "output_index": 0, "item": item}
+              for item in (fc, message) for step in ("added", "done")]
+    adapter = get_adapter("openai_responses_stream")
+    for stream in (events, [*events, {"type": "response.completed", "response": {"output": [fc, message]}}]):
+        assert [c.id for c in adapter.parse(stream)] == ["c1"]
+        assert [i["type"] for i in adapter.whole(stream)["output"]] == ["function_call", "message"]

@@ -411,3 +411,30 @@ def test_zz_the_property_run_had_its_examples():
     assert total >= 0.9 * PROPERTY_EXAMPLES
     if SCALE >= 1:
         assert total >= 10_000
+
+
+def test_arguments_holding_a_cycle_or_a_shared_list_end_as_that_calls_error():
+    """A dict holding itself made the plain-JSON walk loop for ever, and a list held twice at each
+    of 40 levels walk 2**40 items (a breaker's find): each container is walked once."""
+    import threading
+
+    cyclic: dict = {}
+    cyclic["a"] = cyclic
+    shared: list = [1]
+    for _ in range(40):
+        shared = [shared, shared]
+    found: list = []
+
+    def parse() -> None:
+        for arguments in (cyclic, {"x": shared}):
+            found.append(ToolCall(id="c", name="read_file", arguments=arguments).arguments)
+            found.append(get_adapter("anthropic").parse({"role": "assistant", "content": [
+                {"type": "tool_use", "id": "t1", "name": "read_file", "input": arguments}]})[0].arguments)
+
+    worker = threading.Thread(target=parse, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "the walk did not end"
+    assert len(found) == 4 and all(isinstance(a, str) for a in found), found
+    assert all(isinstance(o, ToolResult) and o.code == ErrorCode.INVALID_ARGUMENT
+               for o in outcomes([ToolCall(id="c", name="read_file", arguments=a) for a in found]))

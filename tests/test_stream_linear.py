@@ -285,3 +285,27 @@ def test_arguments_that_cannot_become_json_are_not_reread_at_each_fragment():
     assert _timed(parser, [head, *rest]) < 8.0
     call = parser.response()["choices"][0]["message"]["tool_calls"][0]
     assert call["function"]["arguments"] == broken + "{}" * 16_000
+
+
+def test_a_long_responses_stream_and_its_answers_cost_their_size():
+    """Each item looked over every earlier one (the answered ids, the terminal response's items
+    matched by search), and format_results(results, events) replays the stream: 8,000 calls took
+    29 s to answer, 69 s with a terminal response listing them (a breaker's find)."""
+    from toolfleet.dispatcher.adapters import get_adapter
+    from toolfleet.models import ToolResult
+
+    n = 8_000
+    items = [{"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}", "id": f"fc_{i}"}
+             for i in range(n)]
+    shells = [{"type": "local_shell_call", "call_id": f"s{i}", "id": f"ls_{i}", "status": "completed",
+               "action": {"type": "exec", "command": ["ls"], "env": {}}} for i in range(n // 4)]
+    events = [{"type": f"response.output_item.{step}", "output_index": i, "item": item}
+              for i, item in enumerate(items + shells) for step in ("added", "done")]
+    events.append({"type": "response.completed", "response": {"output": items + shells}})
+    adapter = get_adapter("openai_responses_stream")
+    started = time.perf_counter()
+    calls = adapter.parse(events)
+    results = [ToolResult(call_id=c.id, name=c.name, status="ok", content="x") for c in calls]
+    answers = adapter.format_results(results, events)
+    assert len(answers) == n + n // 4 and answers[-1]["type"] == "local_shell_call_output"
+    assert time.perf_counter() - started < 8.0

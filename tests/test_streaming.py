@@ -278,3 +278,15 @@ def test_submit_stream_whose_events_raise_leaves_no_call_to_run_later(dispatcher
     stored = dispatcher.ledger.results(turn_id)
     assert {k: r.code for k, r in stored.items()} == {"first": ErrorCode.NOT_EXECUTED,
                                                        "second": ErrorCode.NOT_EXECUTED}
+
+
+def test_a_stream_closed_in_its_block_then_left_by_an_exception_is_cancelled(dispatcher, workspace):
+    """close() inside the block, then an exception: the turn was left closed, not cancelled, and its
+    calls queued to run when a worker came (a breaker's find)."""
+    with pytest.raises(KeyboardInterrupt):
+        with dispatcher.open_stream(format="openai_chat_stream", workspace=str(workspace)) as stream:
+            stream.feed(_chat_chunk(0, "first", '{"label": "x"}'))
+            turn = stream.close()
+            raise KeyboardInterrupt
+    assert turn.cancelled
+    assert [(r.call_id, r.code) for r in turn.results(30)] == [("first", ErrorCode.NOT_EXECUTED)]

@@ -66,16 +66,22 @@ class ToolCall(_Frozen):
 
 def plain_json(value: Any) -> bool:
     """Whether ``value`` is made only of what JSON text parses to: dicts with string keys, lists,
-    strings, numbers, booleans and None (walked without recursion)."""
-    stack = [value]
+    strings, numbers, booleans and None, each dict and list met once (walked without recursion,
+    each container once: a cycle, or one list held twice, is not what a JSON text parses to, and
+    walking it again would never end or grow exponentially)."""
+    stack, seen = [value], set()
     while stack:
         item = stack.pop()
-        if isinstance(item, dict):
-            if not all(isinstance(k, str) for k in item):
+        if isinstance(item, (dict, list)):
+            if id(item) in seen:
                 return False
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+            seen.add(id(item))
+            if isinstance(item, dict):
+                if not all(isinstance(k, str) for k in item):
+                    return False
+                stack.extend(item.values())
+            else:
+                stack.extend(item)
         elif not (item is None or isinstance(item, (str, int, float))):
             return False
     return True

@@ -177,7 +177,10 @@ class TurnStream:
         told the stream failed, so no call of it starts later (calls not started never start,
         running ones are stopped, finished ones keep their results)."""
         if exc_type is not None:
-            self._abort(f"the stream was left by an exception: {exc_type.__name__}")
+            reason = f"the stream was left by an exception: {exc_type.__name__}"
+            if self.turn.closed:  # closed in the block (close()), then the block raised: cancelled all the same
+                self.turn.cancel(reason)
+            self._abort(reason)
         self.close()
 
 

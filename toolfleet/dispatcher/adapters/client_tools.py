@@ -116,7 +116,7 @@ def is_client_call(item: Mapping[str, Any], answered: Iterable[str] = ()) -> boo
     if not isinstance(kind_, str) or kind_ not in CLIENT_CALLS:
         return False
     call_id = item.get("call_id")
-    if isinstance(call_id, str) and call_id in set(answered):
+    if isinstance(call_id, str) and call_id in (answered if isinstance(answered, (set, frozenset)) else set(answered)):
         return False
     if kind_ == "tool_search_call":
         return item.get("execution") != "server"

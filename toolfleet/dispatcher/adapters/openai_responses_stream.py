@@ -65,6 +65,8 @@ class OpenAIResponsesStreamParser:
         self._items: list[dict[str, Any]] = []  # output items in stream order
         self._at: dict[Any, int] = {}  # output_index -> position in _items (the latest item there)
         self._keys: dict[str, int] = {}  # item id -> position
+        self._answered: set[str] = set()  # call ids the stream's answer items carry (answered_ids, kept as it grows)
+        self._index: dict[tuple[str, Any, str], list[int]] | None = None  # _announced's look-up, while _end runs
         self._events = -1
 
     def feed(self, event: Any) -> list[ToolCall]:
@@ -124,6 +126,7 @@ class OpenAIResponsesStreamParser:
             self._items[position] = {**known, **item}
         if item_id:
             self._keys[item_id] = position
+        self._answered |= answered_ids([self._items[position]])
         self._call(item, position, here, done)
 
     def _call(self, item: dict[str, Any], position: int, here: str, done: bool) -> None:
@@ -137,7 +140,7 @@ class OpenAIResponsesStreamParser:
             if done:
                 self.calls.complete(position, {"input": item.get("input")})
             return
-        if is_client_call(item, answered_ids(self._items)):
+        if is_client_call(item, self._answered):
             self._client(item, position, here, done)
             return
         if item.get("type") != "function_call":
@@ -176,6 +179,9 @@ class OpenAIResponsesStreamParser:
         output = need_list(final.get("output"), at(where, "output"), "output")
         cut = set(responses_cut_calls(final))
         answered = answered_ids(output)
+        self._index = {}
+        for position, known in enumerate(self._items):
+            self._remember(position, known)
         for n, item in enumerate(output):
             here = at(at(where, "output"), n)
             item = need_object(item, here, "an output item")
@@ -186,6 +192,7 @@ class OpenAIResponsesStreamParser:
             if position is None:  # a call only the terminal response carries: taken whole, in output order
                 position = len(self._items)
                 self._items.append(dict(item))
+                self._remember(position, self._items[position])
                 if isinstance(item.get("id"), str) and item["id"]:
                     self._keys[item["id"]] = position
                 if item.get("type") == "function_call":
@@ -202,17 +209,30 @@ class OpenAIResponsesStreamParser:
                 self._cut(slot.id, "status incomplete")
             self.calls.complete(position, _text(item.get("arguments"), at(here, "arguments")))
 
+    def _remember(self, position: int, known: dict[str, Any]) -> None:
+        """Index the item at ``position`` by (type, field, value) for :meth:`_announced` (linear in the
+        stream: the terminal response's items are looked up, not searched for)."""
+        assert self._index is not None
+        kind_ = known.get("type")
+        for field in ("call_id", "id"):
+            value = known.get(field)
+            if isinstance(value, str) and value and isinstance(kind_, str):
+                self._index.setdefault((kind_, field, value), []).append(position)
+
     def _announced(self, item: dict[str, Any]) -> int | None:
         """The position of the call item the stream already announced that ``item`` is (the same
         non-empty ``call_id``; else the same item ``id``, unless both have call ids that differ), or None."""
         def text(value: Any) -> str:
             return value if isinstance(value, str) else ""
 
+        assert self._index is not None
+        kind_ = item.get("type")
         for field in ("call_id", "id"):
-            for position, known in enumerate(self._items):
-                if known.get("type") != item.get("type") or not text(item.get(field)) \
-                        or known.get(field) != item[field]:
-                    continue
+            value = text(item.get(field))
+            if not value or not isinstance(kind_, str):
+                continue
+            for position in self._index.get((kind_, field, value), ()):
+                known = self._items[position]
                 if field == "id" and text(known.get("call_id")) and text(item.get("call_id")) \
                         and known["call_id"] != item["call_id"]:
                     continue  # one item id on two calls: the call ids tell them apart
@@ -293,9 +313,9 @@ class OpenAIResponsesStreamAdapter(StreamFormat, OpenAIResponsesAdapter):
 
 
 def _another_item(known: dict[str, Any], item: dict[str, Any]) -> bool:
-    """Whether ``item``, seen at the output index of ``known``, is another item: their ids or
-    their call ids differ (a server that numbers every item 0, or sends no item ids)."""
-    for field in ("id", "call_id"):
+    """Whether ``item``, seen at the output index of ``known``, is another item: their types, ids or
+    call ids differ (a server that numbers every item 0, or sends no item ids)."""
+    for field in ("type", "id", "call_id"):
         if known.get(field) and item.get(field) and known.get(field) != item.get(field):
             return True
     return False
