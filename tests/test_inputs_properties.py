@@ -436,5 +436,9 @@ def test_arguments_holding_a_cycle_or_a_shared_list_end_as_that_calls_error():
     worker.join(30)
     assert not worker.is_alive(), "the walk did not end"
     assert len(found) == 4 and all(isinstance(a, str) for a in found), found
-    assert all(isinstance(o, ToolResult) and o.code == ErrorCode.INVALID_ARGUMENT
-               for o in outcomes([ToolCall(id="c", name="read_file", arguments=a) for a in found]))
+    found_outcomes = outcomes([ToolCall(id="c", name="read_file", arguments=a) for a in found])
+    assert all(isinstance(o, ToolResult) and o.code == ErrorCode.INVALID_ARGUMENT for o in found_outcomes)
+    assert all("JSON cannot carry" in o.content for o in found_outcomes), found_outcomes[0].content
+    # a tuple is written as an array (Python shares equal constant tuples: not a cycle)
+    assert ToolCall(id="c", name="read_file", arguments={"a": (1, 2), "b": (1, 2)}).arguments == {"a": (1, 2),
+                                                                                                 "b": (1, 2)}

@@ -65,15 +65,17 @@ class ToolCall(_Frozen):
 
 
 def plain_json(value: Any) -> bool:
-    """Whether ``value`` is made only of what JSON text parses to: dicts with string keys, lists,
-    strings, numbers, booleans and None, each dict and list met once (walked without recursion,
+    """Whether ``value`` is made only of what JSON text parses to: dicts with string keys, lists
+    (tuples too), strings, numbers, booleans and None, each dict and list met once (walked without recursion,
     each container once: a cycle, or one list held twice, is not what a JSON text parses to, and
     walking it again would never end or grow exponentially)."""
     stack, seen = [value], set()
     while stack:
         item = stack.pop()
-        if isinstance(item, (dict, list)):
+        if isinstance(item, (dict, list, tuple)):  # (a tuple is written as an array)
             if id(item) in seen:
+                if isinstance(item, tuple):  # Python shares equal constant tuples; a tuple alone makes no cycle
+                    continue
                 return False
             seen.add(id(item))
             if isinstance(item, dict):

@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from ..models import ErrorCode, ToolCall, ToolResult
+from ..models import NOT_JSON_ARGUMENTS, ErrorCode, ToolCall, ToolResult
 from .redact import MASK, kind_of, mask_text, shorten
 from .registry import Registry
 from .spec import ToolSpec
@@ -60,6 +60,11 @@ def parse_arguments(call: ToolCall) -> dict[str, Any] | ToolResult:
         return _readable(call, raw)
     if not raw.strip():
         return {}
+    if raw == NOT_JSON_ARGUMENTS:  # an object built in Python that JSON cannot carry (models.ToolCall)
+        return _invalid(call, "the arguments hold what JSON cannot carry (a key that is not a string, a set, bytes, "
+                        "an object held twice or holding itself); nothing ran",
+                        "send the arguments as one JSON object of strings, numbers, booleans, null, arrays and "
+                        "objects.")
     try:
         value = json.loads(raw, parse_constant=_refuse_constant, object_pairs_hook=_no_duplicate_keys,
                            parse_int=_integer)
