@@ -14,6 +14,7 @@ order, as for a whole response. A call the stream itself says the output token l
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection
 from typing import Any, NoReturn
 
@@ -25,6 +26,8 @@ from .adapters.custom_calls import custom_call_result
 from .adapters.cut_off import cut_off_result
 from .adapters.namespaces import resolve as resolve_namespaces
 from .turn import Turn
+
+log = logging.getLogger(__name__)
 
 
 class TurnStream:
@@ -176,12 +179,17 @@ class TurnStream:
         failed, the caller's own code raised, a KeyboardInterrupt) cancels it first: the caller was
         told the stream failed, so no call of it starts later (calls not started never start,
         running ones are stopped, finished ones keep their results)."""
-        if exc_type is not None:
-            reason = f"the stream was left by an exception: {exc_type.__name__}"
+        if exc_type is None:
+            self.close()
+            return
+        reason = f"the stream was left by an exception: {exc_type.__name__}"
+        try:
             if self.turn.closed:  # closed in the block (close()), then the block raised: cancelled all the same
                 self.turn.cancel(reason)
             self._abort(reason)
-        self.close()
+        except Exception as exc:  # noqa: BLE001 - the block's own exception goes on, not this one
+            log.warning("turn %s: could not cancel it after %s (%s: %s); the dispatcher's exit hook or the turn's "
+                        "lease ends it", self.turn.turn_id, reason, type(exc).__name__, exc)
 
 
 def _stream_adapter(format: str | None, events: list[Any] | None = None) -> Any:
