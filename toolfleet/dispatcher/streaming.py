@@ -15,7 +15,7 @@ order, as for a whole response. A call the stream itself says the output token l
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any, NoReturn
 
 from ..errors import BatchRejected
@@ -26,6 +26,7 @@ from .adapters.custom_calls import custom_call_result
 from .adapters.cut_off import cut_off_result
 from .adapters.namespaces import resolve as resolve_namespaces
 from .turn import Turn
+from .wire import call_id_problem
 
 log = logging.getLogger(__name__)
 
@@ -132,13 +133,16 @@ class TurnStream:
             failed.update({k: v for k, v in answers.items() if k not in failed})
         try:
             self.turn.add_calls(calls, failed=failed)
-        except BatchRejected as exc:
-            self._refuse(exc)
+        except BatchRejected as exc:  # none of them taken: those the turn could take get NOT_EXECUTED
+            self._refuse(exc, released=calls)
         return calls
 
-    def _refuse(self, exc: BatchRejected) -> NoReturn:
-        """The stream is refused at this event: cancel and close the turn, and raise ``exc`` saying so."""
-        self._abort(f"stream refused: {exc.reason}", refused=exc.call_ids)
+    def _refuse(self, exc: BatchRejected, released: Sequence[ToolCall] = ()) -> NoReturn:
+        """The stream is refused at this event: cancel and close the turn, and raise ``exc`` saying so.
+        ``released``: the calls this event completed, refused with it (none of them was taken)."""
+        # a repeated id: its first call is answered (:func:`_takeable` keeps the first of each id)
+        refused = () if exc.reason == "duplicate_call_id" else exc.call_ids
+        self._abort(f"stream refused: {exc.reason}", refused=refused, released=released)
         raise BatchRejected(
             f"{exc} (at stream event {self.events_read}; calls taken before it keep running or "
             "finished results, calls not started were cancelled)",
@@ -147,10 +151,12 @@ class TurnStream:
             pointer=exc.pointer,
         ) from exc
 
-    def _abort(self, reason: str, refused: Collection[str] = ()) -> None:
-        """Cancel and close the turn (idempotent). The calls the stream had begun and not finished
-        (but those of ``refused`` ids: a computer_call, a repeated id) are taken as ``NOT_EXECUTED``
-        and the assistant message rebuilt from the events so far, so ``turn.assistant_messages()``
+    def _abort(self, reason: str, refused: Collection[str] = (), released: Sequence[ToolCall] = ()) -> None:
+        """Cancel and close the turn (idempotent). The calls the stream had begun and not taken
+        (``released``: those the refused event completed; then those still open) are taken as
+        ``NOT_EXECUTED``, but for those the turn cannot take (``refused`` ids: a computer_call, a
+        repeated id; an id that is missing or no call id; a second call of one id), and the
+        assistant message is rebuilt from the events so far, so ``turn.assistant_messages()``
         still pairs with ``turn.messages()``."""
         if self.turn.closed or self._aborting:
             return
@@ -158,13 +164,14 @@ class TurnStream:
         self.turn.cancel(reason)
         if self.parser is not None:
             try:
-                rest = [c for c in self.parser.finish() if c.id not in refused]
+                rest = _takeable([*released, *self.parser.finish()], {*refused, *(c.id for c in self.turn.calls)})
                 self.turn.add_calls(rest, failed={c.id: ToolResult.failure(
                     c.id, c.name, ErrorCode.NOT_EXECUTED,
-                    f"the stream ended early ({reason}) before this call was complete; it did not run",
+                    f"the stream ended early ({reason}) before this call was taken; it did not run",
                     "send the call again in full.") for c in rest})
-            except Exception:  # noqa: BLE001 - a call the turn refuses (a repeated id): the turn still ends
-                pass
+            except Exception:  # noqa: BLE001 - the turn still ends; a call it could not take has no result
+                log.warning("turn %s: the calls the stream had begun could not be answered NOT_EXECUTED",
+                            self.turn.turn_id, exc_info=True)
             try:
                 self.turn.response = self.parser.response()
             except Exception:  # noqa: BLE001 - the events so far may not rebuild; the turn still ends
@@ -190,6 +197,17 @@ class TurnStream:
         except Exception as exc:  # noqa: BLE001 - the block's own exception goes on, not this one
             log.warning("turn %s: could not cancel it after %s (%s: %s); the dispatcher's exit hook or the turn's "
                         "lease ends it", self.turn.turn_id, reason, type(exc).__name__, exc)
+
+
+def _takeable(calls: Iterable[ToolCall], taken: Collection[str]) -> list[ToolCall]:
+    """``calls`` the turn can still take, in order: a call id, none of ``taken``, the first of its id."""
+    seen = set(taken)
+    out = []
+    for call in calls:
+        if call.id and call_id_problem(call.id) is None and call.id not in seen:
+            seen.add(call.id)
+            out.append(call)
+    return out
 
 
 def _stream_adapter(format: str | None, events: list[Any] | None = None) -> Any:
