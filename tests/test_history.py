@@ -190,3 +190,46 @@ def test_responses_call_id_reused_with_the_first_result_lost_gets_a_placeholder_
     repaired = repair_history(history, format="responses")
     assert kinds(repaired) == [("missing_result", "call_0")] and repaired.repairs[0].position == 0
     assert [i.get("output", "")[:14] for i in repaired.messages] == ["", "Error [ABORTED", "", "", "two"]
+
+
+def test_responses_an_output_of_the_other_kind_is_retyped_for_its_call():
+    """A ``function_call`` answered by a ``custom_tool_call_output`` (or the other way round)
+    passed repair, and the API refuses it: a call pairs with an output of its own kind only."""
+    history = [
+        {"type": "function_call", "call_id": "a", "name": "read_file", "arguments": "{}"},
+        {"type": "custom_tool_call_output", "call_id": "a", "output": "text of a"},
+        {"type": "custom_tool_call", "call_id": "b", "name": "apply", "input": "x"},
+        {"type": "message", "role": "user", "content": "between"},
+        {"type": "function_call_output", "call_id": "b", "output": "done"},
+    ]
+    repaired = repair_history(history, "openai_responses")
+    assert kinds(repaired) == [("retyped_result", "a"), ("retyped_result", "b")]
+    assert [(i["type"], i.get("call_id"), i.get("output")) for i in repaired.messages] == [
+        ("function_call", "a", None), ("function_call_output", "a", "text of a"),
+        ("custom_tool_call", "b", None), ("custom_tool_call_output", "b", "done"), ("message", None, None)]
+    check_messages("openai_responses", repaired.messages)
+    assert history[1]["type"] == "custom_tool_call_output"  # the input is never changed
+
+
+def test_responses_a_builtin_tool_answer_pairs_only_with_a_call_of_its_kind():
+    history = [
+        {"type": "function_call", "call_id": "a", "name": "read_file", "arguments": "{}"},
+        {"type": "shell_call_output", "call_id": "a", "output": []},
+    ]
+    repaired = repair_history(history, "openai_responses")
+    assert sorted(kinds(repaired)) == [("missing_result", "a"), ("orphan_result", "a")]
+    assert [i["type"] for i in repaired.messages] == ["function_call", "function_call_output"]
+
+
+def test_responses_the_duplicate_dropped_is_the_one_not_kept():
+    """``[output x, call x, output x]``: the output after the call is kept; the report said "the
+    first is kept" of the one it dropped, the first."""
+    history = [
+        {"type": "function_call_output", "call_id": "x", "output": "early"},
+        {"type": "function_call", "call_id": "x", "name": "read_file", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "x", "output": "late"},
+    ]
+    repaired = repair_history(history, "openai_responses")
+    assert [(r.kind, r.position) for r in repaired.repairs] == [("duplicate_result", 0)]
+    assert "which is kept; this one was dropped" in repaired.repairs[0].detail
+    assert [i.get("output") for i in repaired.messages] == [None, "late"]

@@ -10,7 +10,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toolfleet.dispatcher.history import _Results, repair_history
+from toolfleet.dispatcher.history import repair_history
+from toolfleet.dispatcher.history_pairing import Results as _Results
 
 
 class Searching(_Results):

@@ -11,11 +11,15 @@ immediately after"). A run that was interrupted, or a history edited by hand, le
   after the ``function_call``, or after a built-in tool item the client executes, in that item's
   answer shape, :mod:`.adapters.client_tools`; Anthropic: in the ``user`` message after the assistant message,
   which is inserted when there is none);
-- ``duplicate_result``: a second result for one call id is dropped (the first is kept);
+- ``duplicate_result``: a further result for one call is dropped (the one kept: Responses, the one
+  right after the call, else the first; Chat and Anthropic, the first);
 - ``orphan_result``: a result whose call id no call has is dropped;
 - ``moved_result``: a result not where the provider wants it (Chat: not in the tool messages right
   after its assistant message; Anthropic: not in the user message right after; Responses: before
   its call) is moved there;
+- ``retyped_result`` (Responses): a ``function_call`` answered by a ``custom_tool_call_output``, or
+  the other way round, gets its answer as the type its call needs (the API pairs a call with an
+  output of its own kind only); a built-in tool's answer pairs only with a call of its kind;
 - ``empty_text_removed`` (Anthropic): a text block with no text but white space is dropped (the API
   refuses one: "text content blocks must be non-empty");
 - ``arguments_normalized`` (Chat, Responses): a call's ``arguments`` that are not a JSON string
@@ -30,36 +34,17 @@ is not a string) raises :class:`~toolfleet.errors.BatchRejected` with the JSON p
 from __future__ import annotations
 
 import copy
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import BatchRejected
-from ..models import ErrorCode, ToolResult
 from .adapters import as_dict, get_adapter
 from .adapters.anthropic import result_block
-from .adapters.client_tools import CLIENT_CALLS, history_roles, placeholder_answer
+from .adapters.client_tools import CLIENT_CALLS
 from .adapters.openai_responses import OUTPUT_OF
 from .adapters.wire import arguments_for_wire, need_list, need_object, need_text
-
-PLACEHOLDER_MESSAGE = ("this call has no result in the history: the run that made it was interrupted "
-                       "or its result was lost")
-PLACEHOLDER_HINT = "it may or may not have taken effect; check the state before repeating it"
-
-
-@dataclass(frozen=True)
-class Repair:
-    """One change: ``kind`` (see the module docstring), the ``call_id`` concerned, ``position``
-    (index in the input history of the message or item concerned) and a sentence."""
-
-    kind: str
-    call_id: str
-    position: int
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.call_id} at {self.position}: {self.detail}"
+from .history_pairing import Repair, Results, placeholder, responses
 
 
 @dataclass(frozen=True)
@@ -100,7 +85,7 @@ def repair_history(history: Sequence[Any], format: str | None = None) -> Repaire
     if name == "anthropic":
         return RepairedHistory(format=name, messages=_anthropic_text(items, repairs), repairs=repairs)
     items = _normalize_arguments(items, name, repairs)
-    fix = {"openai_chat": _chat, "openai_responses": _responses}[name]
+    fix = {"openai_chat": _chat, "openai_responses": responses}[name]
     return RepairedHistory(format=name, messages=fix(items, repairs), repairs=repairs)
 
 
@@ -199,67 +184,8 @@ def detect_history_format(items: Sequence[Any]) -> str:
     return "openai_chat"
 
 
-def _placeholder(call_id: str, name: str) -> ToolResult:
-    return ToolResult.failure(call_id, name, ErrorCode.ABORTED, PLACEHOLDER_MESSAGE, PLACEHOLDER_HINT)
-
-
-class _Results:
-    """The results of a history by call id, in history order: the first is kept, the rest are
-    duplicates; ``take`` hands out the first result of an id once. Results of an id are handed
-    out in order, so each id keeps where the next one is: a history whose calls all share one id
-    (servers that send none, or reuse ``call_0``) is not searched from its start at every call."""
-
-    def __init__(self) -> None:
-        self.by_id: dict[str, list[tuple[int, Any]]] = defaultdict(list)
-        self.taken: set[int] = set()
-        self._next: dict[str, int] = {}  # call id -> how many of its results were handed out
-        self._before: dict[str, int] = {}  # call id -> where take_before looks next
-
-    def add(self, call_id: str, position: int, result: Any) -> None:
-        self.by_id[call_id].append((position, result))
-
-    def take(self, call_id: str) -> tuple[int, Any] | None:
-        found = self.by_id.get(call_id, ())
-        n = self._next.get(call_id, 0)
-        while n < len(found):
-            position, result = found[n]
-            n += 1
-            if id(result) not in self.taken:  # one object listed twice is handed out once
-                self._next[call_id] = n
-                self.taken.add(id(result))
-                return position, result
-        self._next[call_id] = n
-        return None
-
-    def take_before(self, call_id: str, position: int) -> tuple[int, Any] | None:
-        """The first result of ``call_id`` not handed out yet, if it stands before ``position``.
-        Asked with growing positions (calls in history order): a cursor per id keeps it linear."""
-        found = self.by_id.get(call_id, ())
-        n = self._before.get(call_id, 0)
-        while n < len(found) and id(found[n][1]) in self.taken:
-            n += 1
-        self._before[call_id] = n
-        if n == len(found) or found[n][0] >= position:
-            return None
-        self.taken.add(id(found[n][1]))
-        self._before[call_id] = n + 1
-        return found[n]
-
-    def leftovers(self, calls: set[str], repairs: list[Repair]) -> None:
-        for call_id, found in self.by_id.items():
-            for position, result in found:
-                if id(result) in self.taken:
-                    continue
-                if call_id in calls:
-                    repairs.append(Repair("duplicate_result", call_id, position,
-                                          "a second result for this call was dropped; the first is kept"))
-                else:
-                    repairs.append(Repair("orphan_result", call_id, position,
-                                          "a result for a call that is not in the history was dropped"))
-
-
 def _chat(items: list[Any], repairs: list[Repair]) -> list[Any]:
-    results = _Results()
+    results = Results()
     calls: set[str] = set()
     for position, message in enumerate(items):
         if isinstance(message, dict) and message.get("role") == "tool":
@@ -281,7 +207,7 @@ def _chat(items: list[Any], repairs: list[Repair]) -> list[Any]:
             found = results.take(call_id)
             if found is None:
                 name = str((call.get("function") or {}).get("name") or "")
-                out.extend(tool_message([_placeholder(call_id, name)]))
+                out.extend(tool_message([placeholder(call_id, name)]))
                 repairs.append(Repair("missing_result", call_id, position,
                                       "the call had no result; an ABORTED placeholder was added after it"))
                 continue
@@ -294,60 +220,8 @@ def _chat(items: list[Any], repairs: list[Repair]) -> list[Any]:
     return out
 
 
-def _responses(items: list[Any], repairs: list[Repair]) -> list[Any]:
-    results = _Results()
-    calls: list[tuple[str, int]] = []  # every call item, in history order (an id may repeat across turns)
-    kinds, answers = tuple(OUTPUT_OF), tuple(OUTPUT_OF.values())  # compared, not hashed: a type may be any JSON value
-    roles = history_roles(items)  # built-in tool items the client executes, and their answers (.adapters.client_tools)
-    unanswered: dict[str, list[int]] = defaultdict(list)  # call id -> positions of its calls without a result yet
-    answer_of: dict[int, tuple[int, Any]] = {}  # position of a call -> its result after it (position, item)
-    for position, item in enumerate(items):
-        if not isinstance(item, dict):
-            continue
-        if item.get("type") in answers or roles.get(position, ("",))[0] == "result":
-            call_id = roles[position][1] if position in roles else str(item.get("call_id") or "")
-            results.add(call_id, position, item)
-            waiting = unanswered.get(call_id)
-            if waiting and id(item) not in results.taken:  # the latest call of its id before it (ids repeat)
-                answer_of[waiting.pop()] = (position, item)
-                results.taken.add(id(item))
-        elif item.get("type") in kinds or position in roles:
-            call_id = str(item.get("call_id") or "")
-            calls.append((call_id, position))
-            unanswered[call_id].append(position)
-    placed: dict[int, Any] = {}  # position of a call -> the result to put right after it
-    in_place: set[int] = set()
-    for call_id, at_call in calls:
-        found = answer_of.get(at_call) or results.take_before(call_id, at_call)  # else one before it, if any
-        if found is None:
-            name = str(items[at_call].get("name") or "")
-            if at_call in roles:
-                placed[at_call] = placeholder_answer(items[at_call]["type"], _placeholder(call_id, name))
-            else:
-                placed[at_call] = {**get_adapter("openai_responses").format_results([_placeholder(call_id, name)])[0],
-                                   "type": OUTPUT_OF[items[at_call]["type"]]}
-            repairs.append(Repair("missing_result", call_id, at_call,
-                                  "the call had no result; an ABORTED placeholder was added after it"))
-        elif found[0] < at_call:
-            placed[at_call] = found[1]
-            repairs.append(Repair("moved_result", call_id, found[0],
-                                  f"its result came before its call; moved right after the call (at {at_call})"))
-        else:
-            in_place.add(found[0])
-    out: list[Any] = []
-    for position, item in enumerate(items):
-        if isinstance(item, dict) and (item.get("type") in answers or roles.get(position, ("",))[0] == "result") \
-                and position not in in_place:
-            continue
-        out.append(item)
-        if position in placed:
-            out.append(placed[position])
-    results.leftovers({call_id for call_id, _ in calls}, repairs)
-    return out
-
-
 def _anthropic(items: list[Any], repairs: list[Repair]) -> list[Any]:
-    results = _Results()
+    results = Results()
     calls: set[str] = set()
     for position, message in enumerate(items):
         for block in _blocks(message):
@@ -374,7 +248,7 @@ def _anthropic(items: list[Any], repairs: list[Repair]) -> list[Any]:
             call_id = str(use.get("id") or "")
             found = results.take(call_id)
             if found is None:
-                blocks.append(result_block(_placeholder(call_id, str(use.get("name") or ""))))
+                blocks.append(result_block(placeholder(call_id, str(use.get("name") or ""))))
                 repairs.append(Repair("missing_result", call_id, position,
                                       "the tool_use had no tool_result; an ABORTED placeholder was added after it"))
                 continue
