@@ -291,25 +291,3 @@ def test_a_stream_closed_in_its_block_then_left_by_an_exception_is_cancelled(dis
     assert turn.cancelled
     assert [(r.call_id, r.code) for r in turn.results(30)] == [("first", ErrorCode.NOT_EXECUTED)]
 
-
-@pytest.mark.parametrize("second_id", ["p", "q\x00"])
-def test_calls_released_with_a_refused_one_are_answered_not_executed(dispatcher, workspace, second_id):
-    """One event completing several calls, one of them refused (its id repeats one of the same
-    event, or is no call id): none was taken, and the others got no result while the rebuilt
-    message listed them, so the next request was refused as unpaired (a note's find). The others
-    now get NOT_EXECUTED; a call id seen twice is answered once."""
-    def tc(i, call_id, arguments):
-        return {"index": i, "id": call_id, "type": "function",
-                "function": {"name": "wait_read", "arguments": arguments}}
-
-    stream = dispatcher.open_stream(format="openai_chat_stream", workspace=str(workspace))
-    stream.feed(_chat_chunk(0, "before", '{"label": "w", "seconds": 30}'))
-    with pytest.raises(BatchRejected):
-        stream.feed({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"tool_calls": [
-            tc(1, "p", '{"label": "x"}'), tc(2, "other", '{"label": "y"}'), tc(3, second_id, '{"label": "z"}'),
-            tc(4, "open", '{"label": "v"')]}, "finish_reason": None}]})
-    turn = stream.turn
-    assert turn.closed and turn.cancelled
-    codes = {r.call_id: r.code for r in turn.results(30)}
-    assert codes == {"before": ErrorCode.NOT_EXECUTED, "p": ErrorCode.NOT_EXECUTED,
-                     "other": ErrorCode.NOT_EXECUTED, "open": ErrorCode.NOT_EXECUTED}

@@ -21,10 +21,11 @@ from typing import Any, NoReturn
 from ..errors import BatchRejected
 from ..models import ErrorCode, ToolCall, ToolResult
 from .adapters import detect_event, get_adapter
-from .adapters.client_tools import client_results
+from .adapters.client_tools import client_results, is_client_call
 from .adapters.custom_calls import custom_call_result
 from .adapters.cut_off import cut_off_result
 from .adapters.namespaces import resolve as resolve_namespaces
+from .adapters.openai_responses import OUTPUT_OF
 from .turn import Turn
 from .wire import call_id_problem
 
@@ -140,8 +141,10 @@ class TurnStream:
     def _refuse(self, exc: BatchRejected, released: Sequence[ToolCall] = ()) -> NoReturn:
         """The stream is refused at this event: cancel and close the turn, and raise ``exc`` saying so.
         ``released``: the calls this event completed, refused with it (none of them was taken)."""
-        # a repeated id: its first call is answered (:func:`_takeable` keeps the first of each id)
-        refused = () if exc.reason == "duplicate_call_id" else exc.call_ids
+        # a call toolfleet cannot answer (a computer_call) is left out by its id; a repeated id's
+        # first call is answered and a bad id is no call id (:func:`_takeable` sees to both; the
+        # error's ids are escaped, and could name a good call)
+        refused = exc.call_ids if exc.reason == "unanswerable_call" else ()
         self._abort(f"stream refused: {exc.reason}", refused=refused, released=released)
         raise BatchRejected(
             f"{exc} (at stream event {self.events_read}; calls taken before it keep running or "
@@ -156,8 +159,8 @@ class TurnStream:
         (``released``: those the refused event completed; then those still open) are taken as
         ``NOT_EXECUTED``, but for those the turn cannot take (``refused`` ids: a computer_call, a
         repeated id; an id that is missing or no call id; a second call of one id), and the
-        assistant message is rebuilt from the events so far, so ``turn.assistant_messages()``
-        still pairs with ``turn.messages()``."""
+        assistant message is rebuilt from the events so far with the calls taken only
+        (:func:`answered_only`), so ``turn.assistant_messages()`` still pairs with ``turn.messages()``."""
         if self.turn.closed or self._aborting:
             return
         self._aborting = True
@@ -173,7 +176,7 @@ class TurnStream:
                 log.warning("turn %s: the calls the stream had begun could not be answered NOT_EXECUTED",
                             self.turn.turn_id, exc_info=True)
             try:
-                self.turn.response = self.parser.response()
+                self.turn.response = answered_only(self.parser.response(), {c.id for c in self.turn.calls})
             except Exception:  # noqa: BLE001 - the events so far may not rebuild; the turn still ends
                 pass
         self.turn.close()
@@ -197,6 +200,41 @@ class TurnStream:
         except Exception as exc:  # noqa: BLE001 - the block's own exception goes on, not this one
             log.warning("turn %s: could not cancel it after %s (%s: %s); the dispatcher's exit hook or the turn's "
                         "lease ends it", self.turn.turn_id, reason, type(exc).__name__, exc)
+
+
+def answered_only(response: Any, taken: Collection[str]) -> Any:
+    """The rebuilt ``response`` (a Chat completion, an Anthropic message, a Responses response)
+    with only the calls its turn took (``taken`` ids; the first call of each id), so each call it
+    lists has its result: a call the turn refused (no usable id, a repeated id, a computer_call)
+    left in it would make the next request unpaired. Anything else is kept as it is."""
+    seen: set[str] = set()
+
+    def keep(call_id: Any) -> bool:
+        if not isinstance(call_id, str) or call_id not in taken or call_id in seen:
+            return False
+        seen.add(call_id)
+        return True
+
+    if not isinstance(response, dict):
+        return response
+    if isinstance(response.get("choices"), list):  # Chat
+        choices = []
+        for choice in response["choices"]:
+            message = choice.get("message") if isinstance(choice, dict) else None
+            if isinstance(message, dict) and isinstance(message.get("tool_calls"), list):
+                calls = [c for c in message["tool_calls"] if isinstance(c, dict) and keep(c.get("id"))]
+                rest = {k: v for k, v in message.items() if k != "tool_calls"}
+                choice = {**choice, "message": {**rest, "tool_calls": calls} if calls else rest}
+            choices.append(choice)
+        return {**response, "choices": choices}
+    if isinstance(response.get("output"), list):  # Responses
+        return {**response, "output": [i for i in response["output"] if not isinstance(i, dict)
+                                       or not (i.get("type") in OUTPUT_OF or is_client_call(i))
+                                       or keep(i.get("call_id"))]}
+    if isinstance(response.get("content"), list):  # Anthropic
+        return {**response, "content": [b for b in response["content"] if not isinstance(b, dict)
+                                        or b.get("type") != "tool_use" or keep(b.get("id"))]}
+    return response
 
 
 def _takeable(calls: Iterable[ToolCall], taken: Collection[str]) -> list[ToolCall]:
