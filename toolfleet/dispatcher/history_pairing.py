@@ -148,7 +148,9 @@ def responses(items: list[Any], repairs: list[Repair]) -> list[Any]:
             repairs.append(Repair("retyped_result", call_id, found[0],
                                   f"its result was a {result.get('type')} item; a {items[at_call]['type']} is "
                                   f"answered by a {wanted}, so it was written as one"))
-            result = {**result, "type": wanted}
+            # the fields of the type it becomes (a custom_tool_call_output has no status; an item id
+            # is of its own type's)
+            result = {k: v for k, v in result.items() if k in _OUTPUT_FIELDS[wanted]} | {"type": wanted}
             placed[at_call] = result
         elif found[0] < at_call:
             placed[at_call] = result
@@ -170,3 +172,5 @@ def responses(items: list[Any], repairs: list[Repair]) -> list[Any]:
 
 
 _FUNCTION = "function"  # the kind of function_call and custom_tool_call items and their outputs
+_OUTPUT_FIELDS = {"function_call_output": ("call_id", "output", "status"),
+                  "custom_tool_call_output": ("call_id", "output")}  # as input items (openai-python's types)
