@@ -75,6 +75,11 @@ CASES = {
                                               {"before", "a\\ud800", "open"}),
     "anthropic, an id repeated": ("anthropic_stream", _anthropic_duplicate(), {"toolu_a", "toolu_b"}),
     "responses, an id repeated": ("openai_responses_stream", _items_done_backwards(), {"a", "b", "s"}),
+    # the terminal response's second item of call id a was taken as the first again: it ran once
+    # and was dropped from the message, where the whole response is refused for the repeated id
+    "responses, an id repeated in the terminal response": (
+        "openai_responses_stream", _responses([_function_call("a", 0), _function_call("b", 1), _function_call("a", 2)]),
+        {"a", "b"}),
     "responses, a computer_call": ("openai_responses_stream", _responses([_function_call("a", 0), SHELL, COMPUTER]),
                                    {"a", "s"}),
 }

@@ -35,6 +35,7 @@ A ``function_call`` the output token limit cut off (its ``output_item.done`` wit
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from ...models import ToolCall
@@ -66,7 +67,8 @@ class OpenAIResponsesStreamParser:
         self._at: dict[Any, int] = {}  # output_index -> position in _items (the latest item there)
         self._keys: dict[str, int] = {}  # item id -> position
         self._answered: set[str] = set()  # call ids the stream's answer items carry (answered_ids, kept as it grows)
-        self._index: dict[tuple[str, Any, str], list[int]] | None = None  # _announced's look-up, while _end runs
+        self._index: dict[tuple[str, Any, str], deque[int]] | None = None  # _announced's look-up, while _end runs
+        self._matched: set[int] = set()  # positions a terminal response's item was found as (each once)
         self._events = -1
 
     def feed(self, event: Any) -> list[ToolCall]:
@@ -179,7 +181,7 @@ class OpenAIResponsesStreamParser:
         output = need_list(final.get("output"), at(where, "output"), "output")
         cut = set(responses_cut_calls(final))
         answered = answered_ids(output)
-        self._index = {}
+        self._index, self._matched = {}, set()
         for position, known in enumerate(self._items):
             self._remember(position, known)
         for n, item in enumerate(output):
@@ -193,6 +195,7 @@ class OpenAIResponsesStreamParser:
                 position = len(self._items)
                 self._items.append(dict(item))
                 self._remember(position, self._items[position])
+                self._matched.add(position)
                 if isinstance(item.get("id"), str) and item["id"]:
                     self._keys[item["id"]] = position
                 if item.get("type") == "function_call":
@@ -217,25 +220,32 @@ class OpenAIResponsesStreamParser:
         for field in ("call_id", "id"):
             value = known.get(field)
             if isinstance(value, str) and value and isinstance(kind_, str):
-                self._index.setdefault((kind_, field, value), []).append(position)
+                self._index.setdefault((kind_, field, value), deque()).append(position)
 
     def _announced(self, item: dict[str, Any]) -> int | None:
         """The position of the call item the stream already announced that ``item`` is (the same
-        non-empty ``call_id``; else the same item ``id``, unless both have call ids that differ), or None."""
+        non-empty ``call_id``, unless both have item ids that differ; else the same item ``id``,
+        unless both have call ids that differ), or None. Each position is found once: a second
+        item of one call id in the terminal response is another call (a repeated id, refused as
+        the whole response would be), not the first one again."""
         def text(value: Any) -> str:
             return value if isinstance(value, str) else ""
 
         assert self._index is not None
         kind_ = item.get("type")
-        for field in ("call_id", "id"):
+        for field, other in (("call_id", "id"), ("id", "call_id")):
             value = text(item.get(field))
             if not value or not isinstance(kind_, str):
                 continue
-            for position in self._index.get((kind_, field, value), ()):
+            found = self._index.get((kind_, field, value), deque())
+            while found and found[0] in self._matched:  # linear: each is passed over once
+                found.popleft()
+            for position in found:
                 known = self._items[position]
-                if field == "id" and text(known.get("call_id")) and text(item.get("call_id")) \
-                        and known["call_id"] != item["call_id"]:
-                    continue  # one item id on two calls: the call ids tell them apart
+                if position in self._matched or (text(known.get(other)) and text(item.get(other))
+                                                 and known[other] != item[other]):
+                    continue  # one id on two items: the other id tells them apart
+                self._matched.add(position)
                 return position
         return None
 
