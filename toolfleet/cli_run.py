@@ -249,8 +249,10 @@ def _warn_other_keys(dispatcher: Any, turn: Any) -> None:
     names = {c.name for c in turn.calls}
     workers = sorted({w for tool, ws in shared.items() if tool in names for w in ws})
     if workers:
-        err.print(f"warning: live worker(s) {', '.join(workers)} of namespace {dispatcher.settings.namespace!r} "
-                  "hold another fleet key and take from the queues of this turn's tools: each call they take is "
-                  "dropped unrun and sent again seconds later. Restart them with the fleet's key (a worker "
-                  "started by hand before `toolfleet down` and `up` holds the old one; docs/signing.md).",
-                  style="bold yellow", markup=False, soft_wrap=True)
+        from .worker.catalog import other_key_warning
+
+        err.print("warning: " + other_key_warning(
+            workers, dispatcher.settings.namespace, "They take from the queues of this turn's tools: each call "
+            "they take is sent again seconds later. Restart them with the fleet's key (a worker started by hand "
+            "before `toolfleet down` and `up` holds the old one; docs/signing.md)."),
+            style="bold yellow", markup=False, soft_wrap=True)

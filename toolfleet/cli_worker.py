@@ -123,7 +123,7 @@ def _warn_neighbours(settings: Any, hostname: str | None) -> None:
     (another fleet key: they share its queues), and whether one already has this node name."""
     import socket
 
-    from .worker.catalog import key_mismatch, live_catalog, signing_key_id
+    from .worker.catalog import key_mismatch, live_catalog, other_key_warning, signing_key_id
 
     try:
         entries = live_catalog(settings)
@@ -131,10 +131,10 @@ def _warn_neighbours(settings: Any, hostname: str | None) -> None:
         return
     others = key_mismatch(entries, signing_key_id(settings))
     if others:
-        err.print(f"warning: live worker(s) {', '.join(others)} of namespace {settings.namespace!r} hold another "
-                  "fleet key: each drops, unrun, the calls of the other that it takes from the shared queues. "
-                  "Give every worker and dispatcher of a namespace the same key (docs/signing.md), or this "
-                  "worker a namespace of its own (--namespace).", style="bold yellow", markup=False)
+        err.print("warning: " + other_key_warning(
+            others, settings.namespace, "Give every worker and dispatcher of a namespace the same key "
+            "(docs/signing.md), or this worker a namespace of its own (--namespace)."),
+            style="bold yellow", markup=False)
     name = (hostname or "").replace("%h", socket.gethostname())
     if name and any(e.get("worker") == name for e in entries):
         err.print(f"warning: a live worker named {name!r} already serves namespace {settings.namespace!r}: the "

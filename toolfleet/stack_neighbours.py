@@ -55,7 +55,10 @@ def _warn_other_keys(client: Any, keys: Keys, mine: dict[str, Any], namespace: s
         if isinstance(ids, list) and not ours & set(ids):
             others.append(name)
     if others:
-        console.print(f"[yellow]warning:[/] live worker(s) {', '.join(others)} of namespace {namespace!r} hold "
-                      "another fleet key: each drops, unrun, the calls of the other that it takes from the shared "
-                      "queues. Stop them (a worker started by hand before `toolfleet down` and `up` holds the old "
-                      "key: start it again), or give this stack a namespace of its own (--namespace).")
+        from rich.markup import escape
+
+        from .worker.catalog import other_key_warning
+
+        console.print("[yellow]warning:[/] " + escape(other_key_warning(
+            others, namespace, "Stop them (a worker started by hand before `toolfleet down` and `up` holds the old "
+            "key: start it again), or give this stack a namespace of its own (--namespace).")))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -85,6 +86,13 @@ def key_mismatch(entries: list[dict[str, Any]], key_id: str | None) -> list[str]
     they hold another fleet key. Workers that share a namespace share its queues, so each drops the
     other's calls it takes."""
     return sorted(str(e.get("worker")) for e in entries if isinstance(e, dict) and not accepts(e, key_id))
+
+
+def other_key_warning(workers: Iterable[str], namespace: str, remedy: str) -> str:
+    """The warning (one line, no markup) that live ``workers`` of ``namespace`` hold another fleet
+    key (:func:`key_mismatch`), ending with ``remedy``: what the one who reads it can do."""
+    return (f"live worker(s) {', '.join(workers)} of namespace {namespace!r} hold another fleet key: each drops, "
+            f"unrun, the calls of the other that it takes from the shared queues. {remedy}")
 
 
 def connect_catalog(app: Celery, runtime: Any) -> None:
