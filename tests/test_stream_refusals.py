@@ -100,3 +100,18 @@ def test_a_refused_stream_leaves_every_listed_call_answered(dispatcher, workspac
     history = turn.assistant_messages() + turn.messages(30)
     repaired = repair_history(history, format.removesuffix("_stream"))
     assert repaired.ok, repaired.repairs  # every call listed has its result, and no result is without its call
+
+
+def test_a_terminal_response_with_new_item_ids_names_the_same_calls():
+    """The other side of the repeated-id case: a gateway that writes new item ids in its terminal
+    response still names each streamed call once (its call id), so nothing is refused or run twice."""
+    from toolfleet.dispatcher.adapters import get_adapter
+
+    parser = get_adapter("openai_responses_stream").parser()
+    streamed = [_function_call("a", 0), _function_call("b", 1)]
+    events = [{"type": "response.output_item.done", "output_index": n, "item": item} for n, item in enumerate(streamed)]
+    events.append({"type": "response.completed", "response": {"id": "r", "output": [
+        {**item, "id": f"fc_new{n}"} for n, item in enumerate(streamed)]}})
+    taken = [call.id for event in events for call in parser.feed(event)] + [c.id for c in parser.finish()]
+    assert taken == ["a", "b"]
+    assert [item["call_id"] for item in parser.response()["output"]] == ["a", "b"]

@@ -224,16 +224,16 @@ class OpenAIResponsesStreamParser:
 
     def _announced(self, item: dict[str, Any]) -> int | None:
         """The position of the call item the stream already announced that ``item`` is (the same
-        non-empty ``call_id``, unless both have item ids that differ; else the same item ``id``,
-        unless both have call ids that differ), or None. Each position is found once: a second
-        item of one call id in the terminal response is another call (a repeated id, refused as
-        the whole response would be), not the first one again."""
+        non-empty ``call_id``, whatever its item id: a gateway may write new ones in its summary;
+        else the same item ``id``, unless both have call ids that differ), or None. Each position is
+        found once: a second item of one call id in the terminal response is another call (a
+        repeated id, refused as the whole response would be), not the first one again."""
         def text(value: Any) -> str:
             return value if isinstance(value, str) else ""
 
         assert self._index is not None
         kind_ = item.get("type")
-        for field, other in (("call_id", "id"), ("id", "call_id")):
+        for field, other in (("call_id", None), ("id", "call_id")):
             value = text(item.get(field))
             if not value or not isinstance(kind_, str):
                 continue
@@ -242,9 +242,9 @@ class OpenAIResponsesStreamParser:
                 found.popleft()
             for position in found:
                 known = self._items[position]
-                if position in self._matched or (text(known.get(other)) and text(item.get(other))
+                if position in self._matched or (other and text(known.get(other)) and text(item.get(other))
                                                  and known[other] != item[other]):
-                    continue  # one id on two items: the other id tells them apart
+                    continue  # one item id on two calls: the call ids tell them apart
                 self._matched.add(position)
                 return position
         return None
