@@ -229,7 +229,7 @@ def answered_only(response: Any, taken: Collection[str]) -> Any:
         return {**response, "choices": choices}
     if isinstance(response.get("output"), list):  # Responses
         return {**response, "output": [i for i in response["output"] if not isinstance(i, dict)
-                                       or not (i.get("type") in OUTPUT_OF or is_client_call(i))
+                                       or not (i.get("type") in tuple(OUTPUT_OF) or is_client_call(i))
                                        or keep(i.get("call_id"))]}
     if isinstance(response.get("content"), list):  # Anthropic
         return {**response, "content": [b for b in response["content"] if not isinstance(b, dict)
