@@ -13,11 +13,12 @@ def throughput_section(results: dict[str, Any]) -> str | None:
     if not rows:
         return None
     text = table(
-        ["system", "worker processes", "calls", "calls/s", "worker CPU ms/call", "client CPU ms/call",
+        ["system", "worker processes", "calls", "calls/s", "worker CPU ms/call", "of which main / pool",
+         "client CPU ms/call",
          "Redis CPU ms/call", "Redis commands/call", "of which client / script-inner (MONITOR sample)",
          "Celery broker commands/call"],
         [[r["system"], r["worker_processes"], r["calls"], f"{r['calls_per_s']:.0f}",
-          f"{r['worker_cpu_ms_per_call']:.2f}", f"{r['client_cpu_ms_per_call']:.2f}",
+          f"{r['worker_cpu_ms_per_call']:.2f}", _cpu_split(r), f"{r['client_cpu_ms_per_call']:.2f}",
           f"{r['redis_cpu_ms_per_call']:.3f}", f"{r['redis_commands_per_call']:.1f}", _split(r),
           f"{r['redis']['celery_broker_commands_per_call']:.1f}" if r.get("redis") else "n/a"] for r in rows],
     )
@@ -50,6 +51,7 @@ def throughput_section(results: dict[str, Any]) -> str | None:
                         f"and toolfleet {t['beyond_claim_ratio']:.3f} of it" for t in claimed)
             + " (medians of the rounds' ratios)."
         )
+    scaling += _cpu_gap(rows)
     return (
         f"No-op calls in batches of 16, {rows[0]['in_flight']} batches in flight (one client thread each), "
         "same Redis, same worker concurrency on both sides, run in "
@@ -63,6 +65,30 @@ def throughput_section(results: dict[str, Any]) -> str | None:
         + text + f"\n\ntoolfleet / raw Celery, median of the rounds' ratios: {ratios}; target >= "
         f"{TARGETS['throughput']:.2f}." + scaling + _top_commands(rows)
     )
+
+
+def _cpu_split(r: dict[str, Any]) -> str:
+    main, pool = r.get("worker_main_cpu_ms_per_call"), r.get("worker_pool_cpu_ms_per_call")
+    return "n/a" if main is None or pool is None else f"{main:.2f} / {pool:.2f}"
+
+
+def _cpu_gap(rows: list[dict[str, Any]]) -> str:
+    """Where toolfleet's worker CPU per call goes beyond the claim floor's (the fourth side), by process."""
+    floor = {r["worker_processes"]: r for r in rows if r["system"] == "raw_celery_toolfleet_settings_claim"}
+    parts = []
+    for r in rows:
+        f = floor.get(r["worker_processes"])
+        if r["system"] != "toolfleet" or f is None or r.get("worker_main_cpu_ms_per_call") is None \
+                or f.get("worker_main_cpu_ms_per_call") is None:
+            continue
+        parts.append(f"{r['worker_processes']} process(es): "
+                     f"{r['worker_cpu_ms_per_call'] - f['worker_cpu_ms_per_call']:+.2f} ms, of which main process "
+                     f"{r['worker_main_cpu_ms_per_call'] - f['worker_main_cpu_ms_per_call']:+.2f} ms and pool "
+                     f"{r['worker_pool_cpu_ms_per_call'] - f['worker_pool_cpu_ms_per_call']:+.2f} ms")
+    if not parts:
+        return ""
+    return ("\n\ntoolfleet's worker CPU per call beyond the claim floor's (the fourth side): " + "; ".join(parts)
+            + " (what each part holds: *Profiles and fixes*).")
 
 
 def _split(r: dict[str, Any]) -> str:

@@ -98,20 +98,29 @@ class WorkerProcess:
 
     def cpu_s(self) -> float:
         """CPU seconds (user + system) used so far by the worker and its live pool processes."""
+        return sum(self.cpu_split_s())
+
+    def cpu_split_s(self) -> tuple[float, float]:
+        """CPU seconds (user + system) used so far: ``(main, children)``, the worker's own process
+        (the consumer loop: broker, acknowledgements, events) and its live child processes (the
+        prefork pool, which runs the task bodies, and any helper processes). A child that exited
+        since the last reading is not counted."""
         import psutil  # the bench extra; imported here so the smoke test needs only the test extra
 
-        total = 0.0
+        main = children = 0.0
         try:
             root = psutil.Process(self.proc.pid)
-            for p in [root, *root.children(recursive=True)]:
+            t = root.cpu_times()
+            main = t.user + t.system
+            for p in root.children(recursive=True):
                 try:
                     t = p.cpu_times()
-                    total += t.user + t.system
+                    children += t.user + t.system
                 except psutil.NoSuchProcess:
                     pass
         except psutil.NoSuchProcess:
             pass
-        return total
+        return main, children
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -223,3 +223,28 @@ def test_the_overhead_rows_show_the_fenced_floor_e():
     summary = summary_section({"meta": {"cpu_count": 2}, "overhead": ov})
     assert "e/b **1.250**" in summary and "a/e 0.880" in summary and "c/e 11.0" in summary
     assert "(e) raw Celery with toolfleet's settings and a claim per call" in overhead_section({"overhead": ov})
+
+
+def test_the_throughput_section_splits_worker_cpu_into_main_and_pool():
+    """Section 3 gives each side's worker CPU per call as main process / pool, and toolfleet's CPU
+    beyond the claim floor's by process; a results file from before the split still renders."""
+    from bench.report_redis import throughput_section
+
+    def row(system: str, main_ms: float | None, pool_ms: float | None) -> dict:
+        r = {"system": system, "worker_processes": 1, "in_flight": 4, "rounds": 2, "calls": 320, "wall_s": 1.0,
+             "calls_per_s": 320.0, "segment_calls_per_s": [320.0, 320.0],
+             "worker_cpu_ms_per_call": (main_ms or 0.5) + (pool_ms or 0.5), "client_cpu_ms_per_call": 1.0,
+             "redis_cpu_ms_per_call": 0.3, "redis_commands_per_call": 19.0, "redis_monitor_sample": None}
+        if main_ms is not None:
+            r.update(worker_main_cpu_ms_per_call=main_ms, worker_pool_cpu_ms_per_call=pool_ms)
+        return r
+
+    split = {"meta": {"cpu_count": 2}, "throughput": [
+        row("toolfleet", 0.88, 0.69), row("raw_celery", 0.6, 0.4),
+        row("raw_celery_toolfleet_settings", 0.62, 0.42), row("raw_celery_toolfleet_settings_claim", 0.64, 0.46)]}
+    text = throughput_section(split)
+    assert "| of which main / pool |" in text and "| 0.88 / 0.69 |" in text
+    assert "1 process(es): +0.47 ms, of which main process +0.24 ms and pool +0.23 ms" in text
+    before = {"meta": {"cpu_count": 2}, "throughput": [row(r["system"], None, None) for r in split["throughput"]]}
+    text = throughput_section(before)
+    assert "| n/a |" in text and "beyond the claim floor's" not in text
