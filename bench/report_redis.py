@@ -51,7 +51,7 @@ def throughput_section(results: dict[str, Any]) -> str | None:
                         f"and toolfleet {t['beyond_claim_ratio']:.3f} of it" for t in claimed)
             + " (medians of the rounds' ratios)."
         )
-    scaling += _cpu_gap(rows)
+    scaling += _cpu_gap(claimed)
     return (
         f"No-op calls in batches of 16, {rows[0]['in_flight']} batches in flight (one client thread each), "
         "same Redis, same worker concurrency on both sides, run in "
@@ -72,19 +72,18 @@ def _cpu_split(r: dict[str, Any]) -> str:
     return "n/a" if main is None or pool is None else f"{main:.2f} / {pool:.2f}"
 
 
-def _cpu_gap(rows: list[dict[str, Any]]) -> str:
-    """Where toolfleet's worker CPU per call goes beyond the claim floor's (the fourth side), by process."""
-    floor = {r["worker_processes"]: r for r in rows if r["system"] == "raw_celery_toolfleet_settings_claim"}
+def _cpu_gap(claimed: list[dict[str, Any]]) -> str:
+    """Where toolfleet's worker CPU per call goes beyond the claim floor's (the fourth side), by
+    process; ``claimed``: the :func:`throughput_ratios` entries that have that side."""
+    key_main, key_pool = "worker_main_cpu_ms_per_call", "worker_pool_cpu_ms_per_call"
     parts = []
-    for r in rows:
-        f = floor.get(r["worker_processes"])
-        if r["system"] != "toolfleet" or f is None or r.get("worker_main_cpu_ms_per_call") is None \
-                or f.get("worker_main_cpu_ms_per_call") is None:
-            continue
-        parts.append(f"{r['worker_processes']} process(es): "
-                     f"{r['worker_cpu_ms_per_call'] - f['worker_cpu_ms_per_call']:+.2f} ms, of which main process "
-                     f"{r['worker_main_cpu_ms_per_call'] - f['worker_main_cpu_ms_per_call']:+.2f} ms and pool "
-                     f"{r['worker_pool_cpu_ms_per_call'] - f['worker_pool_cpu_ms_per_call']:+.2f} ms")
+    for t in claimed:
+        tf, fl = t["toolfleet"], t["claim"]
+        if key_main in tf and key_main in fl:  # results from before the split have neither
+            parts.append(f"{t['worker_processes']} process(es): "
+                         f"{tf['worker_cpu_ms_per_call'] - fl['worker_cpu_ms_per_call']:+.2f} ms, of which main "
+                         f"process {tf[key_main] - fl[key_main]:+.2f} ms and pool "
+                         f"{tf[key_pool] - fl[key_pool]:+.2f} ms")
     if not parts:
         return ""
     return ("\n\ntoolfleet's worker CPU per call beyond the claim floor's (the fourth side): " + "; ".join(parts)

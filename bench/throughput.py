@@ -72,8 +72,7 @@ class _Side:
         self.system, self.run_batch, self.worker, self.processes = system, run_batch, worker, processes
         self.calls = 0
         self.segment_rates: list[float] = []
-        self.totals = {"wall_s": 0.0, "worker_cpu_s": 0.0, "worker_main_cpu_s": 0.0, "worker_pool_cpu_s": 0.0,
-                       "client_cpu_s": 0.0}
+        self.totals = {"wall_s": 0.0, "worker_main_cpu_s": 0.0, "worker_pool_cpu_s": 0.0, "client_cpu_s": 0.0}
         self.redis: dict[str, Any] = {}
         self.split: dict[str, float] | None = None
 
@@ -86,10 +85,8 @@ class _Side:
         self.calls += batches * BATCH
         self.segment_rates.append(batches * BATCH / wall_s)
         self.totals["wall_s"] += wall_s
-        main_s, pool_s = after_worker[0] - before_worker[0], after_worker[1] - before_worker[1]
-        self.totals["worker_cpu_s"] += main_s + pool_s
-        self.totals["worker_main_cpu_s"] += main_s
-        self.totals["worker_pool_cpu_s"] += pool_s
+        self.totals["worker_main_cpu_s"] += after_worker[0] - before_worker[0]
+        self.totals["worker_pool_cpu_s"] += after_worker[1] - before_worker[1]
         self.totals["client_cpu_s"] += after_client - before_client
         self.redis = redis_stats.add(self.redis, redis_stats.delta(before_redis, after_redis))
 
@@ -117,7 +114,7 @@ class _Side:
             "wall_s": t["wall_s"],
             "calls_per_s": n / t["wall_s"],
             "segment_calls_per_s": self.segment_rates,
-            "worker_cpu_ms_per_call": t["worker_cpu_s"] / n * 1000,
+            "worker_cpu_ms_per_call": (t["worker_main_cpu_s"] + t["worker_pool_cpu_s"]) / n * 1000,
             "worker_main_cpu_ms_per_call": t["worker_main_cpu_s"] / n * 1000,
             "worker_pool_cpu_ms_per_call": t["worker_pool_cpu_s"] / n * 1000,
             "client_cpu_ms_per_call": t["client_cpu_s"] / n * 1000,
