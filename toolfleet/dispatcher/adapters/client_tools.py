@@ -262,19 +262,34 @@ def history_roles(items: Sequence[Any]) -> dict[int, tuple[str, str]]:
     """For :func:`~toolfleet.dispatcher.history.repair_history`: ``{position: ("call" | "result",
     call id)}`` of the client-executed built-in tool items of a Responses history and of their
     answers. Left out (kept where they are): the items of calls the server ran and their outputs,
-    and ``computer_call`` items and their outputs (no placeholder could stand in for a screenshot)."""
-    server = {i["call_id"] for i in items if isinstance(i, Mapping) and isinstance(i.get("call_id"), str)
-              and isinstance(i.get("type"), str) and i["type"] in CLIENT_CALLS and not is_client_call(i)}
+    and ``computer_call`` items and their outputs (no placeholder could stand in for a screenshot).
+
+    Call ids repeat across turns, so an answer is the server's by what stands before it, not by its
+    id alone: one marked ``execution: "server"``, or one whose latest call of its kind and id before
+    it is a call the server ran (or, with no call before it, whose kind and id have only such calls).
+    The client's answer to a client ``tool_search_call`` that reuses a server-run one's id is the
+    client's (it used to be kept as the server's, and a placeholder added beside it)."""
     skipped = {*UNANSWERABLE, *(CLIENT_CALLS[k] for k in UNANSWERABLE)}
+    call_of = {answer: call for call, answer in CLIENT_CALLS.items()}
+    runs: dict[tuple[str, str], set[bool]] = {}  # (call kind, id) -> who ran its calls (True: the client)
+    for item in items:
+        if isinstance(item, Mapping) and isinstance(item.get("type"), str) and item["type"] in CLIENT_CALLS:
+            runs.setdefault((item["type"], str(item.get("call_id") or "")), set()).add(is_client_call(item))
+    latest: dict[tuple[str, str], bool] = {}  # (call kind, id) -> its latest call so far is the client's
     out = {}
     for n, item in enumerate(items):
         kind_ = item.get("type") if isinstance(item, Mapping) else None
         if not isinstance(kind_, str) or kind_ in skipped:
             continue
-        if kind_ in CLIENT_CALLS and is_client_call(item):
-            out[n] = ("call", str(item.get("call_id") or ""))
-        elif kind_ in CLIENT_CALLS.values() and item.get("execution") != "server" and answer_id(item) not in server:
-            out[n] = ("result", answer_id(item))
+        if kind_ in CLIENT_CALLS:
+            call_id = str(item.get("call_id") or "")
+            latest[(kind_, call_id)] = client = is_client_call(item)
+            if client:
+                out[n] = ("call", call_id)
+        elif kind_ in call_of and item.get("execution") != "server":
+            key = (call_of[kind_], answer_id(item))
+            if latest.get(key, runs.get(key) != {False}):
+                out[n] = ("result", key[1])
     return out
 
 
