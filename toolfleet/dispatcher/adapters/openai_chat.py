@@ -10,6 +10,10 @@ one per call, after the assistant message that made the calls. ``choices[0]`` is
 A tool call of ``type: "custom"`` (``custom: {"name", "input"}``, a custom tool's free-form text) is
 a call too, answered by a ``role: tool`` message as any; toolfleet runs function tools only, so it
 gets ``UNKNOWN_TOOL`` (:mod:`.custom_calls`), and goes back as it came (no ``function`` added).
+
+A message whose only call is a ``function_call`` of the deprecated ``functions`` API (no id; its
+answer a ``role: "function"`` message) refuses the batch, reason ``missing_call_id``
+(:func:`.wire.refuse_legacy_function_call`), streamed or not; it used to read as no call.
 """
 
 from __future__ import annotations
@@ -20,7 +24,17 @@ from typing import Any
 from ...errors import BatchRejected
 from ...models import ToolCall, ToolResult
 from .base import as_dict, tool_descriptions
-from .wire import arguments_for_wire, at, call_arguments, for_wire, need_list, need_object, need_text, reject
+from .wire import (
+    arguments_for_wire,
+    at,
+    call_arguments,
+    for_wire,
+    need_list,
+    need_object,
+    need_text,
+    refuse_legacy_function_call,
+    reject,
+)
 
 
 class OpenAIChatAdapter:
@@ -43,6 +57,8 @@ class OpenAIChatAdapter:
                 arguments = call_arguments(function.get("arguments"))
             calls.append(ToolCall(id=need_text(raw.get("id"), at(here, "id"), "a call id"), name=name,
                                   arguments=arguments, index=index))
+        if not calls:
+            refuse_legacy_function_call(message.get("function_call"), at(where, "function_call"))
         return calls
 
     def custom_call_ids(self, payload: Any) -> set[str]:

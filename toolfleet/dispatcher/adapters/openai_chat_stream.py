@@ -47,7 +47,18 @@ from typing import Any
 from ...models import ToolCall
 from .base import CallAssembler, StreamFormat, as_dict, parses_as_object
 from .openai_chat import OpenAIChatAdapter, for_chat_wire
-from .wire import at, cut, join_surrogates, kind, need_index, need_list, need_object, need_text, short
+from .wire import (
+    at,
+    cut,
+    join_surrogates,
+    kind,
+    need_index,
+    need_list,
+    need_object,
+    need_text,
+    refuse_legacy_function_call,
+    short,
+)
 
 _DELTA_READ = frozenset({"role", "content", "refusal", "tool_calls"})
 _CALL_READ = frozenset({"index", "id", "type", "function", "custom"})
@@ -122,6 +133,8 @@ class OpenAIChatStreamParser:
             elif key not in _DELTA_READ and value is not None:
                 self._extra[key] = _merge(self._extra.get(key), value)
         fragments = need_list(delta.get("tool_calls"), at(where, "tool_calls"), "tool_calls")
+        if not fragments and not self.calls.slots():  # a call of the deprecated functions API: no id
+            refuse_legacy_function_call(delta.get("function_call"), at(where, "function_call"))
         for n, fragment in enumerate(fragments):
             here = at(at(where, "tool_calls"), n)
             self._fragment(need_object(fragment, here, "a tool call fragment"), here)

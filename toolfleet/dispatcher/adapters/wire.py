@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from ...errors import BatchRejected
@@ -42,6 +43,23 @@ def at(pointer: str, key: Any) -> str:
 def reject(pointer: str, message: str) -> BatchRejected:
     """The BatchRejected for a wrong value at ``pointer`` (``reason="unreadable_payload"``)."""
     return BatchRejected(f"{pointer or '/'}: {message}", reason="unreadable_payload", pointer=pointer or "/")
+
+
+def refuse_legacy_function_call(value: Any, pointer: str) -> None:
+    """Raise BatchRejected (reason ``missing_call_id``, ``pointer``) when ``value`` (a Chat
+    message's or delta's ``function_call``) is a call of the deprecated ``functions`` API: a
+    mapping with a name or arguments. Such a call has no id to pair its result with (its answer is
+    a ``role: "function"`` message keyed by name; OpenAI API reference, Chat Completions,
+    ``function_call`` "Deprecated and replaced by tool_calls"), so toolfleet does not run it; read
+    as no call at all, the caller would have been told the model asked for nothing. ``null`` and
+    ``{}`` (what SDK dumps and gateways write when there is none) pass."""
+    value = value.model_dump() if hasattr(value, "model_dump") else value
+    if isinstance(value, Mapping) and (value.get("name") or value.get("arguments")):
+        name = value.get("name") if isinstance(value.get("name"), str) else "?"
+        raise BatchRejected(
+            f"{pointer}: a function_call of the deprecated functions API ({cut(name, 60)!r}) has no call id, so "
+            "its result could not be paired; nothing ran. Declare the tools with `tools` (Dispatcher.tools()) so "
+            "the model answers with tool_calls", reason="missing_call_id", pointer=pointer)
 
 
 def need_object(value: Any, pointer: str, what: str, optional: bool = False) -> dict[str, Any]:
