@@ -32,6 +32,18 @@ answer (the parsers list such calls in ``cut_off`` and their reason in ``cut_why
 
 Arguments cut mid-JSON in any stream never complete and get ``INVALID_ARGUMENT`` from the stream's
 end (:class:`~toolfleet.dispatcher.streaming.TurnStream`).
+
+A response the provider's safety system stopped runs none of its calls: each gets
+``PERMISSION_DENIED`` (:func:`safety_stop_result`), whole or where a stream says so before the call
+completes (Chat ``finish_reason: "content_filter"`` completing the calls still open; a Responses
+terminal ``response.incomplete`` for ``content_filter``, for the calls still open; an Anthropic
+stream's ``stop_reason`` comes after its blocks ended, as for ``max_tokens``):
+
+- Anthropic Messages: ``stop_reason: "refusal"`` (its docs, "Handle streaming refusals": a
+  streaming classifier intervened; the conversation must be reset, nothing of that turn goes on);
+- OpenAI Chat Completions: ``finish_reason: "content_filter"`` (content omitted by a flag of the
+  content filters: a call may be partial, and the model's output was flagged);
+- OpenAI Responses: ``status: "incomplete"`` with ``incomplete_details.reason: "content_filter"``.
 """
 
 from __future__ import annotations
@@ -54,6 +66,9 @@ def cut_off_results(adapter_name: str, payload: Any, calls: Sequence[ToolCall]) 
     if not calls or not isinstance(data, dict):
         return {}
     names = {c.id: c.name for c in calls}
+    stopped = safety_stop(adapter_name, data)
+    if stopped is not None:
+        return {c.id: safety_stop_result(c, stopped) for c in calls}
     cut: list[tuple[str, str]] = []  # (call id, what said so)
     if adapter_name == "anthropic" and data.get("stop_reason") in ANTHROPIC_CUT:
         blocks = data.get("content")
@@ -70,8 +85,43 @@ def cut_off_results(adapter_name: str, payload: Any, calls: Sequence[ToolCall]) 
     return {call_id: cut_off_result(ToolCall(id=call_id, name=names[call_id]), why) for call_id, why in cut}
 
 
+def safety_stop(adapter_name: str, data: dict[str, Any]) -> str | None:
+    """What says the provider's safety system stopped ``data`` (a whole response of
+    ``adapter_name``'s format, plain data; module docstring), as a ``why`` for
+    :func:`cut_off_result`, or None."""
+    if adapter_name == "anthropic" and data.get("stop_reason") == "refusal":
+        return "stop_reason refusal"
+    if adapter_name == "openai_chat":
+        choices = data.get("choices")
+        first = as_dict(choices[0]) if isinstance(choices, list) and choices else None
+        if isinstance(first, dict) and first.get("finish_reason") == "content_filter":
+            return "finish_reason content_filter"
+    if adapter_name == "openai_responses" and data.get("status") == "incomplete":
+        details = as_dict(data.get("incomplete_details") or {})
+        if isinstance(details, dict) and details.get("reason") == "content_filter":
+            return "incomplete_details.reason content_filter"
+    return None
+
+
+SAFETY_STOPS = ("stop_reason refusal", "finish_reason content_filter", "incomplete_details.reason content_filter")
+"""The ``why`` of each safety stop (:func:`safety_stop`), which :func:`cut_off_result` answers as one."""
+
+
+def safety_stop_result(call: ToolCall, why: str) -> ToolResult:
+    """The ``PERMISSION_DENIED`` result of a call of a response the provider's safety system stopped."""
+    return ToolResult.failure(
+        call.id, call.name, ErrorCode.PERMISSION_DENIED,
+        f"the provider's safety system stopped the response that made this call ({why}); the call did not run",
+        "do not repeat it as it was: rephrase or remove the turn that was stopped (Anthropic asks to reset the "
+        "conversation after a refusal)",
+    )
+
+
 def cut_off_result(call: ToolCall, why: str) -> ToolResult:
-    """The ``INVALID_ARGUMENT`` result of a call the token limit cut off (``why``: what said so)."""
+    """The ``INVALID_ARGUMENT`` result of a call the token limit cut off (``why``: what said so), or
+    the ``PERMISSION_DENIED`` one of a safety stop (``why`` in :data:`SAFETY_STOPS`)."""
+    if why in SAFETY_STOPS:
+        return safety_stop_result(call, why)
     return ToolResult.failure(
         call.id, call.name, ErrorCode.INVALID_ARGUMENT,
         f"the response was cut off ({why}: the output token limit) while this call was being written; its "

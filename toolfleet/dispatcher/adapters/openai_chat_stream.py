@@ -117,9 +117,9 @@ class OpenAIChatStreamParser:
             if finish is not None:
                 self._finish = need_text(finish, at(here, "finish_reason"), "finish_reason") or self._finish
                 for slot in self.calls.open_slots():
-                    if finish == "length":  # the token limit ended the choice while this call was open
-                        self.cut_off.append(slot.id)
-                        self.cut_why[slot.id] = "finish_reason length"
+                    if finish in ("length", "content_filter"):  # the token limit, or the content filter
+                        self.cut_off.append(slot.id)  # (.cut_off), ended the choice while this call was open
+                        self.cut_why[slot.id] = f"finish_reason {finish}"
                     slot.done = True
         return self.calls.release()
 

@@ -42,7 +42,7 @@ from ...models import ToolCall
 from .base import CallAssembler, StreamFormat, as_dict
 from .client_tools import ClientCall, answered_ids, is_client_call, read_item, refuse_unanswerable
 from .client_tools import tool_name as client_tool_name
-from .cut_off import responses_cut_calls
+from .cut_off import RUNNABLE, responses_cut_calls, safety_stop
 from .namespaces import item_namespace
 from .openai_responses import OpenAIResponsesAdapter
 from .wire import at, cut, dumps, join_surrogates, need_index, need_list, need_object, need_text, reject, short
@@ -56,6 +56,7 @@ class OpenAIResponsesStreamParser:
         self.calls = CallAssembler()
         self.cut_off: list[str] = []
         self.cut_why: dict[str, str] = {}  # call id -> what cut it off at the token limit (.cut_off)
+        self._stopped: str | None = None  # what said the safety system stopped the response (.cut_off)
         self.custom: set[str] = set()  # call ids of custom_tool_call items
         self.client: dict[str, ClientCall] = {}  # call id -> its built-in tool item, read when whole (.client_tools)
         self._builtin: set[str] = set()  # call ids of built-in tool items the client executes, from their start
@@ -180,6 +181,9 @@ class OpenAIResponsesStreamParser:
         its calls the stream never announced are taken whole, in output order."""
         output = need_list(final.get("output"), at(where, "output"), "output")
         cut = set(responses_cut_calls(final))
+        self._stopped = safety_stop("openai_responses", final)  # every call still open: a safety stop
+        if self._stopped is not None:
+            cut |= {i.get("call_id") for i in map(as_dict, output) if isinstance(i, dict) and i.get("type") in RUNNABLE}
         answered = answered_ids(output)
         self._index, self._matched = {}, set()
         for position, known in enumerate(self._items):
@@ -257,7 +261,7 @@ class OpenAIResponsesStreamParser:
     def _cut(self, call_id: str, why: str) -> None:
         if call_id not in self.cut_off:
             self.cut_off.append(call_id)
-            self.cut_why[call_id] = why
+            self.cut_why[call_id] = self._stopped or why
 
     def _key(self, data: dict[str, Any], where: str) -> Any:
         """The position of the item an argument event is for: its ``item_id`` first, else its
