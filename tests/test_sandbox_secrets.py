@@ -157,3 +157,17 @@ def test_a_workspace_the_host_shares_is_refused(shared):
     with pytest.raises(sandbox.ToolFailure) as refused:
         sandbox.SandboxState(sandbox.SandboxConfig()).command(["true"], Path(shared))
     assert refused.value.code == "PERMISSION_DENIED" and "/tmp" in str(refused.value)
+
+
+@pytest.mark.parametrize("url_setting", ["redis_url", "ledger_url", "broker_url"])
+def test_a_tls_key_named_in_a_url_is_covered_as_the_key_file_setting_is(place, url_setting):
+    """``rediss://...?ssl_keyfile=PATH`` configures a client alone (toolfleet/redis_tls.py): that
+    key is the worker's secret too (a breaker's find: only ``redis_key_file`` was covered)."""
+    key = _secret(place / "tls" / "client.key")
+    workspace = place / "ws"
+    workspace.mkdir()
+    url = f"rediss://redis.internal:6380/0?ssl_cert_reqs=required&ssl_keyfile={key}"
+    config = sandbox.SandboxConfig.from_settings(Settings(**{url_setting: url}), {})
+    assert str(key) in config.hidden
+    done = _run(config, workspace, f"cat {key} 2>&1; echo end")
+    assert KEY not in done.stdout and done.stdout.endswith("end\n"), done.stdout

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import threading
@@ -78,6 +77,7 @@ def run_command(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             pass_fds=() if info_w is None else (info_w,),
+            preexec_fn=None if box.unsandboxed else sandbox.own_keyring,
         )
     finally:
         if info_w is not None:
@@ -336,8 +336,10 @@ def _bounded(argv: list[str], ctx: ToolContext, box: sandbox.SandboxState) -> li
     Outside, not in the sandbox: inside, ``timeout`` was the command shell's parent, in its PID
     namespace and of its user, so ``kill -STOP $PPID`` switched the deadline off (a breaker's trial:
     a frozen worker's command wrote after the next turn's write again); and it sat in the process
-    group a stop's TERM goes to, so it sent the command a second TERM. Unsandboxed: unchanged."""
+    group a stop's TERM goes to, so it sent the command a second TERM. Unsandboxed: unchanged.
+    ``timeout`` is found in root's directories first (:func:`.sandbox.deadline_binary`), never in a
+    directory a sandbox could have written."""
     if box.unsandboxed:
         return argv
-    return [shutil.which("timeout") or "timeout", "-s", "KILL",
+    return [sandbox.deadline_binary(), "-s", "KILL",
             f"{max(ctx.remaining_s, 0.0) + SELF_KILL_AFTER_S:.3f}", *argv]

@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 from ..errors import ToolFailure
 
@@ -89,14 +90,15 @@ def secret_paths(settings: Any, environ: Mapping[str, str]) -> tuple[str, ...]:
     """Where this worker's secrets lie on its disk, as absolute paths (symbolic links are resolved
     by :func:`bwrap_argv` at each command, so a secret rotated by re-pointing a link, as Kubernetes
     does with secret volumes, stays covered): the files :data:`SECRET_FILE_VARIABLES` and
-    ``settings.redis_key_file`` name, toolfleet's home (``$TOOLFLEET_HOME``, default
+    ``settings.redis_key_file`` name, the ``ssl_keyfile`` of each of its URLs (a ``rediss://``
+    URL configures its client alone: :mod:`toolfleet.redis_tls`), toolfleet's home (``$TOOLFLEET_HOME``, default
     ``~/.toolfleet``: the local stack's fleet key and state, with the Redis URL) and the secrets
     directories of Docker and Kubernetes (:data:`SECRET_DIRECTORIES`). A sandboxed command sees
     none of them; the file tools are confined to the workspace, and a secret the operator put in
     a workspace, or other copies of one (a hard link elsewhere), are the operator's to keep out of
     reach."""
     named = [environ.get(name) for name in SECRET_FILE_VARIABLES]
-    named += [getattr(settings, "redis_key_file", None), *SECRET_DIRECTORIES,
+    named += [*url_key_files(settings), getattr(settings, "redis_key_file", None), *SECRET_DIRECTORIES,
               environ.get("TOOLFLEET_HOME") or os.path.join(os.path.expanduser("~"), ".toolfleet")]
     out: list[str] = []
     for path in named:
@@ -105,6 +107,20 @@ def secret_paths(settings: Any, environ: Mapping[str, str]) -> tuple[str, ...]:
             if absolute != "/" and absolute not in out:
                 out.append(absolute)
     return tuple(out)
+
+
+def url_key_files(settings: Any) -> list[str]:
+    """The ``ssl_keyfile`` (a TLS client's private key, PEM path) named in the query of
+    ``settings``' Redis, broker and ledger URLs (:mod:`toolfleet.redis_tls`), in that order."""
+    out = []
+    for name in ("redis_url", "broker_url", "ledger_url"):
+        url = getattr(settings, name, None)
+        try:
+            query = parse_qsl(urlsplit(url).query) if isinstance(url, str) else []
+        except ValueError:
+            continue
+        out += [value for key, value in query if key == "ssl_keyfile" and value]
+    return out
 
 
 def _hide(paths: Sequence[str], root: str) -> tuple[list[str], list[str]]:
@@ -231,7 +247,7 @@ def probe(config: SandboxConfig) -> str | None:
         return None
     if config.mode != "bwrap":
         return f'unknown sandbox mode {config.mode!r} (use "bwrap" or "none")'
-    binary = shutil.which(config.bwrap)
+    binary = host_binary(config.bwrap)
     if binary is None:
         return f"the bubblewrap binary {config.bwrap!r} was not found (apt-get install bubblewrap)"
     with tempfile.TemporaryDirectory(prefix="toolfleet-probe-") as workspace:
@@ -252,10 +268,59 @@ def probe(config: SandboxConfig) -> str | None:
 _state: SandboxState | None = None
 
 
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+"""Where the binaries that run *outside* the sandbox for a call (bubblewrap, the deadline's
+``timeout``) are looked up first: root's directories, which no sandbox can write (the host's file
+system is read-only in it). A worker's ``PATH`` may hold a directory a sandbox writes (a workspace's
+``.venv/bin`` when the worker runs from the project the agent edits): a ``timeout`` planted there ran
+as the worker, outside the sandbox (a breaker's find)."""
+
+
+def host_binary(name: str) -> str | None:
+    """The absolute path of the binary ``name`` (a path: itself, if it is executable), found on
+    :data:`SYSTEM_PATH` first, then on this process's ``PATH``; ``None`` if neither has it."""
+    if os.sep in name:
+        return shutil.which(name)
+    return shutil.which(name, path=SYSTEM_PATH) or shutil.which(name)
+
+
+def deadline_binary() -> str:
+    """The coreutils ``timeout`` that bounds each sandboxed command from outside (:func:`host_binary`,
+    resolved once per process; ``/usr/bin/timeout`` when none is found, which then fails plainly)."""
+    global _timeout
+    if _timeout is None:
+        _timeout = host_binary("timeout") or "/usr/bin/timeout"
+    return _timeout
+
+
+_timeout: str | None = None
+
+
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+
+
+def own_keyring() -> None:
+    """``preexec_fn`` of a sandbox's start: the child joins a new, empty anonymous session keyring
+    (``keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)``, keyrings(7)) before it execs, so the sandbox
+    and all it starts neither read nor write the worker's session keyring, which no namespace of
+    bubblewrap's separates: a command's key in ``@s`` outlived its call and was read by another
+    tenant's later call, and a key the worker's session held (Kerberos ``KEYRING:`` caches) was
+    readable in the sandbox (a breaker's find, with the worker in a session keyring of its own, as
+    runc and systemd's ``KeyringMode=private`` start services). A kernel or seccomp profile that
+    refuses ``keyctl`` refuses it in the sandbox too: then there is nothing to separate."""
+    if _SYS_KEYCTL is not None:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).syscall(_SYS_KEYCTL, _KEYCTL_JOIN_SESSION_KEYRING, None)
+
+
 def configure(config: SandboxConfig) -> SandboxState:
     """Probe ``config`` and make it this process's sandbox (inherited by forked pool processes). The
-    bubblewrap binary is resolved on ``PATH`` here, once, so every command runs the one probed."""
-    found = shutil.which(config.bwrap) if config.mode == "bwrap" else None
+    bubblewrap binary is resolved here, once (:func:`host_binary`), so every command runs the one
+    probed; so is the deadline's ``timeout`` (:func:`deadline_binary`)."""
+    deadline_binary()
+    found = host_binary(config.bwrap) if config.mode == "bwrap" else None
     if found:
         config = replace(config, bwrap=found)
     return install(SandboxState(config, probe(config)))

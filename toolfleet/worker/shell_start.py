@@ -38,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..tools.sandbox import own_keyring
 from .sandbox_lease import LeaseFile
 
 SHELL_PATH = "/dev/.toolfleet-shell"  # on the sandbox's own /dev (a tmpfs of bwrap's), never the host's
@@ -84,7 +85,8 @@ def popen(box: Any, workspace: Path, spawn: Callable[[Callable[[], Any]], Any], 
         fds = tuple(fd for fd in (info_w, bash_fd) if fd is not None)
         return spawn(lambda: subprocess.Popen(
             argv, cwd=workspace, env=env, stdin=stdin.fileno(), stdout=stdout.fileno(),
-            stderr=stdout.fileno(), start_new_session=True, pass_fds=fds))
+            stderr=stdout.fileno(), start_new_session=True, pass_fds=fds,
+            preexec_fn=None if box.unsandboxed else own_keyring))
     finally:
         if bash_fd is not None:
             os.close(bash_fd)
