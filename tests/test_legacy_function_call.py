@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
 
 from toolfleet.dispatcher.adapters import get_adapter
 from toolfleet.errors import BatchRejected

@@ -61,7 +61,8 @@ def test_a_timeout_planted_on_the_workers_path_never_runs_outside_the_sandbox(
 KEYS = '''
 import ctypes, sys
 libc = ctypes.CDLL(None, use_errno=True)
-SYS_add_key, SYS_keyctl, SESSION = {"x86_64": (248, 250), "aarch64": (217, 219)}[__import__("os").uname().machine] + (-3,)
+SYS_add_key, SYS_keyctl = {"x86_64": (248, 250), "aarch64": (217, 219)}[__import__("os").uname().machine]
+SESSION = -3
 if sys.argv[1] == "add":
     data = sys.argv[2].encode()
     print("added" if libc.syscall(SYS_add_key, b"user", b"tf-note", data, len(data), ctypes.c_int(SESSION)) > 0
