@@ -11,6 +11,8 @@ before the caller is told ``WORKER_LOST`` (``toolfleet/worker/reaper.py``)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
 
@@ -18,9 +20,9 @@ import pytest
 
 from toolfleet import ErrorCode
 
-from .faults import call, freeze, thaw, wait_started, wait_until
+from .faults import call, freeze, kill_pid, thaw, wait_started, wait_until
 from .fencing_trials import fencing_settings
-from .leftovers import processes_with
+from .leftovers import processes_with, wait_gone
 
 
 @pytest.fixture
@@ -90,3 +92,37 @@ def test_a_frozen_workers_command_is_gone_when_its_caller_is_told_worker_lost(di
     assert first.code in (ErrorCode.WORKER_LOST, ErrorCode.OUTCOME_UNKNOWN), first.content
     assert not left, f"{first.code.value} answered while the frozen worker's command still ran: {left}"
     assert not (workspace / "late.txt").exists(), "the frozen worker's command wrote after its caller's answer"
+
+
+@pytest.mark.parametrize("how", ["killed", "frozen-then-cancelled"])
+def test_a_dead_pool_processs_command_is_gone_when_its_caller_has_the_answer(dispatcher, start_worker, workspace,
+                                                                              how):
+    """Only the pool process dies (SIGKILL; or is frozen, then the cancel's revoke kills it) while
+    its command runs; the worker's main process lives, so its liveness lease holds and the reaper
+    has nothing to do. The caller is answered within a fraction of a second (``OUTCOME_UNKNOWN``);
+    the command (``timeout`` → ``bwrap`` → ``bash``, 60 s time limit) ran on and wrote 4 s in,
+    after the answer (a breaker's find). Now what the pool process starts dies with it
+    (``PR_SET_PDEATHSIG``: tools/sandbox.py ``sandbox_child``)."""
+    start_worker(concurrency=1)
+    tag = f"4.{uuid.uuid4().int % 10**9:09d}"
+    command = f"touch running; sleep {tag}; echo late >> late.txt"
+    turn = dispatcher.submit([call("w", "run_command", command=command, timeout_s=60)], workspace=str(workspace))
+    pool_pid = wait_started(dispatcher, turn.turn_id, "w")["pid"]
+    wait_until((workspace / "running").exists, 10, "the command running")
+    hit_at = time.monotonic()
+    if how == "killed":
+        kill_pid(pool_pid)
+    else:
+        os.kill(pool_pid, signal.SIGSTOP)
+        turn.cancel()
+    try:
+        [first] = turn.results(timeout_s=30)
+        answered_s = time.monotonic() - hit_at
+        left = wait_gone(tag, timeout_s=1.0)  # a SIGKILLed process shows in /proc a moment while it exits
+        time.sleep(max(hit_at + 5.0 - time.monotonic(), 0.0))  # past the command's 4 s: would it write?
+    finally:
+        kill_pid(pool_pid)  # a frozen one too: Celery starts another
+    print(f"\n{first.code.value} {answered_s:.2f} s after the pool process was {how}; left: {left}")
+    assert not first.ok, first
+    assert not left, f"{first.code.value} answered while the dead pool process's command still ran: {left}"
+    assert not (workspace / "late.txt").exists(), "the command wrote after its caller's answer"

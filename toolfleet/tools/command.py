@@ -11,6 +11,7 @@ output's first line says so.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -77,7 +78,7 @@ def run_command(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             pass_fds=() if info_w is None else (info_w,),
-            preexec_fn=None if box.unsandboxed else sandbox.own_keyring,
+            preexec_fn=None if box.unsandboxed else functools.partial(sandbox.sandbox_child, os.getpid()),
         )
     finally:
         if info_w is not None:

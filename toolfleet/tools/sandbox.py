@@ -300,6 +300,24 @@ _SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
 _KEYCTL_JOIN_SESSION_KEYRING = 1
 
 
+def sandbox_child(parent: int) -> None:
+    """``preexec_fn`` of a sandbox's start from the process ``parent`` (``functools.partial(
+    sandbox_child, os.getpid())``): :func:`own_keyring`, and ``PR_SET_PDEATHSIG`` (SIGKILL), so
+    what the pool process starts (the deadline's ``timeout``, which runs ``bwrap --die-with-parent``)
+    dies with it: a pool process killed mid-call (its answer ``OUTCOME_UNKNOWN`` a fraction of a
+    second later, the worker's main process alive, so the reaper's lease holds) no longer leaves
+    the command running to its time limit, writing after its caller's answer (a breaker's find).
+    A frozen pool process is not dead: the deadline and the reaper bound that case. Exits at once
+    if ``parent`` died before the death signal was set."""
+    import ctypes
+    import signal
+
+    own_keyring()
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def own_keyring() -> None:
     """``preexec_fn`` of a sandbox's start: the child joins a new, empty anonymous session keyring
     (``keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)``, keyrings(7)) before it execs, so the sandbox

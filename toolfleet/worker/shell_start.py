@@ -27,6 +27,7 @@ reads as commands: by the kernel, not by parsing what the command's processes wr
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import shutil
@@ -38,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..tools.sandbox import own_keyring
+from ..tools.sandbox import sandbox_child
 from .sandbox_lease import LeaseFile
 
 SHELL_PATH = "/dev/.toolfleet-shell"  # on the sandbox's own /dev (a tmpfs of bwrap's), never the host's
@@ -86,7 +87,7 @@ def popen(box: Any, workspace: Path, spawn: Callable[[Callable[[], Any]], Any], 
         return spawn(lambda: subprocess.Popen(
             argv, cwd=workspace, env=env, stdin=stdin.fileno(), stdout=stdout.fileno(),
             stderr=stdout.fileno(), start_new_session=True, pass_fds=fds,
-            preexec_fn=None if box.unsandboxed else own_keyring))
+            preexec_fn=None if box.unsandboxed else functools.partial(sandbox_child, os.getpid())))
     finally:
         if bash_fd is not None:
             os.close(bash_fd)
