@@ -34,7 +34,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ToolfleetError
+from ..errors import ToolfleetError, TurnNotFound
 from ..ledger import Ledger
 from ..models import ErrorCode, ToolCall, ToolResult
 from ..observe.turns import observe_turn
@@ -55,6 +55,9 @@ if TYPE_CHECKING:
     from .guard import Guard
 
 log = logging.getLogger(__name__)
+GIVE_UP_CANCEL_WAIT_S = 0.5
+"""How long a give-up (``results(timeout_s)`` past its bound) waits for its cancel to reach Redis
+before it raises; a cancel not confirmed by then is sent on by the turn's driver (s)."""
 
 
 class Turn(TurnIntake, TurnApprovals, TurnDriver):
@@ -112,6 +115,7 @@ class Turn(TurnIntake, TurnApprovals, TurnDriver):
         self._closed = False
         self._done = threading.Event()
         self._cancelled_at: float | None = None
+        self._cancel_pending: str | None = None  # a cancel's reason until Redis took it (the driver sends it on)
         self._error: ToolfleetError | None = None
         self._guard = guard
         self._held: dict[str, PendingCall] = {}  # waiting for a person
@@ -205,11 +209,35 @@ class Turn(TurnIntake, TurnApprovals, TurnDriver):
         note = f"; {len(waiting)} call(s) wait for approval: {', '.join(waiting)}" if waiting else ""
         if cancel and not self._done.is_set():
             note += "; the turn was cancelled (calls not started will not run)"
-            try:
-                self.cancel(f"the caller gave up after {timeout_s} s")
-            except ToolfleetError as exc:  # Redis gone: the turn's lease lapses by itself
-                note += f" as far as Redis answered ({exc})"
+            problem = self._cancel_within(f"the caller gave up after {timeout_s} s", GIVE_UP_CANCEL_WAIT_S)
+            if problem:
+                note += f"; {problem}"
         raise TimeoutError(f"turn {self.turn_id} not finished after {timeout_s} s{note}")
+
+    def _cancel_within(self, reason: str, wait_s: float) -> str | None:
+        """:meth:`cancel` on a thread of its own, waited for ``wait_s`` at most, so a give-up keeps
+        its bound when Redis is slow or paused (the cancel's reply waited for the socket's time-out,
+        5 s, at each give-up). None once Redis took it, else what to tell the caller: the turn's
+        driver sends a cancel Redis did not take until it does (:meth:`send_pending_cancel`), so it
+        is not lost when Redis comes back (a breaker's find: the queued call ran after the caller
+        was told the turn was cancelled)."""
+        self._mark_cancelled(reason)
+        failed: list[Exception] = []
+
+        def send() -> None:
+            try:
+                self.cancel(reason)
+            except Exception as exc:  # noqa: BLE001 - told to the caller; the driver sends it on
+                failed.append(exc)
+
+        sender = threading.Thread(target=send, name=f"toolfleet-cancel-{self.turn_id}", daemon=True)
+        sender.start()
+        sender.join(wait_s)
+        if sender.is_alive():
+            return f"Redis has not confirmed the cancel within {wait_s} s: it is sent until Redis answers"
+        if failed:
+            return f"Redis did not take the cancel ({failed[0]}): it is sent again until Redis answers"
+        return None
 
     def as_completed(self, timeout_s: float | None = None, *, cancel_on_timeout: bool = True
                      ) -> Iterator[ToolResult]:
@@ -256,15 +284,35 @@ class Turn(TurnIntake, TurnApprovals, TurnDriver):
         """Cancel the turn: calls not started never start (``NOT_EXECUTED``, also calls added
         later), running calls are stopped (``CANCELLED``), finished calls keep their results.
         Returns at once; results are final within ``cancel_grace_s`` (+ a little) afterwards."""
+        self._mark_cancelled(reason)
+        if self._obs is not None:
+            self._obs.cancel(reason)
+        self.send_pending_cancel()
+
+    def _mark_cancelled(self, reason: str) -> None:
         with self._lock:
             if self._cancelled_at is None:
                 self._cancelled_at = time.monotonic()
+            if not self._done.is_set():
+                self._cancel_pending = reason
+
+    def send_pending_cancel(self) -> None:
+        """Write the cancel Redis has not taken yet (if any) to the ledger and revoke the messages
+        of the calls not seen starting; raises what Redis raises (the cancel stays pending: the
+        driver calls this at each tick). Idempotent: a cancel sent twice is taken once."""
+        with self._lock:
+            reason = self._cancel_pending
             waiting = [t for c, t in self._submitted.items() if c not in self._started and c not in self._finished]
-        if self._obs is not None:
-            self._obs.cancel(reason)
-        if not self._done.is_set():
+        if reason is None or self._done.is_set():
+            return
+        try:
             self._ledger.cancel(self.turn_id, reason)
-            self._submitter.revoke(waiting)
+        except TurnNotFound:  # its keys are gone (expired): nothing of it can run
+            pass
+        self._submitter.revoke(waiting)
+        with self._lock:
+            if self._cancel_pending == reason:
+                self._cancel_pending = None
 
     def join_driver(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` seconds for the driver thread to end (after the turn is done
