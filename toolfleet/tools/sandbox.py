@@ -31,8 +31,10 @@ process that skipped start-up is never unsandboxed by omission).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -298,6 +300,8 @@ _timeout: str | None = None
 
 _SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
 _KEYCTL_JOIN_SESSION_KEYRING = 1
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: a child only calls into it
 
 
 def sandbox_child(parent: int) -> None:
@@ -309,11 +313,8 @@ def sandbox_child(parent: int) -> None:
     the command running to its time limit, writing after its caller's answer (a breaker's find).
     A frozen pool process is not dead: the deadline and the reaper bound that case. Exits at once
     if ``parent`` died before the death signal was set."""
-    import ctypes
-    import signal
-
     own_keyring()
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    _libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
     if os.getppid() != parent:
         os._exit(1)
 
@@ -328,9 +329,7 @@ def own_keyring() -> None:
     runc and systemd's ``KeyringMode=private`` start services). A kernel or seccomp profile that
     refuses ``keyctl`` refuses it in the sandbox too: then there is nothing to separate."""
     if _SYS_KEYCTL is not None:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).syscall(_SYS_KEYCTL, _KEYCTL_JOIN_SESSION_KEYRING, None)
+        _libc.syscall(_SYS_KEYCTL, _KEYCTL_JOIN_SESSION_KEYRING, None)
 
 
 def configure(config: SandboxConfig) -> SandboxState:
