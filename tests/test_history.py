@@ -155,7 +155,7 @@ def _sound_history(fmt: str, turns: list[list[str]], order: list[int]) -> list:
     for n, ids in enumerate(turns):
         history.append({"role": "user", "content": f"turn {n}"})
         answered = sorted(ids, key=lambda i: order[ids.index(i) % len(order)])
-        if fmt == "openai_chat":  # (repair puts a turn's results in call order: a change it does not report)
+        if fmt == "openai_chat":  # (results in another order are kept too: test_history_turns.py)
             history.append({"role": "assistant", "content": None, "tool_calls": [chat_call(i) for i in ids]})
             history += [tool_msg(i, f"{n}:{i}") for i in ids]
         elif fmt == "anthropic":

@@ -13,10 +13,15 @@ immediately after"). A run that was interrupted, or a history edited by hand, le
   which is inserted when there is none);
 - ``duplicate_result``: a further result for one call is dropped (the one kept: Responses, the one
   right after the call, else the first; Chat and Anthropic, the first);
-- ``orphan_result``: a result whose call id no call has is dropped;
+- ``orphan_result``: a result whose call id no call has is dropped (Responses: not in an input whose
+  calls are on the server, see :func:`repair_history`);
 - ``moved_result``: a result not where the provider wants it (Chat: not in the tool messages right
   after its assistant message; Anthropic: not in the user message right after; Responses: before
   its call) is moved there;
+- ``reordered_results`` (Chat, Anthropic): results right after an assistant message that a repair
+  among them rewrites are put in the order of its calls (all in place and complete, they keep their
+  order: the APIs take any); Anthropic: put first in the user message, which the API requires
+  ("tool_result blocks must come first");
 - ``retyped_result`` (Responses): a ``function_call`` answered by a ``custom_tool_call_output``, or
   the other way round, gets its answer as the type its call needs (the API pairs a call with an
   output of its own kind only); a built-in tool's answer pairs only with a call of its kind;
@@ -24,16 +29,23 @@ immediately after"). A run that was interrupted, or a history edited by hand, le
   refuses one: "text content blocks must be non-empty");
 - ``arguments_normalized`` (Chat, Responses): a call's ``arguments`` that are not a JSON string
   (``null``, an object) are written as one (``null`` as ``"{}"``), as the APIs require;
+- ``empty_tool_calls_removed`` (Chat): an empty ``tool_calls`` list is dropped (OpenAI refuses one:
+  "Invalid 'messages[1].tool_calls': empty array");
 - ``empty_message_removed``: a message left with no content by the above is removed.
 
-The input is never changed; messages may be plain dicts or SDK objects. A history whose shape cannot
+Call ids may repeat across turns (servers and gateways that number calls per response, ``call_0``
+in every turn): a result answers a call of its id in the latest turn before it that has one, never
+an earlier turn's, so each turn's results stay with its own calls (:class:`~.history_pairing.Pairing`). A Chat call of
+``type: "custom"`` (``custom: {"name", "input"}``) is left as it is (it has no ``arguments``).
+
+The input is never changed; messages may be plain dicts or SDK objects, or dicts holding SDK
+objects (the tool calls or content blocks of a response). A history whose shape cannot
 be read (a message that is not an object, ``tool_calls`` that are not a list of objects, an id that
 is not a string) raises :class:`~toolfleet.errors.BatchRejected` with the JSON pointer of the field.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +56,7 @@ from .adapters.anthropic import result_block
 from .adapters.client_tools import CLIENT_CALLS
 from .adapters.openai_responses import OUTPUT_OF
 from .adapters.wire import arguments_for_wire, need_list, need_object, need_text
-from .history_pairing import Repair, Results, placeholder, responses
+from .history_pairing import Pairing, Repair, placeholder, responses
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,13 @@ def repair_history(history: Sequence[Any], format: str | None = None) -> Repaire
     ``format`` is ``openai_chat``, ``openai_responses`` or ``anthropic`` (stream names and short
     names work too), or None to tell it from the history. Raises
     :class:`~toolfleet.errors.BatchRejected` for an unknown format or a history that is not a list.
+
+    Responses: the input of a request with ``previous_response_id`` holds the outputs of calls
+    that live on the server, not in the input. So when the input holds no call item at all
+    (``function_call``, ``custom_tool_call``, a built-in tool call the client runs), or holds an
+    ``item_reference`` item, an output whose call is not in it is kept where it is, unreported;
+    in an input that holds its calls, such an output is an ``orphan_result`` and dropped.
+    ``repaired.ok`` means ``repaired.messages == history`` (as dicts): every change is reported.
     """
     try:
         items = as_dict(list(history)) if not isinstance(history, (str, bytes, dict)) else None
@@ -75,7 +94,7 @@ def repair_history(history: Sequence[Any], format: str | None = None) -> Repaire
     if items is None or (format is not None and not isinstance(format, str)):
         raise BatchRejected("a history is a list of messages or items", reason="unreadable_payload", pointer="/")
     try:
-        items = [copy.deepcopy(i) for i in items]
+        items = [_plain(i) for i in items]
     except RecursionError:
         raise BatchRejected("the history nests too deep to be read", reason="unreadable_payload",
                             pointer="/") from None
@@ -87,6 +106,18 @@ def repair_history(history: Sequence[Any], format: str | None = None) -> Repaire
     items = _normalize_arguments(items, name, repairs)
     fix = {"openai_chat": _chat, "openai_responses": responses}[name]
     return RepairedHistory(format=name, messages=fix(items, repairs), repairs=repairs)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as new dicts and lists (the input is never changed), SDK objects in it dumped
+    (a message dict holding the SDK's tool calls or content blocks)."""
+    if hasattr(value, "model_dump"):
+        return as_dict(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _check_shape(items: list[Any], name: str) -> None:
@@ -123,12 +154,12 @@ def _normalize_arguments(items: list[Any], name: str, repairs: list[Repair]) -> 
             calls = []
             for call in item["tool_calls"]:
                 function = call.get("function") or {}
-                if not isinstance(function.get("arguments"), str):
+                if call.get("type") != "custom" and not isinstance(function.get("arguments"), str):
                     repairs.append(Repair("arguments_normalized", str(call.get("id")), position,
                                           "its arguments were not a JSON string; written as one"))
                     written = arguments_for_wire(function.get("arguments"))
                     call = {**call, "function": {**function, "arguments": written}}
-                calls.append(call)
+                calls.append(call)  # a custom call (``custom: {name, input}``) has no arguments: as it is
             item = {**item, "tool_calls": calls}
         elif name == "openai_responses" and item.get("type") == "function_call" and not isinstance(
                 item.get("arguments"), str):
@@ -185,68 +216,103 @@ def detect_history_format(items: Sequence[Any]) -> str:
 
 
 def _chat(items: list[Any], repairs: list[Repair]) -> list[Any]:
-    results = Results()
-    calls: set[str] = set()
+    """Chat: each call's result among the tool messages right after its assistant message, in call
+    order; an empty ``tool_calls`` list dropped (``empty_tool_calls_removed``), and the message
+    with it when nothing else is left in it (``empty_message_removed``)."""
+    pairing = Pairing()
     for position, message in enumerate(items):
-        if isinstance(message, dict) and message.get("role") == "tool":
-            results.add(str(message.get("tool_call_id") or ""), position, message)
-        elif isinstance(message, dict):
-            calls.update(str(as_dict(c).get("id") or "") for c in message.get("tool_calls") or [])
+        if message.get("role") == "tool":
+            pairing.result(str(message.get("tool_call_id") or ""), position, message)
+            continue
+        for call in message.get("tool_calls") or []:
+            pairing.call(str(call.get("id") or ""), position)
     out: list[Any] = []
     tool_message = get_adapter("openai_chat").format_results
+    number = 0  # the number of the next call (Pairing.call's)
     for position, message in enumerate(items):
-        if isinstance(message, dict) and message.get("role") == "tool":
+        if message.get("role") == "tool":
             continue  # every result is placed after its call below
+        if message.get("tool_calls") == []:
+            message = _without_tool_calls(message, position, repairs)
+            if message is None:
+                continue
         out.append(message)
-        tool_calls = [as_dict(c) for c in (message.get("tool_calls") or [])] if isinstance(message, dict) else []
         block_end = position + 1
-        while block_end < len(items) and isinstance(items[block_end], dict) and items[block_end].get("role") == "tool":
+        while block_end < len(items) and items[block_end].get("role") == "tool":
             block_end += 1
-        for call in tool_calls:
+        in_place = []  # positions of the results already in the tool messages after the message
+        answers: list[tuple[int, Any]] = []  # (where it was, the tool message) for each call, in call order
+        for call in message.get("tool_calls") or []:
             call_id = str(call.get("id") or "")
-            found = results.take(call_id)
+            found = pairing.answer(number)
+            number += 1
             if found is None:
-                name = str((call.get("function") or {}).get("name") or "")
-                out.extend(tool_message([placeholder(call_id, name)]))
+                name = (call.get("custom") if call.get("type") == "custom" else call.get("function")) or {}
+                answers += [(-1, m) for m in tool_message([placeholder(call_id, str(name.get("name") or ""))])]
                 repairs.append(Repair("missing_result", call_id, position,
                                       "the call had no result; an ABORTED placeholder was added after it"))
                 continue
             at, result = found
-            if not position < at < block_end:
+            if position < at < block_end:
+                in_place.append(at)
+            else:
                 repairs.append(Repair("moved_result", call_id, at,
                                       f"its result was moved right after its assistant message (at {position})"))
-            out.append(result)
-    results.leftovers(calls, repairs)
+            answers.append((at, result))
+        if len(in_place) == len(answers):  # all there already: kept in their order (the API takes any)
+            answers.sort(key=lambda a: a[0])
+        elif in_place != sorted(in_place):
+            repairs.append(Repair("reordered_results", "", position + 1,
+                                  f"the tool messages after the assistant message at {position} were put in "
+                                  f"the order of its calls"))
+        out.extend(m for _, m in answers)
+    pairing.leftovers(repairs)
     return out
 
 
+def _without_tool_calls(message: dict[str, Any], position: int, repairs: list[Repair]) -> dict[str, Any] | None:
+    """A Chat message without its empty ``tool_calls`` list (the API refuses one: "empty array");
+    None when it then holds nothing (no content, refusal or audio)."""
+    repairs.append(Repair("empty_tool_calls_removed", "", position,
+                          "an empty tool_calls list was dropped (the API refuses one)"))
+    message = {k: v for k, v in message.items() if k != "tool_calls"}
+    if message.get("role") == "assistant" and message.get("content") is None and not any(
+            message.get(k) for k in ("refusal", "audio", "function_call")):
+        repairs.append(Repair("empty_message_removed", "", position,
+                              "an assistant message left with no content was removed"))
+        return None
+    return message
+
+
 def _anthropic(items: list[Any], repairs: list[Repair]) -> list[Any]:
-    results = Results()
-    calls: set[str] = set()
+    """Anthropic: each tool_use's tool_result in the user message right after its assistant
+    message, first in it and in call order (``reordered_results`` when they were not)."""
+    pairing = Pairing()
     for position, message in enumerate(items):
         for block in _blocks(message):
             if block.get("type") == "tool_result":
-                results.add(str(block.get("tool_use_id") or ""), position, block)
-            elif block.get("type") == "tool_use":
-                calls.add(str(block.get("id") or ""))
+                pairing.result(str(block.get("tool_use_id") or ""), position, block)
+        for block in _uses(message):
+            pairing.call(str(block.get("id") or ""), position)
     out: list[Any] = []
-    position = 0
+    position, number = 0, 0  # number: the number of the next call (Pairing.call's)
     while position < len(items):
         message = items[position]
-        uses = [b for b in _blocks(message) if b.get("type") == "tool_use"] if _role(message) == "assistant" else []
+        uses = _uses(message)
         if not uses:
             kept = _without_results(message, position, repairs)
             if kept is not None:
                 out.append(kept)
             position += 1
             continue
-        out.append(message)
+        out.append(_without_results(message, position, repairs))  # (never None: it holds its tool_use blocks)
         following = items[position + 1] if position + 1 < len(items) else None
         answered = following if _role(following) == "user" else None
-        blocks = []
+        blocks, in_place = [], []
         for use in uses:
             call_id = str(use.get("id") or "")
-            found = results.take(call_id)
+            found = pairing.answer(number)
+            number += 1
             if found is None:
                 blocks.append(result_block(placeholder(call_id, str(use.get("name") or ""))))
                 repairs.append(Repair("missing_result", call_id, position,
@@ -256,19 +322,38 @@ def _anthropic(items: list[Any], repairs: list[Repair]) -> list[Any]:
                 repairs.append(Repair("moved_result", call_id, found[0],
                                       f"its tool_result was moved into the user message after its tool_use "
                                       f"(at {position})"))
+            else:
+                in_place.append(found[1])
             blocks.append(found[1])
         if answered is None:
             out.append({"role": "user", "content": blocks})
             position += 1
             continue
-        rest = [b for b in _blocks(answered) if b.get("type") != "tool_result"]
+        given = _blocks(answered)
+        if len(in_place) == len(blocks):  # all there already: kept in their order (the API takes any)
+            order = {id(b): n for n, b in enumerate(given)}
+            blocks.sort(key=lambda b: order[id(b)])
+            in_place = blocks
+        rest = [b for b in given if b.get("type") != "tool_result"]
         text = answered.get("content") if isinstance(answered.get("content"), str) else None
         if text:
             rest = [{"type": "text", "text": text}]
+        elif in_place:
+            stayed = {id(b) for b in in_place}
+            was = [id(b) for b in given if b.get("type") != "tool_result" or id(b) in stayed]
+            if was != [id(b) for b in in_place + rest]:
+                repairs.append(Repair("reordered_results", "", position + 1,
+                                      "its tool_result blocks were put first, in the order of the tool_use "
+                                      f"blocks at {position} (the API requires them first)"))
         out.append({**answered, "content": blocks + rest})
         position += 2
-    results.leftovers(calls, repairs)
+    pairing.leftovers(repairs)
     return out
+
+
+def _uses(message: Any) -> list[dict[str, Any]]:
+    """The tool_use blocks of an assistant message (the calls a user message after it answers)."""
+    return [b for b in _blocks(message) if b.get("type") == "tool_use"] if _role(message) == "assistant" else []
 
 
 def _without_results(message: Any, position: int, repairs: list[Repair]) -> Any:

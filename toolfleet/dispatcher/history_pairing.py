@@ -1,11 +1,11 @@
 """Pairing a history's results with its calls, for :mod:`.history`: one change reported
-(:class:`Repair`), the results of a history by call id (:class:`Results`), and the repair of a
-Responses history (:func:`responses`), whose call ids may repeat across turns and whose call items
-are of several kinds."""
+(:class:`Repair`), the results of a history by call id (:class:`Results`), which result answers
+which call when call ids repeat across turns (:class:`Pairing`, all three formats), and the repair
+of a Responses history (:func:`responses`), whose call items are of several kinds."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -100,38 +100,97 @@ class Results:
                                           "id and kind) was dropped"))
 
 
+class Pairing:
+    """Which result answers which call, when call ids repeat across turns (servers and gateways that
+    number calls per response, ``call_0`` in every turn): a result answers a call of its key in the
+    latest turn before it that has one, the first there that no result answered yet (``last_first``:
+    the last); when all of them are answered, it answers none (it is a duplicate: a result never
+    passes a call of its key to reach an earlier turn's). A call left without one takes the first
+    result of its key before it that nothing took (to be moved after it), else none (a placeholder).
+    A turn: the calls of one message (Chat, Anthropic: results in call order), a run of call items
+    (Responses, ``last_first``: a placeholder goes right after its call, so the calls before it
+    and their results make a run of their own when repaired again). Feed each message's results,
+    then its calls, in history order (``result``, ``call``); then ask ``answer`` for each call, in order."""
+
+    def __init__(self, last_first: bool = False) -> None:
+        self.last_first = last_first
+        self.results = Results()
+        self.calls: list[tuple[Hashable, int]] = []  # (key, position) of every call, in history order
+        # key -> (the latest turn with a call of it, the numbers of its calls there no result answered yet)
+        self._latest: dict[Hashable, tuple[int, deque[int]]] = {}
+        self._answer_of: dict[int, tuple[int, Any]] = {}  # call number -> its result after it (position, result)
+
+    def call(self, key: Hashable, position: int, turn: int | None = None) -> int:
+        """A call of ``key`` in the message or item at ``position``, of ``turn`` (by default: the
+        message at ``position``); returns the call's number."""
+        number = len(self.calls)
+        self.calls.append((key, position))
+        turn = position if turn is None else turn
+        latest = self._latest.get(key)
+        if latest is not None and latest[0] == turn:
+            latest[1].append(number)
+        else:
+            self._latest[key] = (turn, deque([number]))
+        return number
+
+    def result(self, key: Hashable, position: int, result: Any, label: str | None = None) -> None:
+        """A result of ``key`` (``label``: its call id, when the key is not) at ``position``."""
+        self.results.add(key, position, result, label)
+        latest = self._latest.get(key)
+        if latest is not None and latest[1] and id(result) not in self.results.taken:
+            self._answer_of[latest[1].pop() if self.last_first else latest[1].popleft()] = (position, result)
+            self.results.taken.add(id(result))
+
+    def answer(self, number: int) -> tuple[int, Any] | None:
+        """The result of call ``number`` (position, result): the one after it, else one before it."""
+        key, position = self.calls[number]
+        return self._answer_of.get(number) or self.results.take_before(key, position)
+
+    def keep_orphans(self) -> set[int]:
+        """Hand out every result whose key no call has; the positions of those results."""
+        calls = {key for key, _ in self.calls}
+        kept = set()
+        for key, found in self.results.by_id.items():
+            if key not in calls:
+                for position, result in found:
+                    self.results.taken.add(id(result))
+                    kept.add(position)
+        return kept
+
+    def leftovers(self, repairs: list[Repair]) -> None:
+        """Report each result not handed out: ``duplicate_result``, or ``orphan_result`` (no call of its key)."""
+        self.results.leftovers({key for key, _ in self.calls}, repairs)
+
+
 def responses(items: list[Any], repairs: list[Repair]) -> list[Any]:
-    """Responses: each call gets the latest result of its id and kind after it that no later call
-    of that id took (ids repeat across turns), else the first one before it, else a placeholder.
-    Results are keyed by (kind, call id): ``function_call`` and ``custom_tool_call`` are one kind
-    (an answer of the other type is re-typed); each built-in tool the client runs is its own."""
-    results = Results()
-    calls: list[tuple[tuple[str, str], int]] = []  # every call item's key, in history order
+    """Responses: results pair with calls as :class:`Pairing` says, keyed by (kind, call id):
+    ``function_call`` and ``custom_tool_call`` are one kind (an answer of the other type is
+    re-typed); each built-in tool the client runs is its own. An input whose calls are on the
+    server (it holds no call item, or an ``item_reference``: a request with ``previous_response_id``)
+    keeps each result whose call is not in it where it is."""
+    pairing = Pairing(last_first=True)
     kinds, answers = tuple(OUTPUT_OF), tuple(OUTPUT_OF.values())  # compared, not hashed: a type may be any JSON value
     roles = history_roles(items)  # built-in tool items the client executes, and their answers (.adapters.client_tools)
-    unanswered: dict[tuple[str, str], list[int]] = defaultdict(list)  # key -> positions of its calls not answered yet
-    answer_of: dict[int, tuple[int, Any]] = {}  # position of a call -> its result after it (position, item)
+    referenced, turn = False, 0  # turn: a run of call items ends at a result or an input message
     for position, item in enumerate(items):
         if not isinstance(item, dict):
             continue
+        referenced = referenced or item.get("type") == "item_reference"
         if item.get("type") in answers or roles.get(position, ("",))[0] == "result":
             key = (str(item["type"]), roles[position][1]) if position in roles else \
                 (_FUNCTION, str(item.get("call_id") or ""))
-            results.add(key, position, item, label=key[1])
-            waiting = unanswered.get(key)
-            if waiting and id(item) not in results.taken:  # the latest call of its id before it (ids repeat)
-                answer_of[waiting.pop()] = (position, item)
-                results.taken.add(id(item))
+            pairing.result(key, position, item, label=key[1])
+            turn += 1
         elif item.get("type") in kinds or position in roles:
-            key = (CLIENT_CALLS[item["type"]], str(item.get("call_id") or "")) if position in roles else \
-                (_FUNCTION, str(item.get("call_id") or ""))
-            calls.append((key, position))
-            unanswered[key].append(position)
+            pairing.call((CLIENT_CALLS[item["type"]], str(item.get("call_id") or "")) if position in roles else
+                         (_FUNCTION, str(item.get("call_id") or "")), position, turn)
+        elif item.get("role") in ("user", "system", "developer"):
+            turn += 1
     placed: dict[int, Any] = {}  # position of a call -> the result to put right after it
-    in_place: set[int] = set()
-    for key, at_call in calls:
+    in_place = pairing.keep_orphans() if referenced or not pairing.calls else set()  # their calls: on the server
+    for number, (key, at_call) in enumerate(pairing.calls):
         call_id = key[1]
-        found = answer_of.get(at_call) or results.take_before(key, at_call)  # else one before it, if any
+        found = pairing.answer(number)
         if found is None:
             name = str(items[at_call].get("name") or "")
             if at_call in roles:
@@ -167,7 +226,7 @@ def responses(items: list[Any], repairs: list[Repair]) -> list[Any]:
         out.append(item)
         if position in placed:
             out.append(placed[position])
-    results.leftovers({key for key, _ in calls}, repairs)
+    pairing.leftovers(repairs)
     return out
 
 

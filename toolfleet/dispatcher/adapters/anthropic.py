@@ -62,9 +62,13 @@ class AnthropicAdapter:
         what the API refuses: a text block with no text other than white space is dropped
         ("text content blocks must be non-empty"), a ``tool_use`` whose ``input`` is not an object
         (or nests past the argument depth limit) goes back with ``{}`` (its result says what was
-        wrong), and text that cannot be encoded (a lone surrogate) is cleaned."""
+        wrong), and text that cannot be encoded (a lone surrogate) is cleaned. ``[]`` (no message)
+        when no block is left (``content: []``, or only white-space text): the API refuses an
+        assistant message with empty content, and :func:`~toolfleet.dispatcher.history.repair_history`
+        removes one (``empty_message_removed``)."""
         AnthropicAdapter.parse(self, payload)
-        return [{"role": "assistant", "content": blocks_for_wire(self.content_blocks(payload))}]
+        blocks = blocks_for_wire(self.content_blocks(payload))
+        return [{"role": "assistant", "content": blocks}] if blocks else []
 
     def format_results(self, results: Sequence[ToolResult], response: Any = None) -> list[dict[str, Any]]:
         if not results:
