@@ -113,6 +113,26 @@ def test_no_password_given_in_a_refused_url_is_in_the_error(password, where, quo
         assert secret not in text, text
 
 
+@settings(max_examples=int(300 * float(os.environ.get("TOOLFLEET_PROPERTY_SCALE", "1"))), derandomize=True,
+          deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(password=st.text(alphabet=st.sampled_from("ab1#?/@:;% ,x9"), min_size=1, max_size=12),
+       field=st.sampled_from(["redis_url", "broker_url", "ledger_url"]))
+def test_a_password_written_unencoded_is_refused_without_it_or_read_whole(password, field):
+    """A password holding ``#``, ``?`` or ``/`` unencoded cuts the URL there: ``redis://:Pw-1#x@host``
+    was accepted, then redis-py raised "Port could not be cast to integer value as 'Pw-1'", which the
+    CLI printed (a breaker's find). Now either the settings refuse the URL, saying nothing of it, or
+    redis-py reads it (its host is the one given)."""
+    import redis
+
+    url = f"redis://:{password}@redis.internal:6379/0"
+    text = _error_text(**{field: url})
+    if text is not None:
+        said = _error_text(**{field: "redis://:zz#@redis.internal:6379/0"}) or ""  # the message's own words
+        assert "percent-encoded" in text and (password not in text or password in said), text
+        return
+    redis.Redis.from_url(url)  # no connection made: parsing only, which must not fail
+
+
 @settings(max_examples=int(200 * float(os.environ.get("TOOLFLEET_PROPERTY_SCALE", "1"))), derandomize=True,
           deadline=None)
 @given(key=st.text(min_size=3, max_size=31).filter(lambda k: len(k.strip()) >= 3 and "\0" not in k))

@@ -148,6 +148,26 @@ class Settings(BaseModel):
         ssl_options(value)  # ValueError for an ssl_cert_reqs that is not required/optional/none
         return value
 
+    @field_validator("redis_url", "broker_url", "ledger_url")
+    @classmethod
+    def _url_readable(cls, value: str | None) -> str | None:
+        """A URL whose host and port cannot be read (a password holding ``#``, ``?`` or ``/``
+        unencoded cuts it there: redis-py then raised ``ValueError`` quoting the password's start
+        as "the port", which the CLI printed): refused here, where the message quotes nothing of it."""
+        if value and not value.startswith("unix://"):
+            from urllib.parse import urlsplit
+
+            seeds = value.split(",") if value.startswith(CLUSTER_SCHEMES) else [value]  # host:port,host:port
+            try:
+                parts = [urlsplit(seed if "://" in seed else f"redis://{seed}") for seed in seeds]
+                readable = all(p.hostname and (p.port or True) for p in parts)  # .port raises when not a number
+            except ValueError:  # .port: not a number
+                readable = False
+            if not readable:
+                raise ValueError("cannot be read as a URL: no host, or a port that is not a number. A password "
+                                 "holding '#', '?', '/' or '@' must be percent-encoded (%23, %3F, %2F, %40)")
+        return value
+
     fleet_key: SecretStr | None = None
     fleet_keys_previous: tuple[SecretStr, ...] = ()
     insecure_no_signing: bool = False

@@ -45,6 +45,7 @@ are built to find secrets in files, with entropy rules that would mask every com
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable
 from functools import lru_cache
@@ -123,9 +124,12 @@ _PRIVATE_KEY = re.compile(  # the white space before END is the body's (kept by 
     r"(-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----\s*)([\s\S]*?)"
     r"(-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)"
 )
-_TOKENS = re.compile(
-    r"(?=[sgrpxAyenhSd])(?<![A-Za-z0-9_-])(?:"  # the look-ahead: a fast no at most places
-    r"sk-(?:proj-|svcacct-|admin-|live-|test-|ant-(?:api|admin)\d\d-|ant-)?[A-Za-z0-9_-]{16,}"
+_TOKENS = re.compile(  # a token's prefix may follow "_" or "-" (``tool_ghp_...``, ``backup_AKIA...``:
+    # glued to a word, a breaker's find), never a letter or digit; a bare ``sk-`` only a separator
+    # (``disk-usage-report-for-2024`` is no key)
+    r"(?=[sgrpxAyenhSd])(?<![A-Za-z0-9])(?:"  # the look-ahead: a fast no at most places
+    r"(?<![_-])sk-[A-Za-z0-9_-]{16,}"
+    r"|sk-(?:proj-|svcacct-|admin-|live-|test-|ant-(?:api|admin)\d\d-|ant-)[A-Za-z0-9_-]{16,}"
     r"|(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}"
     r"|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
     r"|glpat-[A-Za-z0-9_-]{20,}"
@@ -348,11 +352,21 @@ def _named_values(line: str) -> str:
     return _mask_values(_BARE, _bare, line)
 
 
+def quoted_forms(value: str) -> set[str]:
+    """``value`` and the forms a tool quotes it in: inside a JSON string (``json.dumps``, ASCII or
+    not) and a Python ``repr`` (a backslash doubled, ``\n`` escaped, ``ä`` as ``\u00e4``): a tool's
+    ``raise ValueError(f"refused {args!r}")`` showed a sensitive value so escaped, which the exact
+    value did not match (a breaker's find)."""
+    forms = {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1], repr(value)[1:-1]}
+    return {form for form in forms if len(form) >= 3}
+
+
 def mask_secrets(text: str, known: Iterable[str] = ()) -> str:
     """``text`` with every secret recognised (see the module) replaced by ``***``; ``known``: exact
     values to mask wherever they appear (those shorter than 3 characters are ignored). Pure; may
     raise only on a bug in a pattern (callers catch: :func:`toolfleet.tools.redact.redact_text`)."""
-    for value in sorted({k for k in known if isinstance(k, str) and len(k) >= 3}, key=len, reverse=True):
+    values = {form for k in known if isinstance(k, str) and len(k) >= 3 for form in quoted_forms(k)}
+    for value in sorted(values, key=len, reverse=True):
         text = text.replace(value, MASK)
     text = _PRIVATE_KEY.sub(_private_key, text)
     text = _TOKENS.sub(MASK, text)
