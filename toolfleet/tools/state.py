@@ -41,8 +41,10 @@ Declare it with :class:`SessionState` (a name and a type) on ``@tool(state=...)`
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -174,10 +176,12 @@ def loop_epochs(store: SessionStore | None, session_id: str | None, calls: list[
 
 
 _SAVE = """
--- KEYS: state, meta ; ARGV: expected version, data, default ttl_s, now, state name, state key prefix ;
--- -1 session gone, -2 stale, else the new version. Every key of the session is renewed: the other
--- states' keys are the prefix + a listed name (same {id} hash tag as KEYS, so the same cluster slot).
+-- KEYS: state, meta ; ARGV: expected version, data, default ttl_s, now, state name, state key prefix,
+-- the session's epoch when loaded ; -1 session gone (or opened again since), -2 stale, else the new
+-- version. Every key of the session is renewed: the other states' keys are the prefix + a listed
+-- name (same {id} hash tag as KEYS, so the same cluster slot).
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
+if (redis.call('HGET', KEYS[2], 'epoch') or '') ~= ARGV[7] then return -1 end  -- closed, then opened again
 local v = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
 if v ~= tonumber(ARGV[1]) then return -2 end
 redis.call('HSET', KEYS[1], 'data', ARGV[2], 'version', v + 1)
@@ -213,10 +217,13 @@ def _listed(raw: bytes | str | None) -> list[str]:
 
 @dataclass
 class Loaded:
-    """A state as one call loaded it: the object and the version it had."""
+    """A state as one call loaded it: the object, the version it had, and the ``epoch`` of the
+    session then (a new one at each open: a save after the session was closed and opened again
+    under the same id is refused, though the version may match again)."""
 
     value: Any
     version: int
+    epoch: str = ""
 
 
 class SessionStore:
@@ -247,7 +254,9 @@ class SessionStore:
         """Open ``session_id`` with the initial value of each declared state (``None``: the
         state's ``initial()``). Raises :class:`ToolfleetError` if it is open already (unless
         ``replace``) or a value is not a valid state, :class:`BrokerUnavailable` if Redis does not answer."""
-        ttl = int(ttl_s or self.default_ttl_s)
+        if ttl_s is not None and not ttl_s > 0:  # EXPIRE with 0 or less deletes the key: "open" and gone
+            raise ToolfleetError(f"ttl_s must be a positive number of seconds, not {ttl_s!r}")
+        ttl = math.ceil(ttl_s) if ttl_s is not None else int(self.default_ttl_s)
         dumped = {}
         for state, value in states.items():
             try:
@@ -262,7 +271,7 @@ class SessionStore:
             pipe = self.redis.pipeline()
             for name in self._state_names(session_id):  # a replaced session's old states
                 pipe.delete(self.state_key(session_id, name))
-            pipe.hset(meta, mapping={"opened_at": now, "touched_at": now, "ttl_s": ttl,
+            pipe.hset(meta, mapping={"opened_at": now, "touched_at": now, "ttl_s": ttl, "epoch": uuid.uuid4().hex,
                                      "states": json.dumps(sorted(dumped))})
             pipe.expire(meta, ttl)
             for name, raw in dumped.items():
@@ -342,9 +351,10 @@ class SessionStore:
             raise ToolFailure(f"this tool keeps session state ({state.name!r}) and the turn has no session id; "
                               "it did not run", "open a session (Dispatcher.open_session) and pass its session_id")
         pipe = self.redis.pipeline(transaction=False)  # one round trip
-        pipe.hmget(self.meta_key(session_id), "opened_at", "states")
+        pipe.hmget(self.meta_key(session_id), "opened_at", "states", "epoch")
         pipe.hmget(self.state_key(session_id, state.name), "data", "version")
-        (opened, names), (raw, version) = pipe.execute()
+        (opened, names, epoch), (raw, version) = pipe.execute()
+        epoch = epoch.decode() if isinstance(epoch, bytes) else (epoch or "")
         if opened is None:
             raise ToolFailure(f"session {session_id!r} is not open (never opened, closed, or expired); the call did "
                               "not run", "open it with Dispatcher.open_session (or `toolfleet sessions`)")
@@ -352,8 +362,8 @@ class SessionStore:
             if state.name in _listed(names):  # it was stored, and its key is gone: never a fresh default
                 raise ToolFailure(f"session {session_id!r} is not open: its state {state.name!r} expired; the call "
                                   "did not run", "close the session and open it again")
-            return Loaded(state.initial(), 0)
-        return Loaded(state.load(raw), int(version or 0))
+            return Loaded(state.initial(), 0, epoch)
+        return Loaded(state.load(raw), int(version or 0), epoch)
 
     def save(self, state: SessionState, session_id: str, loaded: Loaded, value: Any) -> int:
         """Store ``value`` if the state is still at ``loaded.version`` (one round trip: a Lua
@@ -363,10 +373,10 @@ class SessionStore:
         raw = state.dump(value)
         result = int(self._save(keys=[self.state_key(session_id, state.name), self.meta_key(session_id)],
                                 args=[loaded.version, raw, self.default_ttl_s, time.time(), state.name,
-                                      self.state_key(session_id, "")]))
+                                      self.state_key(session_id, ""), loaded.epoch]))
         if result == -1:
-            raise ToolFailure(f"session {session_id!r} was closed or expired while the call ran; its changes to "
-                              f"{state.name!r} were not kept", "open the session again")
+            raise ToolFailure(f"session {session_id!r} was closed or expired (or opened again) while the call ran; "
+                              f"its changes to {state.name!r} were not kept", "open the session again")
         if result == -2:
             raise ToolFailure(f"the session state {state.name!r} was changed by another execution while this call "
                               "ran; this call's changes were not kept", "check the state before repeating the call")

@@ -1,0 +1,73 @@
+"""A session id closed and opened again (or opened again with ``replace=True``: "reset the
+conversation") while a write call of its first life runs: that call's save must not land in the
+new life. A breaker's find: the save compared versions only, and a new life starts at version 1
+again, so the old call's state replaced the new session's initial state (``{"count": 1000}``
+became ``{"count": 1}``). Each open now draws a new epoch that the save compares too. Real Redis.
+Also: ``ttl_s`` below one second (``EXPIRE 0`` deletes the key) is refused, not "opened" and gone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis as redis_lib
+from pydantic import BaseModel
+
+from toolfleet.errors import ToolfleetError, ToolFailure
+from toolfleet.keys import Keys
+from toolfleet.settings import Settings
+from toolfleet.tools.state import SessionState, SessionStore
+
+
+class Counter(BaseModel):
+    count: int = 0
+    log: list[str] = []
+
+
+COUNTER = SessionState("counter", Counter)
+
+
+@pytest.fixture
+def store(settings: Settings) -> Iterator[SessionStore]:
+    client = redis_lib.Redis.from_url(settings.redis_url)
+    yield SessionStore(client, Keys(settings.namespace))
+    client.close()
+
+
+@pytest.mark.parametrize("how", ["close-reopen", "replace"])
+def test_a_call_of_a_sessions_first_life_saves_nothing_into_the_next(store, how):
+    store.open("s1", {COUNTER: None})
+    loaded = store.load(COUNTER, "s1")  # a write call loaded version 1 of the first life
+    changed = loaded.value.model_copy(update={"count": 1, "log": ["first life"]})
+    if how == "close-reopen":
+        assert store.close("s1")
+        store.open("s1", {COUNTER: Counter(count=1000, log=["second life"])})
+    else:
+        store.open("s1", {COUNTER: Counter(count=1000, log=["second life"])}, replace=True)
+    assert store.load(COUNTER, "s1").version == loaded.version  # the versions alone cannot tell
+    with pytest.raises(ToolFailure, match="opened again"):
+        store.save(COUNTER, "s1", loaded, changed)
+    assert store.load(COUNTER, "s1").value == Counter(count=1000, log=["second life"])
+    fresh = store.load(COUNTER, "s1")  # a call of the second life saves as before
+    assert store.save(COUNTER, "s1", fresh, fresh.value.model_copy(update={"count": 1001})) == fresh.version + 1
+
+
+def test_a_state_the_session_was_opened_without_is_fenced_by_its_life_too(store):
+    other = SessionState("other", Counter)
+    store.open("s2", {COUNTER: None})
+    loaded = store.load(other, "s2")  # not opened with it: initial(), version 0
+    store.open("s2", {COUNTER: None}, replace=True)
+    with pytest.raises(ToolFailure, match="opened again"):
+        store.save(other, "s2", loaded, Counter(count=5))
+
+
+@pytest.mark.parametrize("ttl_s", [0, -5, 0.0])
+def test_a_ttl_that_would_delete_the_session_at_once_is_refused(store, ttl_s):
+    with pytest.raises(ToolfleetError, match="positive"):
+        store.open("s3", {COUNTER: None}, ttl_s=ttl_s)
+
+
+def test_a_fractional_ttl_is_rounded_up_not_down_to_nothing(store):
+    store.open("s4", {COUNTER: None}, ttl_s=0.5)
+    assert store.load(COUNTER, "s4").version == 1
+    assert store.redis.ttl(store.meta_key("s4")) == 1
