@@ -13,7 +13,7 @@ import pytest
 import redis as redis_lib
 from pydantic import BaseModel
 
-from toolfleet.errors import ToolfleetError, ToolFailure
+from toolfleet.errors import ToolFailure, ToolfleetError
 from toolfleet.keys import Keys
 from toolfleet.settings import Settings
 from toolfleet.tools.state import SessionState, SessionStore
@@ -71,3 +71,30 @@ def test_a_fractional_ttl_is_rounded_up_not_down_to_nothing(store):
     store.open("s4", {COUNTER: None}, ttl_s=0.5)
     assert store.load(COUNTER, "s4").version == 1
     assert store.redis.ttl(store.meta_key("s4")) == 1
+
+
+def test_a_stop_that_lands_while_the_state_is_written_answers_as_the_stop(settings, start_worker, tmp_path):
+    """A cancel's interrupt (after ``cancel_grace_s``) or the soft time limit landing while the
+    worker makes the state's JSON (pydantic wraps it) was answered ``EXECUTION_ERROR`` "cannot be
+    stored as JSON ... keep the state to JSON-able fields" (a breaker's find): now ``CANCELLED`` and
+    ``TIMEOUT``, and nothing is stored either way. A real prefork worker."""
+    from toolfleet import Dispatcher, ErrorCode
+    from toolfleet.tools.registry import default_registry
+
+    from .faults import call, wait_until
+
+    modules = ["tests.tools_for_session_saves"]
+    start_worker(args=["--tools", "tests.tools_for_session_saves"], concurrency=1)
+    with Dispatcher(settings, default_registry(modules)) as dispatcher:
+        sid = dispatcher.open_session()
+        gate = str(tmp_path / "cancel")
+        turn = dispatcher.submit([call("c1", "gated_bump", gate=gate)], session_id=sid)
+        wait_until(lambda: (tmp_path / "cancel.at").exists(), 30, "the save at its gate")
+        turn.cancel()
+        [cancelled] = turn.results(timeout_s=60)
+        [timed_out] = dispatcher.run([call("c2", "gated_bump_1s", gate=str(tmp_path / "never"))], session_id=sid,
+                                     timeout_s=60)
+        [count] = dispatcher.run([call("p", "gated_count", nonce="p")], session_id=sid, timeout_s=60)
+    assert cancelled.code is ErrorCode.CANCELLED, cancelled
+    assert timed_out.code is ErrorCode.TIMEOUT, timed_out
+    assert count.content == "0"

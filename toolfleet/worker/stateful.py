@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
+
+from ..errors import ToolFailure
 from ..tools.context import ToolContext
 from ..tools.spec import ToolSpec
 from ..tools.state import SessionStore
@@ -50,4 +53,13 @@ def _save(store: SessionStore, spec: ToolSpec, ctx: ToolContext, loaded: Any) ->
     raises for a stale execution (a newer one claimed the call, the answer was given, the hard
     limit passed) or a cancelled turn, and then nothing is saved (the state stays as before)."""
     ctx.check_fence()
-    store.save(spec.state, ctx.session_id or "", loaded, ctx.session)
+    try:
+        store.save(spec.state, ctx.session_id or "", loaded, ctx.session)
+    except ToolFailure:
+        # a cancel's interrupt or the soft time limit that lands while the state's JSON is made is
+        # wrapped by pydantic's serializer, and read as "cannot be stored as JSON" (a breaker's
+        # find): nothing was stored either way, and the call's answer is the stop's
+        ctx.check_cancelled()  # CallCancelled: CANCELLED
+        if ctx.remaining_s <= 0:
+            raise SoftTimeLimitExceeded() from None  # TIMEOUT
+        raise
