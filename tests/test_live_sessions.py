@@ -284,3 +284,25 @@ def test_a_shell_that_stops_reading_does_not_wedge_its_worker(start_worker, fast
     close_live_session(live.settings, "other")
     assert wait_gone(mine, 5.0) == [] and wait_gone(other, 5.0) == []
     assert live.ledger.redis.exists(Keys(fast.namespace).live_worker(worker.name))
+
+
+def test_a_session_closed_while_its_command_runs_answers_session_lost(start_worker, fast, live, workspace):
+    """A breaker's find: the running call said ``EXECUTION_ERROR`` "command exited with status 137 ...
+    read the output below for the cause", as if the command had failed. It is ``SESSION_LOST``, "the
+    session was closed", the command "may have acted in part"; nothing is left, no new shell is
+    started for the closed session, and the next call gets a fresh one."""
+    start_worker(args=ARGS, settings=fast)
+    seconds = marker()
+    [setup] = sh(live, workspace, "closed-mid", "export KEEP=yes")
+    assert setup.ok
+    turn = live.submit([call("x", "shell", command=f"touch started; sleep {seconds}; echo done")],
+                       workspace=str(workspace), session_id="closed-mid")
+    wait_started(live, turn.turn_id, "x")
+    wait_until((workspace / "started").exists, WAIT_S, "the command running")
+    assert live.close_session("closed-mid") is True
+    [result] = turn.results(timeout_s=WAIT_S)
+    assert result.code is ErrorCode.SESSION_LOST, result
+    assert "the session was closed" in result.content and "may have acted in part" in result.content
+    assert wait_gone(seconds, 5.0) == []
+    [after] = sh(live, workspace, "closed-mid", 'echo "[${KEEP:-unset}]"')
+    assert after.ok and after.content == "[unset]\n", after.content

@@ -57,9 +57,10 @@ from ..keys import Keys
 from ..redis_client import client_for
 from .catalog import mget
 from .holder_keys import _RENEW_IF, _delete_if, _s, lost_reply
-from .live_shell import LeaseLapsed, Shell
+from .live_shell import Shell
 from .sandbox_lease import LeaseFile, private_dir
 from .sandbox_lease import margin_s as lease_margin_s
+from .shell_outcome import LeaseLapsed, ShellEnded
 from .shell_start import _Spawner
 
 log = logging.getLogger(__name__)
@@ -170,8 +171,12 @@ class SessionHost:
                 outcome = session.shell.run(str(request["command"]), deadline, cancelled)  # what is left of its time
             except LeaseLapsed as exc:  # never a quiet new shell: the session's processes are gone
                 return self._lapsed(sid, ran=exc.ran)
+            except ShellEnded as exc:
+                return lost_reply(self.worker, closed=True, ran=exc.ran)
             if session.shell.lease_lapsed:
                 return self._lapsed(sid, ran=True)
+            if session.closed and not outcome.completed:  # closed while its command ran: stopped with the
+                return lost_reply(self.worker, closed=True, ran=True)  # shell, not "exited with status 137"
         finally:
             session.running = None
             session.used_at = time.monotonic()
@@ -298,7 +303,7 @@ class SessionHost:
         running = session.running
         if running is not None:
             running.set()
-        session.shell.kill()
+        session.shell.end()
         closer = threading.Thread(target=_close_shell, args=(session,), name="toolfleet-live-end", daemon=True)
         closer.start()
         return closer

@@ -48,13 +48,13 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..tools import sandbox
 from ..tools.command import _SandboxInit
 from .sandbox_lease import LAPSE_SIGNAL, LeaseFile
+from .shell_outcome import LeaseLapsed, Outcome, ShellEnded, encode
 from .shell_output import ShellOutput, _join, _recv, _text
 from .shell_start import channel, children, killpg, living, output_channel, popen, send_signal
 
@@ -65,38 +65,6 @@ POLL_S = 0.05  # how often a waiting command looks at its cancel signal (s)
 BOOTSTRAP_WRITE_S = 5.0  # how long the new shell may take to accept its bootstrap (s)
 MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # kept per command: head and tail, the middle dropped (said)
 BOOTSTRAP = b"trap 'return 143 2>/dev/null' USR1\n__tf_run() { eval \"$__tf_c\"; }\n"
-
-
-@dataclass
-class Outcome:
-    """What one command did: ``output`` (text), ``status`` (exit status; ``None`` when stopped),
-    ``stopped`` (``"timeout"``/``"cancelled"``/``None``), ``restarted`` (the shell was replaced:
-    cwd and environment reset), ``note`` (said to the model before the output)."""
-
-    output: str
-    status: int | None
-    stopped: str | None = None
-    restarted: bool = False
-    note: str = ""
-
-
-def encode(command: str) -> str:
-    """``command`` as a bash ANSI-C quoted word (``$'\\xHH...'``): read by bash's own parser, no
-    external program, so it works whatever the session did to ``PATH``. Raises ``ValueError`` for
-    a NUL character (a bash string cannot hold one)."""
-    data = command.encode("utf-8", "surrogateescape")
-    if b"\0" in data:
-        raise ValueError("a command cannot contain a NUL character")
-    return "$'" + "".join(f"\\x{byte:02x}" for byte in data) + "'"
-
-
-class LeaseLapsed(Exception):
-    """The shell was ended by its lease (:mod:`.sandbox_lease`); ``ran``: the call's command had been
-    written to it (it may have acted in part)."""
-
-    def __init__(self, ran: bool) -> None:
-        super().__init__("the shell's lease lapsed")
-        self.ran = ran
 
 
 class Shell:
@@ -118,6 +86,7 @@ class Shell:
         self.unsandboxed = False
         self._hidden: tuple[str, ...] = ()  # the secret mounts of the running sandbox (sandbox.hidden_now)
         self._life = threading.Lock()  # kill() (any thread) vs close(): never signal a closed pidfd
+        self.ended = False  # end(): its session was closed; no restart
         self._start()
 
     # ---- life ----
@@ -176,6 +145,12 @@ class Shell:
         or cut off from Redis) and the session counts as lost (:mod:`.sandbox_lease`)."""
         return self._lease is not None and self.proc is not None and self.proc.poll() == -int(LAPSE_SIGNAL)
 
+    def end(self) -> None:
+        """:meth:`kill` for good (the session was closed): a call running sees its end, and no
+        :meth:`restart` starts another shell in its place (:class:`ShellEnded`)."""
+        self.ended = True
+        self.kill()
+
     def kill(self) -> None:
         """SIGKILL the shell's sandbox (its init: the kernel ends every process of it) without
         waiting; safe from any thread, while a command runs. Never blocks: a :meth:`close` under way
@@ -231,6 +206,8 @@ class Shell:
         if self.lease_lapsed:
             raise LeaseLapsed(ran)
         self.close()
+        if self.ended:  # its session was closed: a new shell would outlive it
+            raise ShellEnded(ran)
         self._start()
 
     # ---- one command ----
@@ -335,7 +312,7 @@ class Shell:
         text = self._take()
         self.close()
         return Outcome(text, status, note=(note + "\n" if note else "") +
-                       f"[the shell exited (status {status}); the next call starts a new shell]")
+                       f"[the shell exited (status {status}); the next call starts a new shell]", exited=True)
 
     def _stop(self, mark: bytes, start: int, before: set[int], why: str, note: str) -> Outcome:
         """Stop the processes the command started; restart the shell if the marker does not come."""
