@@ -198,3 +198,12 @@ def test_the_private_redis_asks_any_password_given_on_its_stdin(tmp_path, passwo
     finally:
         proc.terminate()
         proc.wait(timeout=15)
+
+
+def test_a_cli_error_quoting_an_mcp_command_masks_its_password(namespace):
+    """``toolfleet worker --mcp 'pg=server postgresql://app:PW@db/app'`` whose server cannot start
+    printed the DSN with its password (a breaker's find): every ``error:`` line is redacted."""
+    env = dict(os.environ, TOOLFLEET_NAMESPACE=namespace, TOOLFLEET_FLEET_KEY="k" * 40)
+    done = cli("worker", "--mcp", f"pg=/nonexistent/server postgresql://app:{REDIS_PW}@db/app", env=env)
+    assert done.returncode != 0 and "cannot start" in done.stdout + done.stderr, done.stdout + done.stderr
+    assert REDIS_PW not in done.stdout + done.stderr

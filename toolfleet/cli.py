@@ -83,8 +83,11 @@ def _policy(path: Path | None):  # -> Policy | None
 
 def _fail(exc: Exception, code: int = 1) -> None:
     """Print ``error: MESSAGE`` on stderr as one line (not wrapped at 80 columns when piped; the
-    message's brackets are text, not markup), in the CLI's words, and exit with ``code``."""
-    err.print(f"[bold red]error:[/] {escape(cli_words(str(exc)))}", soft_wrap=True)
+    message's brackets are text, not markup), in the CLI's words, secrets masked (a ``--mcp``
+    command's DSN with its password, quoted by a server that would not start), and exit with ``code``."""
+    from .tools.redact import redact_text
+
+    err.print(f"[bold red]error:[/] {escape(redact_text(cli_words(str(exc))))}", soft_wrap=True)
     raise typer.Exit(code)
 
 
