@@ -47,7 +47,9 @@ def run(
     tools: ToolsOpt = None,
     policy: PolicyOpt = None,
     session: Annotated[
-        Optional[str], typer.Option("--session", help="Session id (loop detection across runs).")
+        Optional[str], typer.Option("--session", help="Session id: loop detection across runs, and the "
+                                    "session of stateful tools (open one with `toolfleet sessions --open ID "
+                                    "--tools MODULE`).")
     ] = None,
     broker_url: BrokerOpt = None,
 ) -> None:

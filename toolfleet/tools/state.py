@@ -349,7 +349,9 @@ class SessionStore:
         the session is not open, or a state the session lists has expired (its key is gone)."""
         if not session_id:
             raise ToolFailure(f"this tool keeps session state ({state.name!r}) and the turn has no session id; "
-                              "it did not run", "open a session (Dispatcher.open_session) and pass its session_id")
+                              "it did not run",
+                              "open a session (Dispatcher.open_session; CLI: `toolfleet sessions --open ID --tools "
+                              "MODULE`) and pass its id (session_id; CLI: `toolfleet run --session ID`)")
         pipe = self.redis.pipeline(transaction=False)  # one round trip
         pipe.hmget(self.meta_key(session_id), "opened_at", "states", "epoch")
         pipe.hmget(self.state_key(session_id, state.name), "data", "version")
@@ -357,7 +359,9 @@ class SessionStore:
         epoch = epoch.decode() if isinstance(epoch, bytes) else (epoch or "")
         if opened is None:
             raise ToolFailure(f"session {session_id!r} is not open (never opened, closed, or expired); the call did "
-                              "not run", "open it with Dispatcher.open_session (or `toolfleet sessions`)")
+                              "not run",
+                              "open it with Dispatcher.open_session (CLI: `toolfleet sessions --open ID --tools "
+                              "MODULE`)")
         if raw is None:
             if state.name in _listed(names):  # it was stored, and its key is gone: never a fresh default
                 raise ToolFailure(f"session {session_id!r} is not open: its state {state.name!r} expired; the call "
