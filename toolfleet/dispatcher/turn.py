@@ -300,11 +300,11 @@ class Turn(TurnIntake, TurnApprovals, TurnDriver):
         """Write the cancel Redis has not taken yet (if any) to the ledger and revoke the messages
         of the calls not seen starting; raises what Redis raises (the cancel stays pending: the
         driver calls this at each tick). Idempotent: a cancel sent twice is taken once."""
-        with self._lock:
+        with self._lock:  # at each tick: nothing pending is one read, not a walk of the turn's calls
             reason = self._cancel_pending
+            if reason is None or self._done.is_set():
+                return
             waiting = [t for c, t in self._submitted.items() if c not in self._started and c not in self._finished]
-        if reason is None or self._done.is_set():
-            return
         try:
             self._ledger.cancel(self.turn_id, reason)
         except TurnNotFound:  # its keys are gone (expired): nothing of it can run
