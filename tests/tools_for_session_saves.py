@@ -35,6 +35,12 @@ class GatedSave(BaseModel):
 GATED = SessionState("gated", GatedSave)
 
 
+def _bump(ctx: ToolContext, gate: str) -> str:
+    ctx.session.count += 1
+    ctx.session.gate = gate
+    return f"count={ctx.session.count}"
+
+
 @tool(state=GATED, loop_check=False, timeout_s=60)
 def gated_bump(ctx: ToolContext, gate: str) -> str:
     """Add one; the save waits at ``gate`` (a file path) while it writes the state.
@@ -42,9 +48,7 @@ def gated_bump(ctx: ToolContext, gate: str) -> str:
     Args:
         gate: path of the gate's files.
     """
-    ctx.session.count += 1
-    ctx.session.gate = gate
-    return f"count={ctx.session.count}"
+    return _bump(ctx, gate)
 
 
 @tool(state=GATED, loop_check=False, timeout_s=1)
@@ -54,9 +58,7 @@ def gated_bump_1s(ctx: ToolContext, gate: str) -> str:
     Args:
         gate: path of the gate's files.
     """
-    ctx.session.count += 1
-    ctx.session.gate = gate
-    return f"count={ctx.session.count}"
+    return _bump(ctx, gate)
 
 
 @tool(state=GATED, access="read", loop_check=False)
