@@ -115,7 +115,8 @@ class Turn(TurnIntake, TurnApprovals, TurnDriver):
         self._closed = False
         self._done = threading.Event()
         self._cancelled_at: float | None = None
-        self._cancel_pending: str | None = None  # a cancel's reason until Redis took it (the driver sends it on)
+        self._cancel_pending: str | None = None  # a cancel's reason until Redis took it
+        self._cancel_failed = False  # a send of it failed: the driver sends it again (send_pending_cancel)
         self._error: ToolfleetError | None = None
         self._guard = guard
         self._held: dict[str, PendingCall] = {}  # waiting for a person
@@ -296,23 +297,30 @@ class Turn(TurnIntake, TurnApprovals, TurnDriver):
             if not self._done.is_set():
                 self._cancel_pending = reason
 
-    def send_pending_cancel(self) -> None:
+    def send_pending_cancel(self, retry: bool = False) -> None:
         """Write the cancel Redis has not taken yet (if any) to the ledger and revoke the messages
-        of the calls not seen starting; raises what Redis raises (the cancel stays pending: the
-        driver calls this at each tick). Idempotent: a cancel sent twice is taken once."""
-        with self._lock:  # at each tick: nothing pending is one read, not a walk of the turn's calls
+        of the calls not seen starting; raises what Redis raises (the cancel stays pending).
+        ``retry`` (the driver, at each tick): only a cancel whose send failed, so a cancel under
+        way on the caller's thread is not sent twice (a second revoke broadcast). Idempotent: a
+        cancel sent twice is taken once."""
+        with self._lock:  # at each tick: nothing to resend is one read, not a walk of the turn's calls
             reason = self._cancel_pending
-            if reason is None or self._done.is_set():
+            if reason is None or self._done.is_set() or (retry and not self._cancel_failed):
                 return
             waiting = [t for c, t in self._submitted.items() if c not in self._started and c not in self._finished]
         try:
-            self._ledger.cancel(self.turn_id, reason)
-        except TurnNotFound:  # its keys are gone (expired): nothing of it can run
-            pass
-        self._submitter.revoke(waiting)
+            try:
+                self._ledger.cancel(self.turn_id, reason)
+            except TurnNotFound:  # its keys are gone (expired): nothing of it can run
+                pass
+            self._submitter.revoke(waiting)
+        except BaseException:
+            with self._lock:
+                self._cancel_failed = True
+            raise
         with self._lock:
             if self._cancel_pending == reason:
-                self._cancel_pending = None
+                self._cancel_pending, self._cancel_failed = None, False
 
     def join_driver(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` seconds for the driver thread to end (after the turn is done

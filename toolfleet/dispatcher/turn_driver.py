@@ -69,7 +69,7 @@ class TurnDriver:
         try:
             while not self._done.is_set():
                 try:
-                    self.send_pending_cancel()  # a cancel Redis did not take yet (turn.py): sent until it does
+                    self.send_pending_cancel(retry=True)  # a cancel Redis did not take (turn.py): again
                     for event in self._ledger.events(self.turn_id, after=last, block_ms=BLOCK_MS):
                         last = event.stream_id
                         self._on_event(event)
