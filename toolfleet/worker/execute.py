@@ -81,6 +81,7 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
     hard_s = float(hard_limit_s) if hard_limit_s else hard_limit_for(runtime, env)
     with runtime.watcher.track(ctx):
         claimed_at = time.monotonic()  # before the claim reads the breaker's failures
+        claim_sent_wall = time.time()
         try:
             claim = ledger.claim_start(env.turn_id, env.call_id, worker, arm_wait_s=arm_wait_s(env),
                                        hard_limit_s=hard_s, submitted_at=env.submitted_at, tool=spec.name)
@@ -133,7 +134,8 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
         ctx.hard_deadline = time.monotonic() + hard_s  # a fencing deadline (claim + hard limit), monotonic
         ctx.fencing_token = claim.token or None
         started_at = time.time()
-        result, worked = run_guarded(runtime, spec, ctx, env, claim, _run_handler)
+        claim_took_s = max(time.monotonic() - claimed_at, time.time() - claim_sent_wall)
+        result, worked = run_guarded(runtime, spec, ctx, env, claim, _run_handler, claim_took_s)
     result = result.model_copy(update={"attempts": ctx.attempt})
     # a call that worked ends the tool's run of failures: one counted before its claim (which saw
     # it: Claim.failures_seen) or while it ran (heard: worker/breaker_notices.py); else nothing to reset

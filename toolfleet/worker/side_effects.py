@@ -13,7 +13,11 @@
   Only a definite outcome is recorded (a result, or a ``ToolFailure`` the handler raised); a
   handler stopped by cancel or time limit, or crashed, leaves the key "started without outcome".
 - Fencing: the execution's claim token (``ctx.fencing_token``) is its journal token too, and
-  ``ctx.check_fence()`` checks both at a handler's last moment. A stale execution (a newer one
+  ``ctx.check_fence()`` checks both at a handler's last moment. A claim whose answer took longer
+  than :func:`recheck_after_s` to reach the handler (its worker frozen, a VM paused, Redis slow)
+  is checked once more before anything runs: the caller may have its answer by then
+  (``WORKER_LOST`` at the liveness bound, ``OUTCOME_UNKNOWN`` after ``cancel_grace_s``), and
+  the handler must not start after that. A quick claim costs no check. A stale execution (a newer one
   claimed the call, the caller already has its answer, its deadline passed) neither finishes the
   journal nor has its result recorded (the ledger keeps it as a late note).
 - The tool's circuit breaker (:mod:`toolfleet.breaker`) is told whether the tool worked: a failure
@@ -29,8 +33,9 @@ from collections.abc import Callable
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
+from redis.exceptions import RedisError
 
-from ..errors import CallCancelled, ToolFailure
+from ..errors import BrokerUnavailable, CallCancelled, ToolFailure
 from ..ledger import ARM_WAIT_S
 from ..models import CallEnvelope, ErrorCode, ToolResult
 from ..tools.context import ToolContext
@@ -71,17 +76,35 @@ def hard_limit_for(runtime: Runtime, env: CallEnvelope) -> float:
     return hard_limit_s(runtime.settings, env.time_limit_s)
 
 
+def recheck_after_s(settings: Any) -> float:
+    """How long a claim may take (s, from before it was sent until the handler would start)
+    before its fence is checked again: under half the earliest time a dispatcher can answer a
+    claimed call without its worker (``cancel_grace_s`` after a cancel; two heartbeats after a
+    freeze, the least a lease can have left), and at most 0.25 s."""
+    return min(0.25, settings.cancel_grace_s / 2, settings.heartbeat_s / 2)
+
+
 def run_guarded(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnvelope, claim: str,
-                run: Runner) -> tuple[ToolResult, bool]:
+                run: Runner, claim_took_s: float = 0.0) -> tuple[ToolResult, bool]:
     """Run ``spec``'s handler for the call under the rules above; ``claim`` is what the ledger's
-    ``claim_start`` answered (``ok`` or ``restarted``); ``run`` turns a handler run into a result.
+    ``claim_start`` answered (``ok`` or ``restarted``); ``run`` turns a handler run into a result;
+    ``claim_took_s``: seconds from before the claim was sent until now (the later of the
+    monotonic and the wall clock's counts: a paused VM may stop one of them).
     Returns the result and whether the caller still owes the breaker a "the tool worked" (told
     with the result, in the same round trip: ``Ledger.record_result(tool_worked=...)``)."""
     journal_key = runtime.journal.key(spec.name, env.idempotency_key) if spec.journal else None
     if ctx.fencing_token is not None:
         token = ctx.fencing_token
-        ctx.fence_check = lambda: runtime.ledger.check_fence(
-            env.turn_id, env.call_id, token, refuse_if_cancelled=spec.cancellable, journal_key=journal_key)
+
+        def fence(key: str | None) -> Callable[[], str]:
+            return lambda: runtime.ledger.check_fence(
+                env.turn_id, env.call_id, token, refuse_if_cancelled=spec.cancellable, journal_key=key)
+
+        if claim_took_s > recheck_after_s(runtime.settings):  # the journal's key is not taken yet: not checked
+            refused = _refused_late_start(spec, ctx, fence(None), claim_took_s)
+            if refused is not None:
+                return refused, False
+        ctx.fence_check = fence(journal_key)
     if claim == "restarted":
         ctx.attempt = runtime.ledger.attempts(env.turn_id, env.call_id)
         if ctx.attempt > runtime.settings.max_attempts:
@@ -153,6 +176,29 @@ def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnve
     if kept.content != result.content or kept.status != result.status:
         log.error("call %s: journal %s already held another outcome; this execution's is dropped", owner, key)
     return result, True
+
+
+def _refused_late_start(spec: ToolSpec, ctx: ToolContext, check: Callable[[], str],
+                        claim_took_s: float) -> ToolResult | None:
+    """``None`` if this execution still holds its call after a slow claim (one Redis round trip),
+    else the result that says its handler never started (Redis unreachable refuses too: fail
+    closed). Guarantee F7 (docs/guarantees.md)."""
+    try:
+        why = check()
+    except (BrokerUnavailable, RedisError, OSError) as exc:  # cannot confirm that it still holds the call
+        why = f"could not confirm the fencing token ({type(exc).__name__}: {exc})"
+    if not why:
+        return None
+    log.warning("call %s (turn %s, fencing token %s): its claim took %.1f s and it no longer holds the call (%s); "
+                "the handler was not started", ctx.call_id, ctx.turn_id, ctx.fencing_token, claim_took_s, why)
+    if why == "the turn was cancelled":
+        return ToolResult.failure(ctx.call_id, spec.name, ErrorCode.CANCELLED,
+                                  "the turn was cancelled before this call's handler started; it did not run",
+                                  "nothing happened; ask again if the call is still wanted")
+    ctx.fenced = why
+    return ToolResult.failure(ctx.call_id, spec.name, ErrorCode.NOT_EXECUTED,
+                              f"this execution no longer held its call when its handler could start ({why}); "
+                              "it did not run", "the caller's answer for this call stands")
 
 
 def _probe(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnvelope, run: Runner,

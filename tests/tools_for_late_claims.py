@@ -1,0 +1,49 @@
+"""Tools for tests/test_late_claims.py: a write whose pool process stops itself (SIGSTOP) right
+after its claim, before its handler starts: the moment a frozen worker's claim reply is in
+flight or just read (a GC pause, a VM stall). Only in a worker started with
+``TOOLFLEET_TEST_LATE_DIR`` set (a folder: the claim leaves ``claimed-<call id>`` there, the
+handler ``wrote-<label>``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from toolfleet.ledger_claims import ClaimSteps
+from toolfleet.tools.spec import tool
+
+_claim_start = ClaimSteps.claim_start
+
+
+def _claim_then_stop(self, turn_id, call_id, worker, **kwargs):  # type: ignore[no-untyped-def]
+    claim = _claim_start(self, turn_id, call_id, worker, **kwargs)
+    folder = os.environ.get("TOOLFLEET_TEST_LATE_DIR")
+    if folder and kwargs.get("tool") == "late_write":
+        (Path(folder) / f"claimed-{call_id}").touch()
+        os.kill(os.getpid(), signal.SIGSTOP)  # resumed by the test's SIGCONT
+    return claim
+
+
+ClaimSteps.claim_start = _claim_then_stop  # type: ignore[method-assign]
+
+
+@tool(access="write", resources=lambda a: [f"late:{a['label']}"], timeout_s=30)
+def late_write(label: str) -> str:
+    """Leave ``wrote-<label>`` in the test's folder (a write that is not idempotent nor journaled).
+
+    Args:
+        label: the file's suffix.
+    """
+    (Path(os.environ["TOOLFLEET_TEST_LATE_DIR"]) / f"wrote-{label}").touch()
+    return f"wrote {label}"
+
+
+@tool(access="read", timeout_s=30)
+def late_echo(text: str) -> str:
+    """Return ``text`` (a call to join on: the pool took it after the one before).
+
+    Args:
+        text: echoed back.
+    """
+    return text
