@@ -73,7 +73,18 @@ def test_time_limit_stops_one_call_and_not_the_others(dispatcher, worker, worksp
     results = dispatcher.run(calls, timeout_s=30, workspace=str(workspace))
     assert results[0].code is ErrorCode.TIMEOUT
     assert "started" in results[0].content  # what it printed before it was stopped
+    assert "part of its work" in results[0].error.hint  # a write stopped part-way
     assert results[1].ok
+
+
+def test_a_write_stopped_at_its_time_limit_says_it_may_have_done_part_of_its_work(dispatcher, worker):
+    """A model told only "ask for less work" applies a half-done write twice; a read's hint is
+    unchanged (running it again is harmless)."""
+    write, read = dispatcher.run([call("w", "slow_write", label="x", seconds=30),
+                                  call("r", "swallowing_sleep", seconds=30)], timeout_s=30)
+    assert write.code is read.code is ErrorCode.TIMEOUT, (write, read)
+    assert "may have done part of its work" in write.error.hint, write
+    assert "part of its work" not in read.error.hint, read
 
 
 def test_hard_time_limit_kills_a_handler_that_swallows_the_soft_one(dispatcher, worker):

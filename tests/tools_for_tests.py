@@ -45,6 +45,18 @@ def stubborn_sleep(seconds: float) -> str:
     return "slept"
 
 
+@tool(access="write", resources=lambda a: [f"key:{a['label']}"], timeout_s=1)
+def slow_write(label: str, seconds: float) -> str:
+    """A write that sleeps (its soft time limit of 1 s stops it part-way).
+
+    Args:
+        label: the resource it writes (key:<label>).
+        seconds: How long to sleep.
+    """
+    time.sleep(seconds)
+    return label
+
+
 @tool(access="read", resources=lambda a: [], timeout_s=1)
 def swallowing_sleep(seconds: float) -> str:
     """Sleep and swallow every Exception (so only the hard time limit stops it).

@@ -34,6 +34,8 @@ from .workspace import workspace_of
 TERM_GRACE_S = 0.25  # between TERM and KILL (s); below the default cancel_grace_s (0.5 s), so a cancel
 # that a command ignores still ends in this handler, with its partial output, before the dispatcher kills it
 POLL_S = 0.05  # how often the wait loop looks at the cancel signal and the deadline (s)
+TIMEOUT_HINT = ("the command may have done part of its work: check before repeating it; raise timeout_s, or run a "
+                "shorter command")
 SELF_KILL_AFTER_S = 0.5  # the sandbox ends itself this long after the call's time limit (s): see below
 
 
@@ -127,14 +129,14 @@ def run_command(
                 _stop_group(proc, init)
                 raise ToolTimeout(
                     f"command ran past its time limit and was stopped: {command}",
-                    "raise timeout_s, or run a shorter command",
+                    TIMEOUT_HINT,
                     output=output(),
                 )
     except SoftTimeLimitExceeded:
         _stop_group(proc, init)
         raise ToolTimeout(
             f"command ran past its time limit and was stopped: {command}",
-            "raise timeout_s, or run a shorter command",
+            TIMEOUT_HINT,
             output=output(),
         ) from None
     except CallCancelled as exc:

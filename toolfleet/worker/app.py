@@ -39,6 +39,7 @@ from ..redis_tls import ssl_options
 from ..settings import Settings
 from ..tools.redact import register_own_secrets
 from ..tools.registry import Registry, default_registry
+from ..tools.spec import ToolSpec
 from .affinity import connect_affinity
 from .authenticity import message_problem, report_drop
 from .catalog import connect_catalog
@@ -49,6 +50,7 @@ from .pool import POOL_CLASS
 from .reaper import connect_reaper
 from .redaction import redacted_failure, task_summary
 from .runtime import Runtime
+from .side_effects import timeout_hint
 from .task_states import KILLED_AT_HARD_LIMIT, KILLED_ON_CANCEL, CallFailed, ShadowedAMQP, task_outcome
 from .transport import TRANSPORT_CLASS
 
@@ -210,7 +212,7 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
                 steps.run(lambda: _killed(
                     runtime, kwargs, pid, ErrorCode.TIMEOUT,
                     f"the call ran past its hard time limit ({timeout:g} s) and its process was killed",
-                    "ask for less work per call, or a longer time limit where the tool allows it", broken=True))
+                    timeout_hint(_spec_of(runtime, kwargs)), broken=True))
 
         def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
             exc = getattr(exc_info, "exception", None)
@@ -260,8 +262,7 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
             _abandoned(runtime, {"envelope": envelope}, broken=False)
             _finalize(runtime, {"envelope": envelope}, ErrorCode.TIMEOUT,
                       "the call ran past its time limit and was stopped",
-                      "ask for less work per call, or a longer time limit where the tool allows it",
-                      pid=os.getpid())
+                      timeout_hint(_spec_of(runtime, {"envelope": envelope})), pid=os.getpid())
             result = _recorded(runtime, envelope)
             if result is None:
                 return {}
@@ -335,6 +336,11 @@ def _abandoned(runtime: Runtime, kwargs: dict[str, Any], *, broken: bool, pid: i
             runtime.breakers.observe(env.name, ok=False)
     except Exception as exc:  # best effort: leases lapse by themselves
         log.warning("could not release the journal key of a lost call (%s)", exc)
+
+
+def _spec_of(runtime: Runtime, kwargs: dict[str, Any]) -> ToolSpec | None:
+    envelope = kwargs.get("envelope")
+    return runtime.registry.get(envelope.get("name")) if isinstance(envelope, dict) else None
 
 
 def _killed(runtime: Runtime, kwargs: dict[str, Any], pid: int | None, code: ErrorCode, message: str, hint: str,

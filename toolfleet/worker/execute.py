@@ -27,7 +27,7 @@ from ..tools.validation import check_arguments
 from .guard import screen_call
 from .redaction import call_secrets, mask_known_secrets
 from .runtime import Runtime
-from .side_effects import arm_wait_s, hard_limit_for, run_guarded
+from .side_effects import arm_wait_s, hard_limit_for, run_guarded, timeout_hint
 from .stateful import call_handler
 from .values import safe_text, to_content_and_data, to_json
 
@@ -207,7 +207,7 @@ def _handler_result(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, argument
             spec.name,
             ErrorCode.TIMEOUT,
             "the call ran past its time limit and was stopped",
-            "ask for less work per call, or a longer time limit where the tool allows it",
+            timeout_hint(spec),
         )
     except ToolFailure as exc:
         return ToolResult.failure(

@@ -84,6 +84,17 @@ def recheck_after_s(settings: Any) -> float:
     return min(0.25, settings.cancel_grace_s / 2, settings.heartbeat_s / 2)
 
 
+TIMEOUT_HINT = "ask for less work per call, or a longer time limit where the tool allows it"
+
+
+def timeout_hint(spec: ToolSpec | None) -> str:
+    """The hint of a ``TIMEOUT``: a tool that is not idempotent was stopped part-way, so it may
+    have done part of its work (a model that simply asks again may apply it twice)."""
+    if spec is None or spec.idempotent:
+        return TIMEOUT_HINT
+    return f"the call may have done part of its work; check before repeating it, or {TIMEOUT_HINT}"
+
+
 def run_guarded(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnvelope, claim: str,
                 run: Runner, claim_took_s: float = 0.0) -> tuple[ToolResult, bool]:
     """Run ``spec``'s handler for the call under the rules above; ``claim`` is what the ledger's
