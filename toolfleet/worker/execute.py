@@ -187,7 +187,8 @@ def _handler_result(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, argument
     budget = spec.max_output_chars
 
     def store(text: str) -> str:
-        return ctx.output_store.save(text, turn_id=ctx.turn_id, call_id=ctx.call_id, tool=spec.name)
+        return ctx.output_store.save(text, turn_id=ctx.turn_id, call_id=ctx.call_id, tool=spec.name,
+                                     workspace=ctx.workspace, session_id=ctx.session_id)
 
     try:
         with runtime.watcher.interruptible(ctx, spec.cancellable):
