@@ -8,6 +8,7 @@ Also: ``ttl_s`` below one second (``EXPIRE 0`` deletes the key) is refused, not 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis as redis_lib
@@ -98,3 +99,57 @@ def test_a_stop_that_lands_while_the_state_is_written_answers_as_the_stop(settin
     assert cancelled.code is ErrorCode.CANCELLED, cancelled
     assert timed_out.code is ErrorCode.TIMEOUT, timed_out
     assert count.content == "0"
+
+
+class _SaveLandsDuring(redis_lib.Redis):
+    """A client that runs ``action`` once, right after the first command on ``meta`` that reads the
+    session's state list (``HGET ... states``) or is a script on it: where a write call of another
+    process could save between that read and the deletes that follow it."""
+
+    meta: str = ""
+    action: Any = None
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        result = super().execute_command(*args, **options)
+        name = str(args[0]).upper()
+        on_meta = (name == "HGET" and args[1:3] == (self.meta, "states")) or \
+            (name in ("EVALSHA", "EVAL") and len(args) > 3 and args[3] == self.meta)
+        if on_meta and self.action is not None:
+            action, self.action = self.action, None
+            action()
+        return result
+
+
+@pytest.mark.parametrize("how", ["close-reopen", "replace"])
+def test_a_state_first_saved_while_the_session_closes_is_not_left_for_its_next_life(settings, how):
+    """A hunt's find: ``close`` read the states the record lists, then deleted them; a write call
+    saving a state the session was opened without (so not listed yet) in between listed it and left
+    its key behind, and the session opened again under the id (without that state) loaded it: the
+    first life's ``{"count": 42}`` at version 1, which the new life's next save then built on. Same
+    for ``open(replace=True)``. Close and open are now one script each."""
+    other = SessionState("other", Counter)
+    plain = redis_lib.Redis.from_url(settings.redis_url)
+    racing = _SaveLandsDuring.from_url(settings.redis_url)
+    keys = Keys(settings.namespace)
+    first, store = SessionStore(plain, keys), SessionStore(racing, keys)
+    store.open("s5", {COUNTER: None})
+    loaded = first.load(other, "s5")  # a write call of the first life, on the state not opened with
+
+    def save() -> None:
+        try:
+            first.save(other, "s5", loaded, Counter(count=42, log=["first life"]))
+        except ToolFailure:
+            pass  # after the close: refused, as it should be
+
+    racing.meta, racing.action = store.meta_key("s5"), save
+    if how == "close-reopen":
+        assert store.close("s5")
+        store.open("s5", {COUNTER: None})
+    else:
+        store.open("s5", {COUNTER: None}, replace=True)
+    assert racing.action is None  # the save ran in the window
+    again = store.load(other, "s5")
+    assert (again.value, again.version) == (Counter(), 0)  # the new life starts it fresh
+    assert store.save(other, "s5", again, Counter(count=1)) == 1
+    plain.close()
+    racing.close()

@@ -204,6 +204,44 @@ return v + 1
 """
 
 
+_DROP_STATES = """
+local ok, names = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'states') or '[]')
+if not ok or type(names) ~= 'table' then names = {} end
+for _, name in ipairs(names) do
+  if type(name) == 'string' and name ~= '' then redis.call('DEL', ARGV[1] .. name) end
+end
+"""
+
+_OPEN = """
+-- KEYS: meta ; ARGV: state key prefix, replace ('1'/'0'), now, ttl_s, epoch, states (JSON list),
+-- then name, data pairs. 0: open already (and not replace), else 1. One step: a save of the
+-- session's previous life that lists a state lands before (and its key is deleted here) or after
+-- (and finds the new epoch): never a state of the old life left under the new one.
+if redis.call('EXISTS', KEYS[1]) == 1 and ARGV[2] ~= '1' then return 0 end
+""" + _DROP_STATES + """
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'opened_at', ARGV[3], 'touched_at', ARGV[3], 'ttl_s', ARGV[4], 'epoch', ARGV[5],
+           'states', ARGV[6])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+for i = 7, #ARGV, 2 do
+  local key = ARGV[1] .. ARGV[i]
+  redis.call('DEL', key)
+  redis.call('HSET', key, 'data', ARGV[i + 1], 'version', 1)
+  redis.call('EXPIRE', key, ARGV[4])
+end
+return 1
+"""
+
+_CLOSE = """
+-- KEYS: meta ; ARGV: state key prefix. 1 if the session was open. One step with the save script:
+-- a save that lists a new state either lands before (its key is deleted here) or finds no session.
+local open = redis.call('EXISTS', KEYS[1])
+""" + _DROP_STATES + """
+redis.call('DEL', KEYS[1])
+return open
+"""
+
+
 def _listed(raw: bytes | str | None) -> list[str]:
     """The state names of a session record's ``states`` (JSON list); unreadable entries skipped."""
     try:
@@ -235,6 +273,8 @@ class SessionStore:
         self.url = url
         self.default_ttl_s = default_ttl_s
         self._save = client.register_script(_SAVE)
+        self._open = client.register_script(_OPEN)
+        self._close = client.register_script(_CLOSE)
 
     def meta_key(self, session_id: str) -> str:
         return f"{self.keys.ns}:session:{{{session_id}}}:meta"
@@ -267,35 +307,23 @@ class SessionStore:
             except ToolFailure as exc:
                 raise ToolfleetError(exc.message) from exc
         now = time.time()
-        meta = self.meta_key(session_id)
-        try:
-            if not self.redis.hsetnx(meta, "opened_at", now) and not replace:
+        pairs = [x for name, raw in sorted(dumped.items()) for x in (name, raw)]
+        try:  # one script: a replaced session's old states deleted and the new ones stored in one step
+            opened = self._open(keys=[self.meta_key(session_id)],
+                                args=[self.state_key(session_id, ""), "1" if replace else "0", now, ttl,
+                                      uuid.uuid4().hex, json.dumps(sorted(dumped)), *pairs])
+            if not int(opened):
                 raise ToolfleetError(f"session {session_id!r} is open already; close it first or pass replace=True")
-            pipe = self.redis.pipeline()
-            for name in self._state_names(session_id):  # a replaced session's old states
-                pipe.delete(self.state_key(session_id, name))
-            pipe.hset(meta, mapping={"opened_at": now, "touched_at": now, "ttl_s": ttl, "epoch": uuid.uuid4().hex,
-                                     "states": json.dumps(sorted(dumped))})
-            pipe.expire(meta, ttl)
-            for name, raw in dumped.items():
-                key = self.state_key(session_id, name)
-                pipe.hset(key, mapping={"data": raw, "version": 1})
-                pipe.expire(key, ttl)
-            pipe.zadd(self.index_key, {session_id: now})
-            pipe.execute()
+            self.redis.zadd(self.index_key, {session_id: now})
         except redis.RedisError as exc:
             raise self._broker(exc) from exc
 
     def close(self, session_id: str) -> bool:
         """Delete the session and its states; True if it was open."""
-        try:
-            keys = [self.meta_key(session_id),
-                    *(self.state_key(session_id, name) for name in self._state_names(session_id))]
-            pipe = self.redis.pipeline()
-            for key in keys:  # one DEL per key: a cluster pipeline takes no multi-key DEL
-                pipe.delete(key)
-            pipe.zrem(self.index_key, session_id)
-            return any(pipe.execute()[: len(keys)])
+        try:  # one script: the states the record lists, read and deleted with it in one step
+            was_open = int(self._close(keys=[self.meta_key(session_id)], args=[self.state_key(session_id, "")]))
+            self.redis.zrem(self.index_key, session_id)
+            return bool(was_open)
         except redis.RedisError as exc:
             raise self._broker(exc) from exc
 
