@@ -60,3 +60,20 @@ def test_an_opened_sessions_keys_share_one_cluster_slot_or_the_id_is_refused(sto
 def test_an_id_starting_with_a_closing_brace_is_refused_with_a_clear_error(store):
     with pytest.raises(ToolfleetError, match=r"session id '\}x' cannot start with '\}'"):
         store.open("}x", {A: None})
+
+
+@pytest.mark.parametrize("tid", ["}x", "}"])
+def test_a_turn_id_starting_with_a_closing_brace_is_refused_too(settings, tid):
+    """The same flaw in the turn's keys (``<ns>:turn:{<id>}:...``): a caller's own turn id starting
+    with ``}`` gave every key of the turn its own slot, so each ledger script of it failed
+    ``CROSSSLOT`` on a cluster ledger."""
+    from toolfleet import Dispatcher
+    from toolfleet.tools.registry import default_registry
+
+    keys = Keys(settings.namespace)
+    assert len({_slot(keys.turn_calls(tid)), _slot(keys.turn_results(tid)), _slot(keys.turn_armed(tid))}) > 1
+    with Dispatcher(settings, default_registry()) as dispatcher:
+        with pytest.raises(ToolfleetError, match="cannot start with"):
+            dispatcher.open_turn(turn_id=tid)
+        assert not dispatcher.ledger.redis.exists(keys.turn_calls(tid))
+        assert dispatcher.open_turn(turn_id="a}b").turn_id == "a}b"  # a brace elsewhere is one slot

@@ -126,13 +126,17 @@ class Dispatcher:
         it); ``session_id`` ties the turns of one conversation together for loop detection. Calls
         the policy asks about are held (``turn.pending``) until approved or denied. Raises
         :class:`~toolfleet.errors.BrokerUnavailable` if Redis does not answer,
-        :class:`~toolfleet.errors.ToolfleetError` if an id or the workspace is not valid Unicode. ``armed=False``:
+        :class:`~toolfleet.errors.ToolfleetError` if an id or the workspace is not valid Unicode, or the turn id starts
+        with ``}`` (its keys' hash tag would be empty: docs/scaling.md). ``armed=False``:
         workers run none of its calls until :meth:`~toolfleet.ledger.Ledger.arm` (what
         :meth:`submit` does once the whole batch is sent).
         """
         if self._closed:
             raise ToolfleetError("this dispatcher is closed: open a new Dispatcher")
         turn_id = turn_id or uuid.uuid4().hex
+        if turn_id.startswith("}"):  # the keys' hash tag `{}` would be empty: one cluster slot per key
+            raise ToolfleetError(f"turn id {turn_id!r} cannot start with '}}': its keys would not share one Redis "
+                                 "Cluster slot, and its ledger scripts would fail there; choose another id")
         for what, text in (("turn_id", turn_id), ("workspace", workspace), ("session_id", session_id)):
             if text is not None and not encodable(text):  # Redis and JSON could not carry it
                 raise ToolfleetError(f"{what} {ascii(text)} holds a lone surrogate (not valid Unicode)")
