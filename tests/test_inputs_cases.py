@@ -237,6 +237,33 @@ def test_an_index_reused_with_a_new_id_starts_a_new_call_and_a_repeated_id_conti
                                                           ("b", "list_dir", '{"path": "."}')]
 
 
+def test_a_fragment_with_a_new_id_but_no_name_continues_the_call_at_its_index():
+    """LiteLLM's OCI provider gives every argument fragment of a call a new random id (name "",
+    BerriAI/litellm#40040): the fragments are one call, as the index says; a new call names its
+    function (vLLM's index reuse, above), a continuation does not."""
+    def fragment(id, arguments, name, finish=None):
+        return {"object": "chat.completion.chunk", "choices": [{"index": 0, "finish_reason": finish, "delta": {
+            "tool_calls": [{"index": 0, "id": id, "type": "function",
+                            "function": {"arguments": arguments, "name": name}}]}}]}
+
+    stream = [fragment("chatcmpl-tool-a91e", "", "read_file"), fragment("call_b49e", '{"path": "', ""),
+              fragment("call_ed82", 'README.md"}', ""), fragment("call_72b4", "", "", finish="stop")]
+    parser = get_adapter("openai_chat_stream").replay(stream)
+    calls = get_adapter("openai_chat_stream").parse(stream)
+    assert [(c.id, c.name, c.arguments) for c in calls] == [("chatcmpl-tool-a91e", "read_file",
+                                                           '{"path": "README.md"}')]
+    assert parser.cut_off == []
+    assert [parse_arguments(c) for c in calls] == [{"path": "README.md"}]
+    (message,) = rebuilt("openai_chat_stream", stream)
+    assert [(c["id"], c["function"]) for c in message["tool_calls"]] == [
+        ("chatcmpl-tool-a91e", {"name": "read_file", "arguments": '{"path": "README.md"}'})]
+    # without an index (Gemini, Ollama) the same: a new id without a name is the last call's fragment
+    indexless = [{"choices": [{"index": 0, "delta": {"tool_calls": [
+        {k: v for k, v in f["choices"][0]["delta"]["tool_calls"][0].items() if k != "index"}]}}]} for f in stream]
+    assert [(c.id, c.arguments) for c in get_adapter("openai_chat_stream").parse(indexless)] == [
+        ("chatcmpl-tool-a91e", '{"path": "README.md"}')]
+
+
 def test_call_ids_of_the_model_are_never_invented():
     stream = [{"choices": [{"index": 0, "delta": {"tool_calls": [
         {"index": 0, "type": "function", "function": {"name": "list_dir", "arguments": "{}"}}]}}]}]
@@ -426,3 +453,4 @@ def test_a_chat_choice_whose_index_is_null_or_missing_is_the_first_choice(choice
     assert [(c.id, c.name, c.arguments) for c in get_adapter("openai_chat_stream").parse(chunks)] == expected
     assert [c["id"] for c in rebuilt("openai_chat_stream", chunks)[0]["tool_calls"]] == ["call_1"]
     assert [c["id"] for c in rebuilt("openai_chat", whole)[0]["tool_calls"]] == ["call_1"]
+

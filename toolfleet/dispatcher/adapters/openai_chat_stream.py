@@ -20,9 +20,11 @@ What compatible servers do, and how each is read (docs/streams.md has the source
   closes an earlier one (OpenAI; vLLM);
 - the ``id`` (and ``type``, ``name``) repeated on every fragment (LiteLLM, SGLang): the same id
   at the same index is the same call;
-- an ``index`` reused with a new ``id`` (vLLM with some tool parsers): a new call;
-- no ``index`` (Gemini's OpenAI-compatible endpoint, older Ollama): a fragment with a new id starts
-  a new call, one without an id continues the last one;
+- an ``index`` reused with a new ``id`` and a function name (vLLM with some tool parsers): a new call;
+- a new ``id`` on every fragment, the name only on the first (LiteLLM's OCI provider, ``name: ""``):
+  a fragment that names no function continues the call at its index, whatever its id;
+- no ``index`` (Gemini's OpenAI-compatible endpoint, older Ollama): a fragment with a new id and a
+  name starts a new call, one without an id (or without a name) continues the last one;
 - a whole call in one fragment (Ollama), ``arguments`` as an object instead of text: its JSON text;
 - provider fields the parser does not interpret (``extra_content.google.thought_signature`` of
   Gemini, ``reasoning``/``reasoning_details`` of OpenRouter, ``reasoning_content`` of vLLM) are kept
@@ -188,7 +190,7 @@ class OpenAIChatStreamParser:
     def _slot(self, index: int | None, call_id: str, name: str) -> Any:
         if index is None:  # no index: a new id starts a new call, no id continues the last one
             last = self.calls.get(self._last_key)
-            if last is not None and (not call_id or call_id == last.id):
+            if last is not None and (not call_id or call_id == last.id or self._renamed(last, call_id, name)):
                 return last
             key = ("position", len(self.calls))
             if last is not None:
@@ -196,7 +198,8 @@ class OpenAIChatStreamParser:
         else:
             key = self._keys.get(index)
             current = self.calls.get(key)
-            if current is not None and not (call_id and current.id and call_id != current.id):
+            if current is not None and not (call_id and current.id and call_id != current.id
+                                            and not self._renamed(current, call_id, name)):
                 self._last_key = key
                 return current
             if current is not None:  # the index reused with a new id: a new call
@@ -205,6 +208,17 @@ class OpenAIChatStreamParser:
             self._keys[index] = key
         self._last_key = key
         return self.calls.start(key, call_id, name)
+
+    def _renamed(self, slot: Any, call_id: str, name: str) -> bool:
+        """Whether a fragment of another id than ``slot``'s, at its index (or after it, without
+        index), is ``slot``'s own all the same: it names no function. A new call names its function
+        in its first fragment (vLLM's index reuse); a gateway that gives every fragment a new id
+        (LiteLLM's OCI provider, ``name: ""``: BerriAI/litellm#40040) sends the call's next text."""
+        if name:
+            return False
+        self.warnings.append(f"call {cut(slot.id, 60)}: a fragment of id {cut(call_id, 60)} that names no function "
+                             "was read as its continuation (its id ignored)")
+        return True
 
     def finish(self) -> list[ToolCall]:
         for slot in self.calls.open_slots():
