@@ -454,3 +454,37 @@ def test_a_chat_choice_whose_index_is_null_or_missing_is_the_first_choice(choice
     assert [c["id"] for c in rebuilt("openai_chat_stream", chunks)[0]["tool_calls"]] == ["call_1"]
     assert [c["id"] for c in rebuilt("openai_chat", whole)[0]["tool_calls"]] == ["call_1"]
 
+
+def test_a_parsed_responses_response_goes_back_without_the_sdks_client_side_fields():
+    """``client.responses.parse(...)`` returns a ParsedResponse whose function_call items carry
+    ``parsed_arguments`` (and output_text parts ``parsed``), fields the SDK marks ``__api_exclude__``
+    and never sends: the API refuses them ("Unknown parameter: 'input[2].parsed_arguments'",
+    openai-python#2374). Read as the SDK writes it: those fields are not in what goes back."""
+    from openai.lib._parsing._responses import parse_response
+    from openai.types.responses import Response
+    from pydantic import BaseModel
+
+    class Answer(BaseModel):
+        ok: bool
+
+    response = Response.model_validate({
+        "id": "resp_1", "object": "response", "created_at": 1, "model": "gpt-5", "status": "completed",
+        "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+        "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": '{"ok": true}', "annotations": []}]},
+                   {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "read_file",
+                    "arguments": '{"path": "README.md"}', "status": "completed"}]})
+    tools = [{"type": "function", "name": "read_file", "strict": True, "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"],
+        "additionalProperties": False}}]
+    parsed = parse_response(text_format=Answer, input_tools=tools, response=response)
+    assert parsed.output[1].parsed_arguments == {"path": "README.md"}  # the SDK's own, client-side
+    expected = [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                 "content": [{"type": "output_text", "text": '{"ok": true}', "annotations": []}]},
+                {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "read_file",
+                 "arguments": '{"path": "README.md"}', "status": "completed"}]
+    for payload in (parsed, parsed.output):  # the whole response, or its output list
+        assert rebuilt("openai_responses", payload) == expected
+        assert [c.arguments for c in get_adapter("openai_responses").parse(payload)] == ['{"path": "README.md"}']
+    repaired = repair_history([{"role": "user", "content": "read it"}, *parsed.output], "openai_responses")
+    assert repaired.messages[1:3] == expected

@@ -81,12 +81,53 @@ def as_dict(payload: Any) -> Any:
     """Plain data from a dict or an SDK object (pydantic ``model_dump``), without importing the SDK.
 
     SDK objects are dumped with the fields the provider actually sent (``exclude_unset``), so an
-    assistant message goes back as it came."""
+    assistant message goes back as it came; fields the SDK added on the client and never sends
+    (openai-python's ``__api_exclude__``: ``parsed_arguments`` of a ``responses.parse()`` function
+    call, ``parsed`` of its output text, which the API refuses: openai-python#2374) are left out,
+    at any depth, as the SDK leaves them out of a request."""
     if hasattr(payload, "model_dump"):
-        return payload.model_dump(mode="json", exclude_unset=True, by_alias=True)
+        return payload.model_dump(mode="json", exclude_unset=True, by_alias=True, exclude=_api_exclude(payload))
     if isinstance(payload, (list, tuple)):
         return [as_dict(item) for item in payload]
     return payload
+
+
+def _api_exclude(model: Any) -> dict[Any, Any] | None:
+    """The ``exclude`` of pydantic's ``model_dump`` that leaves out each nested SDK object's
+    ``__api_exclude__`` fields (a set of field names; openai-python), or None when there are none.
+    Walked without recursion (a model from a stream may hold a long list)."""
+    root: dict[Any, Any] = {}
+    stack: list[tuple[Any, dict[Any, Any]]] = [(model, root)]
+    while stack:
+        item, out = stack.pop()
+        own = getattr(type(item), "__api_exclude__", None)
+        if isinstance(own, (set, frozenset)):
+            out.update({name: True for name in own if isinstance(name, str)})
+        values = getattr(item, "__dict__", {})
+        for name, value in values.items() if hasattr(item, "model_dump") else ():
+            if out.get(name) is True:
+                continue
+            children = [(None, value)] if hasattr(value, "model_dump") else (
+                list(enumerate(value)) if isinstance(value, (list, tuple)) else [])
+            for index, child in children:
+                if hasattr(child, "model_dump"):
+                    place = out.setdefault(name, {})
+                    stack.append((child, place if index is None else place.setdefault(index, {})))
+    return _pruned(root) or None
+
+
+def _pruned(tree: dict[Any, Any]) -> dict[Any, Any]:
+    """``tree`` without its empty branches (pydantic reads an empty dict as "exclude nothing" only
+    at some depths)."""
+    out: dict[Any, Any] = {}
+    for key, value in tree.items():
+        if value is True:
+            out[key] = True
+        elif isinstance(value, dict):
+            kept = _pruned(value)
+            if kept:
+                out[key] = kept
+    return out
 
 
 def tool_descriptions(source: Any) -> list[dict[str, Any]]:
