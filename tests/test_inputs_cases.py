@@ -488,3 +488,32 @@ def test_a_parsed_responses_response_goes_back_without_the_sdks_client_side_fiel
         assert [c.arguments for c in get_adapter("openai_responses").parse(payload)] == ['{"path": "README.md"}']
     repaired = repair_history([{"role": "user", "content": "read it"}, *parsed.output], "openai_responses")
     assert repaired.messages[1:3] == expected
+
+
+def test_a_chat_choice_given_for_its_completion_is_read_not_taken_for_a_message_without_calls():
+    """``completion.choices[0]`` passed as the payload (``format="chat"``) read as an assistant
+    message with no ``tool_calls``: no call, silently, the model's calls never ran. A choice (a
+    ``message`` and no ``role``) is read as its message, with its ``finish_reason``."""
+    from openai.types.chat import ChatCompletion
+
+    from toolfleet.dispatcher.adapters.cut_off import cut_off_results
+
+    tc = {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a"}'}}
+    completion = ChatCompletion.model_validate({
+        "id": "c", "object": "chat.completion", "created": 1, "model": "gpt-5", "choices": [
+            {"index": 0, "finish_reason": "tool_calls", "logprobs": None,
+             "message": {"role": "assistant", "content": None, "tool_calls": [tc]}}]})
+    adapter = get_adapter("openai_chat")
+    plain = {"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": None,
+                                                                    "tool_calls": [tc]}}
+    for choice in (completion.choices[0], plain):
+        assert [(c.id, c.arguments) for c in adapter.parse(choice)] == [("call_1", '{"path": "a"}')]
+        assert [c["id"] for c in rebuilt("openai_chat", choice)[0]["tool_calls"]] == ["call_1"]
+    cut = {**plain, "finish_reason": "length"}
+    assert list(cut_off_results("openai_chat", cut, adapter.parse(cut))) == ["call_1"]
+    stopped = {**cut, "finish_reason": "content_filter"}
+    (result,) = cut_off_results("openai_chat", stopped, adapter.parse(stopped)).values()
+    assert result.error.code == ErrorCode.PERMISSION_DENIED
+    with pytest.raises(BatchRejected) as refused:
+        adapter.parse({"index": 0, "message": {"role": "assistant", "tool_calls": [{**tc, "id": 7}]}})
+    assert refused.value.pointer == "/message/tool_calls/0/id"

@@ -53,6 +53,7 @@ from typing import Any
 
 from ...models import ErrorCode, ToolCall, ToolResult
 from .base import as_dict
+from .openai_chat import first_choice
 
 ANTHROPIC_CUT = ("max_tokens", "model_context_window_exceeded")
 RUNNABLE = ("function_call", "local_shell_call", "shell_call", "apply_patch_call", "tool_search_call")
@@ -76,8 +77,7 @@ def cut_off_results(adapter_name: str, payload: Any, calls: Sequence[ToolCall]) 
         if isinstance(last, dict) and last.get("type") == "tool_use" and last.get("id") == calls[-1].id:
             cut.append((calls[-1].id, f"stop_reason {data['stop_reason']}"))
     elif adapter_name == "openai_chat":
-        choices = data.get("choices")
-        first = as_dict(choices[0]) if isinstance(choices, list) and choices else None
+        first = first_choice(data)
         if isinstance(first, dict) and first.get("finish_reason") == "length":
             cut.append((calls[-1].id, "finish_reason length"))
     elif adapter_name == "openai_responses":
@@ -92,8 +92,7 @@ def safety_stop(adapter_name: str, data: dict[str, Any]) -> str | None:
     if adapter_name == "anthropic" and data.get("stop_reason") == "refusal":
         return "stop_reason refusal"
     if adapter_name == "openai_chat":
-        choices = data.get("choices")
-        first = as_dict(choices[0]) if isinstance(choices, list) and choices else None
+        first = first_choice(data)
         if isinstance(first, dict) and first.get("finish_reason") == "content_filter":
             return "finish_reason content_filter"
     if adapter_name == "openai_responses" and data.get("status") == "incomplete":

@@ -4,7 +4,8 @@ Source: OpenAI API reference, Chat Completions ("function calling"): each tool c
 ``type: "function"``, ``function.name`` and ``function.arguments`` (a JSON *string*, possibly
 invalid); each result goes back as ``{"role": "tool", "tool_call_id": <id>, "content": <text>}``,
 one per call, after the assistant message that made the calls. ``choices[0]`` is read whatever its
-``index`` says (``null`` or missing included), as the streamed format reads choice 0. Tools are declared as
+``index`` says (``null`` or missing included), as the streamed format reads choice 0; a choice given
+alone (``completion.choices[0]``) is read as its message. Tools are declared as
 ``{"type": "function", "function": {"name", "description", "parameters"}}``.
 
 A tool call of ``type: "custom"`` (``custom: {"name", "input"}``, a custom tool's free-form text) is
@@ -80,6 +81,8 @@ class OpenAIChatAdapter:
         if not isinstance(data, dict):
             raise BatchRejected("expected a chat completion or an assistant message", reason="unreadable_payload",
                                 pointer="/")
+        if is_choice(data):  # completion.choices[0]: its message (read as a message, it had no calls)
+            return need_object(data.get("message"), "/message", "message", optional=True), "/message"
         return data, ""
 
     def assistant_message(self, payload: Any) -> dict[str, Any]:
@@ -100,6 +103,21 @@ class OpenAIChatAdapter:
 
     def tools(self, source: Any) -> list[dict[str, Any]]:
         return [{"type": "function", "function": d} for d in tool_descriptions(source)]
+
+
+def is_choice(data: dict[str, Any]) -> bool:
+    """Whether ``data`` (plain data) is one choice of a completion (``completion.choices[0]``: a
+    ``message``, no ``role`` or ``tool_calls`` of its own), not an assistant message."""
+    return "message" in data and "role" not in data and "tool_calls" not in data and "choices" not in data
+
+
+def first_choice(data: dict[str, Any]) -> Any:
+    """The first choice of a completion (plain data), or ``data`` itself when it is a choice; None
+    when there is none."""
+    if is_choice(data):
+        return data
+    choices = data.get("choices")
+    return as_dict(choices[0]) if isinstance(choices, list) and choices else None
 
 
 def for_chat_wire(message: dict[str, Any]) -> dict[str, Any]:
