@@ -15,6 +15,7 @@ from toolfleet import Dispatcher, ToolCall
 from toolfleet.models import ErrorCode
 from toolfleet.tools.registry import Registry
 from toolfleet.tools.spec import tool_from_schema
+from toolfleet.worker.app import TASK_NAME
 
 from .conftest import make_registry
 from .faults import wait_started
@@ -22,6 +23,7 @@ from .test_audit import Flower, TaskEvents
 
 WAIT_S = 60
 FINAL = {"task-succeeded", "task-failed"}
+FLUSH_WAIT_S = 1.0
 
 
 def call(call_id: str, name: str, **arguments) -> ToolCall:
@@ -169,3 +171,37 @@ def test_calls_the_dispatcher_ends_are_failed_tasks(settings, start_worker):
     failed = {e["uuid"]: e for e in seen if e.get("type") == "task-failed"}
     assert "WORKER_LOST" in failed[f"{turn.turn_id}:run"]["exception"]
     assert failed[f"{turn.turn_id}:run"]["hostname"] == worker.name  # shown on the worker that ran it
+
+
+def test_a_copy_of_a_running_calls_message_does_not_make_its_failed_task_a_success(settings, start_worker,
+                                                                                   dispatcher, workspace):
+    """Every message of a call has the call's task id (``turn:call``): a copy that ran nothing (it
+    arrived while the call ran: ``running``; or a send the dispatcher superseded) must not end
+    that task. It sent ``task-succeeded``, and SUCCESS outranks FAILURE in Celery's event state
+    (Flower's), whatever order they come in: the call, cancelled, showed SUCCESS."""
+    from .test_signing import Recorder, attacker
+
+    start_worker(concurrency=2)
+    recorder = Recorder(dispatcher)
+    with TaskEvents(dispatcher.app) as events:
+        turn = dispatcher.open_turn(workspace=str(workspace))
+        turn.add_calls([call("a", "wait_read", label="long", seconds=20)])
+        turn.close()
+        tid = f"{turn.turn_id}:a"
+        wait_started(dispatcher, turn.turn_id, "a")
+        attacker(settings).send_task(TASK_NAME, **recorder.sent["a"])  # a second copy, a free process takes it
+
+        def started(seen) -> int:
+            return sum(1 for e in seen if e.get("uuid") == tid and e.get("type") == "task-started")
+
+        assert events.wait_for(lambda seen: started(seen) >= 2, WAIT_S), "the copy did not start"
+        time.sleep(FLUSH_WAIT_S)  # its claim answers ``running`` (a warning in the worker's log) well within this
+        turn.cancel("the user pressed stop")
+        (result,) = turn.results(WAIT_S)
+        assert result.code is ErrorCode.CANCELLED, result.content
+        assert events.wait_for(lambda seen: any(e.get("uuid") == tid and e.get("type") == "task-failed"
+                                                for e in seen), WAIT_S), "no task-failed for the cancelled call"
+        time.sleep(FLUSH_WAIT_S)  # anything the copy still sends comes within the workers' event batching
+        seen = list(events.events)
+    assert final_states(dispatcher.app, seen, {tid}) == {tid: "FAILURE"}, [
+        (e["type"], e.get("result") or e.get("exception")) for e in seen if e.get("uuid") == tid]

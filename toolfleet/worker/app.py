@@ -26,7 +26,7 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
+from celery.exceptions import Ignore, SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 from celery.signals import worker_shutdown
 from celery.worker.request import Request
 from celery.worker.state import task_ready
@@ -48,7 +48,7 @@ from .execute import RUNNING_COPY_MESSAGE, SUPERSEDED_MESSAGE, execute, with_jou
 from .main_steps import MAIN_WAIT_S, MainSteps
 from .pool import POOL_CLASS
 from .reaper import connect_reaper
-from .redaction import redacted_failure, task_summary
+from .redaction import redacted_failure
 from .runtime import Runtime
 from .side_effects import timeout_hint
 from .task_states import KILLED_AT_HARD_LIMIT, KILLED_ON_CANCEL, CallFailed, ShadowedAMQP, task_outcome
@@ -270,7 +270,11 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
             spec = runtime.registry.get(envelope.get("name")) if isinstance(envelope, dict) else None
             raise redacted_failure(exc, envelope, spec.sensitive if spec else ()) from None
         if result.error is not None and result.error.message in (SUPERSEDED_MESSAGE, RUNNING_COPY_MESSAGE):
-            return task_summary(result)  # this message ran nothing: the other one tells the call's end
+            # this message ran nothing, and it has the call's task id (turn:call) like the message
+            # that runs the call: it must not end that task. A task-succeeded here outranks the
+            # other message's task-failed in Celery's event state (Flower's), in either order, so
+            # a cancelled or failed call showed SUCCESS. Ignore: acknowledged, no final event.
+            raise Ignore()
         # ids, codes and sizes only: the content is the ledger's; an error result raises CallFailed
         return task_outcome(result)
 

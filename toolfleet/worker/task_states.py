@@ -22,8 +22,11 @@ reads Celery's state. But people read Flower, so a task's state there matches th
   (:meth:`toolfleet.dispatcher.submit.Submitter.report_failed`), else Flower would show it
   ``STARTED``/``PENDING`` for good. A call of a cancelled turn that never started is revoked
   (Flower: ``REVOKED``: it did not run);
-- a message that was superseded by a later send of its call ran nothing: it ends ``SUCCESS``
-  with its summary (the later message's task tells the call's end).
+- a message that ran nothing because another message of the call runs it (superseded by a later
+  send, or a copy that arrived while the call runs) raises Celery's ``Ignore``: acknowledged, no
+  final event. It has the call's task id, so a ``task-succeeded`` of it would end the call's task
+  in Flower as ``SUCCESS`` (which outranks ``FAILURE`` in Celery's event state, in either order);
+  the message that runs the call tells its end.
 
 Queued calls: with ``Settings.task_sent_events`` (``task_send_sent_event``) the dispatcher
 publishes ``task-sent`` per call, so Flower lists calls still waiting in a queue (``PENDING``).
