@@ -130,3 +130,32 @@ def test_a_task_failure_quoting_a_declared_sensitive_argument_is_masked():
     except RuntimeError as exc:
         raised = redacted_failure(exc, envelope, ("pin",))
     assert PIN not in str(raised) and "visa-1" in str(raised)
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0?password={pw}",
+                                 "redis://127.0.0.1:6379/0?db=0&password={pw}&socket_timeout=5",
+                                 "redis://alice@127.0.0.1:6379/0?password={pw}"])
+def test_a_redis_password_given_as_a_query_parameter_is_not_in_what_inspect_conf_shows(url):
+    """``celery inspect conf`` (Flower's worker page calls it: its Config tab) shows the worker's
+    Celery settings; Celery masks the result backend's ``user:password@`` but keeps its query, so a
+    ``REDIS_URL`` with ``?password=`` (which redis-py, the ledger and Celery's backend all take) went
+    to Flower whole. The worker's (and Flower's own) result backend carries it as ``:password@``."""
+    from types import SimpleNamespace
+
+    from celery.worker.control import conf
+
+    from toolfleet import Settings
+    from toolfleet.monitor import monitor_app
+    from toolfleet.worker.app import create_app
+
+    secret = "Qp9-zz%2Fword"
+    settings = Settings(redis_url=url.format(pw=secret), broker_url="redis://127.0.0.1:6379/1",
+                        fleet_key="f" * 40, namespace="conf-check")
+    for app in (create_app(settings), monitor_app(settings)):
+        shown = json.dumps(conf(SimpleNamespace(app=app)))
+        assert "Qp9-zz" not in shown, shown
+        assert "127.0.0.1:6379" in shown  # the backend is still named
+        params = app.backend.connparams  # the same login as before, what redis-py would read
+        assert params["password"] == "Qp9-zz/word" and params["host"] == "127.0.0.1", params
+        if "alice" in url:
+            assert params["username"] == "alice"

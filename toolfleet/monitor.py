@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from celery import Celery
 
-from .redis_tls import ssl_options
+from .redis_tls import password_in_userinfo, ssl_options
 from .settings import Settings
 from .worker.app import control_exchange, event_exchange, unacked_keys
 
 
 def monitor_app(settings: Settings) -> Celery:
     """A Celery app that only watches the fleet of ``settings`` (JSON events, TLS, no tasks)."""
-    app = Celery(f"toolfleet-{settings.namespace}", broker=settings.broker, backend=settings.redis_url)
+    app = Celery(f"toolfleet-{settings.namespace}", broker=settings.broker,
+                 backend=password_in_userinfo(settings.redis_url))  # masked where Celery shows it
     app.conf.update(
         accept_content=["json"],
         result_accept_content=["json"],

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ssl
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 TLS_SCHEME = "rediss"
 CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
@@ -80,3 +80,25 @@ def with_login(url: str, user: str | None, password: str) -> str:
     host = parts.netloc.rsplit("@", 1)[-1]
     name = quote(user if user is not None else (parts.username or ""), safe="")
     return urlunsplit(parts._replace(netloc=f"{name}:{quote(password, safe='')}@{host}"))
+
+
+def password_in_userinfo(url: str) -> str:
+    """``url`` with a ``?password=`` query parameter (which redis-py and Celery's Redis result
+    backend read; the query's wins over a ``:password@``) moved into its ``user:password@``, the
+    same login. For the URL handed to Celery as the result backend: Celery masks a URL's
+    ``:password@`` wherever it shows the URL (``celery inspect conf``, Flower's worker page, the
+    worker's banner), never its query. Any other URL is returned unchanged."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.scheme not in ("redis", TLS_SCHEME) or not parts.query:
+        return url
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    passwords = [value for name, value in query if name == "password"]
+    if not passwords or not passwords[-1]:
+        return url
+    host = parts.netloc.rsplit("@", 1)[-1]
+    name = quote(unquote(parts.username or ""), safe="")
+    rest = urlencode([(k, v) for k, v in query if k != "password"])
+    return urlunsplit(parts._replace(netloc=f"{name}:{quote(passwords[-1], safe='')}@{host}", query=rest))

@@ -35,7 +35,7 @@ from ..errors import ConfigurationError
 from ..models import CallEnvelope, ErrorCode, ToolResult
 from ..observe.results import result_recorded, running
 from ..policy.config import Policy
-from ..redis_tls import ssl_options
+from ..redis_tls import password_in_userinfo, ssl_options
 from ..settings import Settings
 from ..tools.redact import register_own_secrets
 from ..tools.registry import Registry, default_registry
@@ -173,8 +173,9 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
     registry = registry if registry is not None else default_registry()
     register_own_secrets(settings.secret_values())  # masked in whatever this process shows
     runtime = Runtime(settings, registry, policy)
-    app = Celery(f"toolfleet-{settings.namespace}", broker=settings.broker, backend=settings.redis_url,
-                 amqp=ShadowedAMQP)
+    # the backend's ?password= as :password@, which Celery masks where it shows the URL (inspect conf)
+    app = Celery(f"toolfleet-{settings.namespace}", broker=settings.broker,
+                 backend=password_in_userinfo(settings.redis_url), amqp=ShadowedAMQP)
     app.conf.update(celery_config(settings, registry))
     app.steps["consumer"].add(BatchedTaskEvents)
     app.toolfleet = runtime  # type: ignore[attr-defined]
