@@ -176,3 +176,37 @@ def test_trace_says_who_waited_for_whom(dispatcher, worker, settings, workspace)
     wide = next(line for line in rendered(timeline, 160).splitlines() if "w1" in line and "wait_write" in line)
     assert f"#{index['r1']}" in wide, wide
     assert f"after #{index['r1']}" in rendered(timeline, 80)
+
+
+def test_a_call_still_running_is_not_drawn_as_an_error():
+    """``toolfleet trace`` (and ``--html``) on a live turn: a call that started and has no result
+    yet was drawn with the error run (``▓``, ``.seg-run-error``: "ran, error") and ``✗ no result``,
+    as if it had failed. It is running: neither ok nor error."""
+    from rich.console import Console
+
+    from toolfleet.audit import AuditEvent
+    from toolfleet.trace_html import render_html
+
+    t0 = 1_800_000_000_000
+    events = [
+        AuditEvent(f"{t0}-0", "planned", "", {"calls": [{"index": 0, "id": "done", "tool": "wait_read"},
+                                                        {"index": 1, "id": "busy", "tool": "wait_read"}]}),
+        AuditEvent(f"{t0}-1", "submitted", "done", {"tool": "wait_read"}),
+        AuditEvent(f"{t0}-2", "submitted", "busy", {"tool": "wait_read"}),
+        AuditEvent(f"{t0 + 5}-0", "started", "done", {"worker": "w1"}),
+        AuditEvent(f"{t0 + 6}-0", "started", "busy", {"worker": "w2"}),
+        AuditEvent(f"{t0 + 400}-0", "finished", "done", {"tool": "wait_read", "status": "ok", "worker": "w1",
+                                                           "queued_ms": 5.0, "run_ms": 395.0}),
+    ]
+    timeline = build_timeline("live", events)
+    console = Console(width=120, record=True, force_terminal=False, color_system=None)
+    print_timeline(console, timeline)
+    text = console.export_text()
+    busy = [line for line in text.splitlines() if "busy" in line]
+    assert busy and not any(ERROR_MARK in line or ERROR_RUN in line for line in busy), text
+    assert any(OK_RUN in line for line in text.splitlines() if "done" in line), text  # the finished one: ok
+
+    page = render_html("live", events)
+    lane = re.search(r'<g class="lane" data-call-id="busy">.*?</g>', page).group(0)
+    assert "seg-run-error" not in lane and "seg-run-ok" not in lane, lane
+    assert "seg-run-open" in lane  # drawn as running

@@ -3,8 +3,9 @@
 Each row shows, on one time axis shared by all calls (Redis's clock, from the stream ids, so
 machines with skewed clocks still line up): the wait for a person's approval (``?``), the wait in
 the queue from submission to start (``░``), and the run (``█`` when ok, ``▓`` on error: a glyph,
-not only a colour). A call refused before it ran is a single ``×``. The plan's parallel group shows as bars starting
-together; a chain as bars starting where the previous one ends.
+not only a colour; ``▒`` while it runs, no result yet). A call refused before it ran is a single
+``×``. The plan's parallel group shows as bars starting together; a chain as bars starting where
+the previous one ends.
 """
 
 from __future__ import annotations
@@ -118,7 +119,9 @@ def _apply(row: CallRow, event: AuditEvent) -> None:
 
 
 OK_RUN, ERROR_RUN, QUEUED, PENDING, REFUSED = "█", "▓", "░", "?", "×"
+RUNNING = "▒"  # started, no result yet (a live turn): neither ok nor error
 OK_MARK, ERROR_MARK = "✓", "✗"  # the result column: a glyph as well as a colour, for screens and pipes without colour
+OPEN_MARK = "…"  # no result yet: running, queued or waiting
 ID_MAX_CHARS = 40  # longest call id / tool name kept on one line (model-chosen ids can be much longer: folded)
 
 
@@ -141,8 +144,11 @@ def bar(row: CallRow, timeline: Timeline, width: int = BAR_WIDTH) -> Text:
     paint(row.pending_ms, row.decided_ms or row.finished_ms, PENDING, "magenta")
     paint(row.submitted_ms, row.started_ms or row.finished_ms, QUEUED, "yellow")
     if row.started_ms is not None:
-        ok = row.status == "ok"
-        paint(row.started_ms, row.finished_ms, OK_RUN if ok else ERROR_RUN, "green" if ok else "red")
+        if row.finished_ms is None and not row.status:  # running now: no outcome to draw yet
+            paint(row.started_ms, None, RUNNING, "cyan")
+        else:
+            ok = row.status == "ok"
+            paint(row.started_ms, row.finished_ms, OK_RUN if ok else ERROR_RUN, "green" if ok else "red")
     elif row.finished_ms is not None and row.submitted_ms is None:
         cells[col(row.finished_ms)] = (REFUSED, "red")
     text = Text()
@@ -152,10 +158,14 @@ def bar(row: CallRow, timeline: Timeline, width: int = BAR_WIDTH) -> Text:
 
 
 def result_text(row: CallRow) -> Text:
-    """``✓ ok`` or ``✗ CODE``: a different glyph for ok and error, the colour only a help."""
+    """``✓ ok`` or ``✗ CODE``: a different glyph for ok and error, the colour only a help; a call
+    without a result yet (a live turn) is neither: ``… running``, ``… queued``, ``… no result``."""
     if row.status == "ok":
         return Text(f"{OK_MARK} ok", style="green")
-    return Text(f"{ERROR_MARK} {row.code or row.status or 'no result'}", style="red")
+    if row.status or row.code:
+        return Text(f"{ERROR_MARK} {row.code or row.status}", style="red")
+    state = "running" if row.started_ms is not None else "queued" if row.submitted_ms is not None else "no result"
+    return Text(f"{OPEN_MARK} {state}", style="cyan")
 
 
 def print_timeline(console: Console, timeline: Timeline, width: int = BAR_WIDTH) -> None:
@@ -222,9 +232,11 @@ def print_timeline(console: Console, timeline: Timeline, width: int = BAR_WIDTH)
     for row in timeline.rows:
         chart.add_row(str(row.index), Text(row.call_id), bar(row, timeline, bar_width))
     console.print(chart)
+    running = any(r.started_ms is not None and r.finished_ms is None and not r.status for r in timeline.rows)
     console.print(f"legend: [magenta]{PENDING}[/] waits for approval  [yellow]{QUEUED}[/] queued  "
-                  f"[green]{OK_RUN}[/] ran ok  [red]{ERROR_RUN}[/] ran, error  [red]{REFUSED}[/] refused or "
-                  f"never started  [green]{OK_MARK}[/] ok  [red]{ERROR_MARK}[/] error")
+                  f"[green]{OK_RUN}[/] ran ok  [red]{ERROR_RUN}[/] ran, error  "
+                  + (f"[cyan]{RUNNING}[/] running, no result yet  " if running else "")
+                  + f"[red]{REFUSED}[/] refused or never started  [green]{OK_MARK}[/] ok  [red]{ERROR_MARK}[/] error")
     if timeline.cancelled:
         console.print(Text(f"cancelled: {timeline.cancelled}"))
     for row in timeline.rows:

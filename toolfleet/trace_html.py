@@ -6,7 +6,8 @@ The page draws, from the turn's audit trail (:mod:`.audit`):
   wait (``.wait-edge``: from the call waited for to the call that waits), calls by plan step in
   columns (step 0 starts at once);
 - a timeline per call (``.lane``): the wait for approval (``.seg-pending``), the wait in the queue
-  (``.seg-queued``), the run (``.seg-run-ok`` / ``.seg-run-error``), the result's moment
+  (``.seg-queued``), the run (``.seg-run-ok`` / ``.seg-run-error``; ``.seg-run-open`` while it runs,
+  no result yet), the result's moment
   (``.result-marker``), a refusal before it ran (``.refused-marker``), on Redis's clock;
 - a timeline per worker (``.worker-lane``): the runs each worker did;
 - the cancel's moment (``.cancel-marker``) across both timelines, and a table of every call.
@@ -39,6 +40,7 @@ svg text{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;fill:#1d2330}
 .call-node.cancelled rect{stroke-dasharray:5 3}
 .call-node .tool{fill:#5b6475} .wait-edge{stroke:#7a8bb5;stroke-width:1.6;fill:none}
 .seg-pending{fill:#c084fc} .seg-queued{fill:#fcd34d} .seg-run-ok{fill:#3a9b63} .seg-run-error{fill:#d1453b}
+.seg-run-open{fill:#60a5fa}
 .result-marker{stroke:#1d2330;stroke-width:2} .refused-marker{stroke:#d1453b;stroke-width:2.5}
 .cancel-marker{stroke:#b42318;stroke-width:2;stroke-dasharray:6 4} .cancel-label{fill:#b42318;font-weight:700}
 .lane-bg{fill:#f6f7fa} .axis{stroke:#c5cad6} .tick{fill:#5b6475}
@@ -79,6 +81,12 @@ def outcome(row: CallRow) -> tuple[str, str]:
     if row.status or row.code:
         return "error", f"✗ {row.code or row.status}"
     return "open", "… no result"
+
+
+def run_class(kind: str) -> str:
+    """The run segment's class for an :func:`outcome` kind: a call with no result yet is running
+    (``seg-run-open``), never drawn as a run that ended in error."""
+    return {"ok": "seg-run-ok", "open": "seg-run-open"}.get(kind, "seg-run-error")
 
 
 def levels(rows: list[CallRow], deps: dict[str, list[str]]) -> dict[str, int]:
@@ -182,8 +190,8 @@ def timeline_svg(timeline: Timeline, cancel: tuple[int, str] | None) -> str:
         parts.append(seg("seg-pending", row.pending_ms, row.decided_ms or row.finished_ms, y, "waits for approval"))
         parts.append(seg("seg-queued", row.submitted_ms, row.started_ms or row.finished_ms, y, "queued"))
         if row.started_ms is not None:
-            parts.append(seg(f"seg-run-{'ok' if kind == 'ok' else 'error'}", row.started_ms, row.finished_ms, y,
-                             f"ran on {row.worker or '?'}"))
+            parts.append(seg(run_class(kind), row.started_ms, row.finished_ms, y,
+                             f"{'runs' if kind == 'open' else 'ran'} on {row.worker or '?'}"))
         if row.finished_ms is not None:
             fx = x(row.finished_ms)
             cls = "result-marker" if row.submitted_ms is not None or row.started_ms is not None else "refused-marker"
@@ -202,8 +210,7 @@ def timeline_svg(timeline: Timeline, cancel: tuple[int, str] | None) -> str:
                          f'<text x="6" y="{y + 17}">{e(_clip(label, 34))}</text>')
             for row in runs:
                 kind, _ = outcome(row)
-                parts.append(seg(f"seg-run-{'ok' if kind == 'ok' else 'error'}", row.started_ms,
-                                 row.finished_ms, y, f"{row.call_id} ({row.tool})"))
+                parts.append(seg(run_class(kind), row.started_ms, row.finished_ms, y, f"{row.call_id} ({row.tool})"))
             parts.append("</g>")
             y += LANE_H
     if cancel is not None:
@@ -251,6 +258,7 @@ def render_html(turn_id: str, events: list[AuditEvent]) -> str:
                      for cls, color, label in (
         ("seg-pending", "#c084fc", "waits for approval"), ("seg-queued", "#fcd34d", "queued"),
         ("seg-run-ok", "#3a9b63", "ran, ok"), ("seg-run-error", "#d1453b", "ran, error"),
+        ("seg-run-open", "#60a5fa", "running, no result yet"),
         ("result-marker", "#1d2330", "result (tick)"), ("cancel-marker", "#b42318", "cancel (dashed)")))
     parts = [head, f"<h1>{e(title)}</h1>", f'<p class="meta">{e(" · ".join(meta))}</p>']
     if cancel is not None:
