@@ -32,19 +32,19 @@ from celery.worker.request import Request
 from celery.worker.state import task_ready
 
 from ..errors import ConfigurationError
-from ..models import CallEnvelope, ErrorCode, ToolResult
-from ..observe.results import result_recorded, running
+from ..models import ErrorCode
+from ..observe.results import running
 from ..policy.config import Policy
 from ..redis_tls import password_in_userinfo, ssl_options
 from ..settings import Settings
 from ..tools.redact import register_own_secrets
 from ..tools.registry import Registry, default_registry
-from ..tools.spec import ToolSpec
 from .affinity import connect_affinity
 from .authenticity import message_problem, report_drop
 from .catalog import connect_catalog
 from .events import BatchedTaskEvents
-from .execute import RUNNING_COPY_MESSAGE, SUPERSEDED_MESSAGE, execute, with_journal_key
+from .execute import RUNNING_COPY_MESSAGE, SUPERSEDED_MESSAGE, execute
+from .lost_ends import abandoned, finalize, killed, note_stale_death, recorded, spec_of
 from .main_steps import MAIN_WAIT_S, MainSteps
 from .pool import POOL_CLASS
 from .reaper import connect_reaper
@@ -210,10 +210,10 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
             super().on_timeout(soft, timeout)
             if not soft:  # off the event loop, which enforces the other calls' limits (main_steps.py)
                 kwargs, pid = self.kwargs, self.worker_pid
-                steps.run(lambda: _killed(
+                steps.run(lambda: killed(
                     runtime, kwargs, pid, ErrorCode.TIMEOUT,
                     f"the call ran past its hard time limit ({timeout:g} s) and its process was killed",
-                    timeout_hint(_spec_of(runtime, kwargs)), broken=True))
+                    timeout_hint(spec_of(runtime, kwargs)), broken=True))
 
         def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
             exc = getattr(exc_info, "exception", None)
@@ -224,8 +224,8 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
                 # decides what the call may do (worker/side_effects.py). Free its journal key and
                 # mark its claim dead first (waited for, at most MAIN_WAIT_S: main_steps.py).
                 kwargs, pid = self.kwargs, self.worker_pid
-                steps.run(lambda: _abandoned(runtime, kwargs, broken=True, pid=pid), wait_s=MAIN_WAIT_S)
-                steps.run(lambda: _note_stale_death(runtime, kwargs, pid))
+                steps.run(lambda: abandoned(runtime, kwargs, broken=True, pid=pid), wait_s=MAIN_WAIT_S)
+                steps.run(lambda: note_stale_death(runtime, kwargs, pid))
             hard_limit = isinstance(exc, TimeLimitExceeded)
             if hard_limit:  # Celery logged "hard time limit exceeded": no traceback of it too, and
                 return_ok, send_failed_event = True, False  # a failed event that names the code
@@ -237,7 +237,7 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
                 # dispatcher's OUTCOME_UNKNOWN): a failed task in Flower (worker/task_states.py)
                 self.send_event("task-failed", exception=repr(CallFailed(KILLED_ON_CANCEL)), traceback="")
                 kwargs, pid = self.kwargs, self.worker_pid
-                steps.run(lambda: _killed(
+                steps.run(lambda: killed(
                     runtime, kwargs, pid, ErrorCode.CANCELLED, "the call was stopped when its turn was cancelled",
                     "the call may have done part of its work; check before repeating it", broken=False))
 
@@ -260,11 +260,11 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
         except SoftTimeLimitExceeded:
             # The soft limit landed outside the handler (while a result was being built or
             # recorded): the call still gets its one result; a recorded one is kept (first wins).
-            _abandoned(runtime, {"envelope": envelope}, broken=False)
-            _finalize(runtime, {"envelope": envelope}, ErrorCode.TIMEOUT,
+            abandoned(runtime, {"envelope": envelope}, broken=False)
+            finalize(runtime, {"envelope": envelope}, ErrorCode.TIMEOUT,
                       "the call ran past its time limit and was stopped",
-                      timeout_hint(_spec_of(runtime, {"envelope": envelope})), pid=os.getpid())
-            result = _recorded(runtime, envelope)
+                      timeout_hint(spec_of(runtime, {"envelope": envelope})), pid=os.getpid())
+            result = recorded(runtime, envelope)
             if result is None:
                 return {}
         except Exception as exc:  # Flower and the logs show the exception: redacted (worker/redaction.py)
@@ -314,93 +314,3 @@ def run_health_check(runtime: Runtime, tool: str) -> None:
             log.warning("health check of %s failed: %s", tool, exc)
             ok = False
     runtime.breakers.health(tool, ok)
-
-
-def _abandoned(runtime: Runtime, kwargs: dict[str, Any], *, broken: bool, pid: int | None = None) -> None:
-    """The pool process running a call died or was killed: release the call's journal key (so the
-    next execution probes at once instead of waiting out the lease), mark its claim dead (process
-    ``pid``: a redelivered copy of the message may claim the call), and, when the death says the
-    tool is in trouble, count a failure on its breaker."""
-    try:
-        env = CallEnvelope.model_validate(kwargs.get("envelope", {}))
-        fence = runtime.ledger.fence_of(env.turn_id, env.call_id)  # (token, deadline, pid): retried
-        if pid:
-            runtime.ledger.fence_dead(env.turn_id, env.call_id, pid)
-        spec = runtime.registry.get(env.name)
-        env = env if spec is None else with_journal_key(spec, env)
-        key = runtime.journal.key(env.name, env.idempotency_key)
-        mine = fence is not None and fence[2] == (pid or os.getpid())
-        if mine and fence[0]:
-            # the dead execution holds the latest claim: its entry by its own token (the claim's),
-            # never the entry of a copy that claimed the call since the claim was marked dead
-            runtime.journal.release(key, str(fence[0]))
-        else:  # a newer claim of the call by another process: that execution's entry (the same owner) stays held
-            keep = str(fence[0]) if fence is not None and not mine else None
-            runtime.journal.release_owner(key, f"{env.turn_id}:{env.call_id}", keep_token=keep)
-        if broken:
-            runtime.breakers.observe(env.name, ok=False)
-    except Exception as exc:  # best effort: leases lapse by themselves
-        log.warning("could not release the journal key of a lost call (%s)", exc)
-
-
-def _spec_of(runtime: Runtime, kwargs: dict[str, Any]) -> ToolSpec | None:
-    envelope = kwargs.get("envelope")
-    return runtime.registry.get(envelope.get("name")) if isinstance(envelope, dict) else None
-
-
-def _killed(runtime: Runtime, kwargs: dict[str, Any], pid: int | None, code: ErrorCode, message: str, hint: str,
-            *, broken: bool) -> None:
-    """The pool process ``pid`` running a call was killed (its hard limit, a cancel): release what
-    the execution held (:func:`_abandoned`), then record its end (:func:`_finalize`)."""
-    _abandoned(runtime, kwargs, broken=broken, pid=pid)
-    _finalize(runtime, kwargs, code, message, hint, pid=pid)
-
-
-def _note_stale_death(runtime: Runtime, kwargs: dict[str, Any], pid: int | None) -> None:
-    """The pool process ``pid`` died running a call that another execution took over, or that
-    already has its answer: the redelivered message can only be refused (superseded, done), so
-    the death is kept as a late note for the operator (F3), like any stale execution's end. A
-    call still held by this claim and unanswered is left to the redelivery, which decides."""
-    try:
-        env = CallEnvelope.model_validate(kwargs.get("envelope", {}))
-        fence = runtime.ledger.fence_of(env.turn_id, env.call_id)
-        if not pid or fence is None or not fence[2]:  # whose claim it is cannot be told: the redelivery decides
-            return
-        if fence[2] == pid and env.call_id not in runtime.ledger.results(env.turn_id):
-            return
-        # fenced as stale: this process's own token on an answered call, or token 0 (another holds it)
-        _finalize(runtime, kwargs, ErrorCode.WORKER_LOST,
-                  "the pool process running this stale execution died before it reported; a newer execution "
-                  "holds the call or the caller has its answer", "the caller's answer stands", pid=pid)
-    except Exception as exc:  # best effort: only the operator's note depends on it
-        log.warning("could not note the death of a stale execution (%s)", exc)
-
-
-def _recorded(runtime: Runtime, envelope: dict[str, Any]) -> ToolResult | None:
-    """The result the ledger holds for the call of ``envelope`` (``None`` if none, or unreadable)."""
-    try:
-        env = CallEnvelope.model_validate(envelope)
-        return runtime.ledger.results(env.turn_id).get(env.call_id)
-    except Exception:  # best effort: only Flower's state depends on it
-        return None
-
-
-def _finalize(runtime: Runtime, kwargs: dict[str, Any], code: ErrorCode, message: str, hint: str,
-              pid: int | None = None) -> None:
-    """Record the end of an execution the handler could not report (killed, interrupted), fenced:
-    with the call's latest claim token when that claim is the one process ``pid`` made, else as a
-    stale report (a late note): a newer execution holds the call."""
-    try:
-        env = CallEnvelope.model_validate(kwargs.get("envelope", {}))
-    except Exception:
-        return
-    result = ToolResult.failure(env.call_id, env.name, code, message, hint)
-    ledger = runtime.ledger
-    try:  # the handler ran: its claim tells the worker, the start time and the attempts
-        result = ledger.with_run_facts(env.turn_id, result)
-    except Exception as exc:  # best effort: the result itself matters more
-        log.warning("could not read the claim of call %s (%s)", env.call_id, exc)
-    fence = ledger.fence_of(env.turn_id, env.call_id)
-    token = None if fence is None else (fence[0] if pid is None or fence[2] in (0, pid) else 0)
-    if ledger.record_result(env.turn_id, result, fencing_token=token):
-        result_recorded(env, result)
