@@ -38,6 +38,21 @@ def test_bad_call_id_refuses_the_batch_before_anything_is_sent(dispatcher, worke
     assert set(driver_threads()) <= before, "a refused submit left its driver thread behind"
 
 
+@pytest.mark.parametrize("bad_id", BAD_IDS)
+def test_a_bad_turn_id_is_refused_before_anything_is_written(dispatcher, bad_id):
+    """A turn id is the other half of every call's task id (``<turn>:<call>``: Flower, task events,
+    the worker's log, the JSON result log): a caller's own turn id that is credential-shaped, holds
+    a control character or is past the length limit is refused as a call id is (it went to Flower
+    unmasked), and nothing of the turn is written."""
+    from toolfleet.keys import Keys
+
+    with pytest.raises(ToolfleetError) as caught:
+        dispatcher.submit([call("c", "wait_read", label="a")], turn_id=bad_id)
+    assert bad_id.strip("x") == "" or bad_id[:8] not in str(caught.value)
+    key = Keys(dispatcher.settings.namespace).turn_calls(bad_id.encode("utf-8", "surrogatepass").decode("latin-1"))
+    assert not dispatcher.ledger.redis.exists(key)
+
+
 def test_stream_valid_call_then_surrogate_id_ends_with_results(dispatcher, worker, workspace):
     """A valid call, then a call whose id holds a lone surrogate: the stream is refused at that
     call, and the turn still ends (the valid call has its result) instead of timing out."""

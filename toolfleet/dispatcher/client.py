@@ -43,7 +43,7 @@ from .locks import ResourceLocks
 from .streaming import TurnStream
 from .submit import Submitter
 from .turn import Turn, check_ids
-from .wire import clean_call, encodable
+from .wire import call_id_problem, clean_call, encodable
 
 log = logging.getLogger(__name__)
 # close(): after cancelling its live turns, how long (beyond cancel_grace_s) their drivers get to record
@@ -134,6 +134,9 @@ class Dispatcher:
         if self._closed:
             raise ToolfleetError("this dispatcher is closed: open a new Dispatcher")
         turn_id = turn_id or uuid.uuid4().hex
+        problem = call_id_problem(turn_id, "turn id")  # it is half of each call's task id (Flower, logs)
+        if problem:
+            raise ToolfleetError(problem)
         if turn_id.startswith("}"):  # the keys' hash tag `{}` would be empty: one cluster slot per key
             raise ToolfleetError(f"turn id {turn_id!r} cannot start with '}}': its keys would not share one Redis "
                                  "Cluster slot, and its ledger scripts would fail there; choose another id")

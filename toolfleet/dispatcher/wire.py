@@ -45,19 +45,20 @@ def encodable(text: str) -> bool:
         return False
 
 
-def call_id_problem(call_id: Any) -> str | None:
-    """Why ``call_id`` cannot be a call id, or None."""
+def call_id_problem(call_id: Any, what: str = "call id") -> str | None:
+    """Why ``call_id`` cannot be a call id (``what``: or a turn id, the other half of a task id),
+    or None."""
     if not isinstance(call_id, str):
-        return f"a call id must be text, not {type(call_id).__name__}"
+        return f"a {what} must be text, not {type(call_id).__name__}"
     if not encodable(call_id):
-        return f"call id {ascii(call_id)} holds a lone surrogate (not valid Unicode)"
+        return f"{what} {ascii(call_id)} holds a lone surrogate (not valid Unicode)"
     if any(unicodedata.category(ch) == "Cc" for ch in call_id):
-        return f"call id {ascii(call_id)} holds a control character"
+        return f"{what} {ascii(call_id)} holds a control character"
     if len(call_id) > MAX_CALL_ID_CHARS:
-        return f"a call id of {len(call_id)} characters is longer than {MAX_CALL_ID_CHARS}"
+        return f"a {what} of {len(call_id)} characters is longer than {MAX_CALL_ID_CHARS}"
     if redact_text(call_id) != call_id:  # it would be a Celery task id: Flower, events, logs, the audit trail
-        return (f"a call id of {len(call_id)} characters has the shape of a credential (docs/secrets.md); "
-                "call ids travel unmasked as task ids, so it is refused (not shown here)")
+        return (f"a {what} of {len(call_id)} characters has the shape of a credential (docs/secrets.md); "
+                f"{what}s travel unmasked in task ids, so it is refused (not shown here)")
     return None
 
 
