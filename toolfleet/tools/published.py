@@ -21,6 +21,8 @@ Resources, the planning rule, are published declaratively where they can be:
 
 - ``"*"``: everything (no resource function: the safe default of :func:`resources.resolve`);
 - ``{"paths": [ARG, ...], "default": "."}``: :func:`toolfleet.tools.resources.paths`;
+- ``{"fixed": [RESOURCE, ...]}``: :func:`toolfleet.tools.resources.fixed` (``resources=[...]``;
+  ``[]``: the calls touch nothing);
 - ``"code"``: a Python function the dispatcher cannot run. A spec built from the catalog then
   plans the call as touching everything (``"*"``), the conservative fallback: it waits for every
   write before it and every write after it waits for it (a read stays a read: reads never
@@ -53,7 +55,7 @@ from typing import Any
 
 from ..errors import BrokerUnavailable, ConfigurationError
 from .registry import Registry
-from .resources import paths
+from .resources import fixed, paths
 from .spec import ToolSpec, tool_from_schema
 
 REFRESH_MIN_S = 0.1  # a registry re-reads the catalog for an unknown name at most this often (two
@@ -68,6 +70,9 @@ def resources_form(fn: Any) -> Any:
     declared = getattr(fn, "paths_declared", None)
     if declared is not None:
         return {"paths": list(declared[0]), "default": declared[1]}
+    constant = getattr(fn, "fixed_declared", None)
+    if constant is not None:
+        return {"fixed": list(constant)}
     return "code"
 
 
@@ -76,6 +81,8 @@ def resources_from_form(form: Any) -> Any:
     anything unknown (conservative)."""
     if isinstance(form, Mapping) and isinstance(form.get("paths"), list):
         return paths(*(str(p) for p in form["paths"]), default=str(form.get("default", ".")))
+    if isinstance(form, Mapping) and isinstance(form.get("fixed"), list):
+        return fixed(*(str(r) for r in form["fixed"]))
     return None
 
 

@@ -51,6 +51,33 @@ def overlaps(a: str, b: str) -> bool:
     return path_b.startswith(path_a + "/") or path_a.startswith(path_b + "/")
 
 
+def fixed(*resources: str) -> Callable[[Mapping[str, Any]], list[str]]:
+    """Resource function for a tool whose calls touch the same resources whatever their
+    arguments; ``fixed()`` (or ``resources=[]`` on :func:`~toolfleet.tools.spec.tool`): calls that
+    touch nothing of the workspace, which conflict with no call. Published in the catalog as is, so
+    a dispatcher that knows the tool only from there plans it the same way."""
+    kept = [str(r) for r in resources]
+
+    def constant(arguments: Mapping[str, Any]) -> list[str]:
+        return list(kept)
+
+    constant.fixed_declared = tuple(kept)  # type: ignore[attr-defined]  # published form (tools/published.py)
+    return constant
+
+
+def resource_fn(value: Any, tool: str) -> Callable[[Mapping[str, Any]], Iterable[str]] | None:
+    """A tool's ``resources`` option as a resource function: ``None`` (everything), a function of
+    the arguments, or a list, tuple or set of resource strings (:func:`fixed`; ``[]``: nothing).
+    Raises ``ValueError`` naming ``tool`` for anything else (a list used to be taken for a
+    function that fails: every call a write on everything)."""
+    if value is None or callable(value):
+        return value
+    if isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(r, str) for r in value):
+        return fixed(*sorted(value) if isinstance(value, (set, frozenset)) else value)
+    raise ValueError(f"tool {tool}: resources must be a function of the arguments (e.g. paths('path')) or a list "
+                     f"of resource strings ([] touches nothing), not {type(value).__name__}")
+
+
 def paths(*arg_names: str, default: str = ".") -> Callable[[Mapping[str, Any]], list[str]]:
     """Resource function for tools whose arguments ``arg_names`` are workspace paths.
 

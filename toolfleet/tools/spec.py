@@ -24,6 +24,7 @@ from pydantic import ConfigDict, Field, create_model
 from ..errors import ConfigurationError, ToolFailure
 from .context import ToolContext
 from .docstrings import doc_text
+from .resources import resource_fn
 
 Access = Literal["read", "write"]
 Risk = Literal["low", "medium", "high"]
@@ -43,7 +44,8 @@ class ToolSpec:
 
     - ``access``: ``read`` or ``write``; with ``resources`` it decides what may run side by side.
     - ``resources``: function of the arguments returning resource strings
-      (:mod:`toolfleet.tools.resources`); ``None`` means everything.
+      (:mod:`toolfleet.tools.resources`); ``None`` means everything. :func:`tool` also takes a
+      list of resource strings for calls that always touch the same ones (``[]``: nothing).
     - ``timeout_s``: default time limit of one call; ``timeout_arg`` names an argument that may
       lower or raise it per call, up to ``max_timeout_s``.
     - ``max_output_chars``: output budget of the text the model reads.
@@ -262,6 +264,10 @@ def tool_from_schema(
         options["access_fn"], access = access, "write"
     if access not in ("read", "write"):
         raise ConfigurationError(f"tool {name}: access must be 'read' or 'write', not {access!r}")
+    try:
+        resources = resource_fn(resources, name)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
     schema = dict(parameters)
     try:
         Draft202012Validator.check_schema(schema)
@@ -322,6 +328,10 @@ def make_spec(func: Callable[..., Any], *, name: str | None, description: str | 
                 f"tool {tool_name}: {key} needs the idempotency journal; declare journal=True "
                 "(or leave the tool a non-idempotent write)"
             )
+    try:
+        options["resources"] = resource_fn(options.get("resources"), tool_name)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
     doc = docstring_parser.parse(inspect.getdoc(func) or "")
     parameters, context_param = _schema(func, tool_name, {p.arg_name: p.description for p in doc.params})
     if options.get("state") is not None:
