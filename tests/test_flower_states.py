@@ -92,6 +92,8 @@ def test_error_results_are_failed_tasks_and_queued_calls_are_seen(settings, star
             if not results[ids[tid].id].ok:
                 failed = next(e for e in mine if e["type"] == "task-failed")
                 assert results[ids[tid].id].error.code.value in failed["exception"], failed
+                # an error result is no crash: Flower showed a Python traceback for each (a newcomer's note)
+                assert not failed.get("traceback"), failed
         # queued while the two processes were busy: PENDING in the event state before it started
         queued = [tid for tid in ids if _pending_before_start(d.app, seen, tid)]
         assert len(queued) >= len(ids) - 2, queued

@@ -229,7 +229,10 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
             hard_limit = isinstance(exc, TimeLimitExceeded)
             if hard_limit:  # Celery logged "hard time limit exceeded": no traceback of it too, and
                 return_ok, send_failed_event = True, False  # a failed event that names the code
-            super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+            error_result = isinstance(exc, CallFailed)  # an error result, not a crash: no traceback in Flower
+            super().on_failure(exc_info, send_failed_event=send_failed_event and not error_result, return_ok=return_ok)
+            if error_result and send_failed_event:
+                self.send_event("task-failed", exception=repr(exc), traceback="")
             if hard_limit:  # the result is reported by on_timeout
                 self.send_event("task-failed", exception=repr(CallFailed(KILLED_AT_HARD_LIMIT)), traceback="")
             elif type(exc).__name__ == "Terminated":

@@ -6,8 +6,9 @@ reads Celery's state. But people read Flower, so a task's state there matches th
 - an ``ok`` result: the task returns its summary (:func:`~.redaction.task_summary`): ``SUCCESS``;
 - an error result (``TIMEOUT``, ``CANCELLED``, ``EXECUTION_ERROR``, ``WORKER_LOST``,
   ``TOOL_UNAVAILABLE``, ``INVALID_ARGUMENT``, ...), recorded in the ledger first: the task raises
-  :class:`CallFailed`, whose message is the summary (code and sizes, never content). Celery sends
-  ``task-failed`` (Flower: ``FAILURE``, its Failed filter) and, since the task declares it
+  :class:`CallFailed`, whose message is the summary (code and sizes, never content). The worker
+  sends ``task-failed`` without a traceback (Flower: ``FAILURE``, its Failed filter; an error
+  result is no crash, so Flower shows no Python traceback for it) and, since the task declares it
   expected (``Task.throws``), logs one INFO line ``raised expected: CallFailed(...)`` without a
   traceback. Nothing is stored in the result backend (``ignore_result``); the message is
   acknowledged as usual (``task_acks_on_failure_or_timeout``);
