@@ -210,3 +210,15 @@ def test_a_call_still_running_is_not_drawn_as_an_error():
     lane = re.search(r'<g class="lane" data-call-id="busy">.*?</g>', page).group(0)
     assert "seg-run-error" not in lane and "seg-run-ok" not in lane, lane
     assert "seg-run-open" in lane  # drawn as running
+
+
+def test_a_cut_result_cell_says_it_was_cut():
+    """The results table cut a long one-line error mid-word with no marker (a newcomer needed
+    ``--json`` to learn there was more); a cut cell now ends with ``…`` and says how much there is."""
+    from toolfleet.view import _cell
+
+    long_line = "- /path: wants a string (File path relative to the workspace root) " * 10
+    cell = _cell(long_line)
+    assert cell.splitlines()[0].endswith("…") and f"{len(long_line)} characters" in cell and "--json" in cell
+    assert _cell("short\ntext") == "short\ntext"  # nothing cut, nothing added
+    assert "(6 lines" in _cell("\n".join("abcdef"))

@@ -39,13 +39,12 @@ def print_results(
         status = Text(f"{OK_MARK} ok", style="green") if r.ok else Text(
             f"{ERROR_MARK} {r.code.value if r.code else 'error'}", style="red")
         ms = "" if r.run_ms is None else f"{r.run_ms:.0f}"
-        lines = r.content.strip().splitlines() or [""]
-        text = Text("\n".join(lines[:4]) + (f"\n... ({len(lines)} lines)" if len(lines) > 4 else ""))
+        text = Text(_cell(r.content))
         if wide:
-            table.add_row(str(i), Text(r.call_id), Text(r.name), status, ms, text[:400])
+            table.add_row(str(i), Text(r.call_id), Text(r.name), status, ms, text)
         else:
             cell = Text(r.call_id) + Text("\n" + r.name, style="bold") + Text("\n") + status
-            table.add_row(str(i), cell + Text(f" · {ms} ms" if ms else ""), text[:400])
+            table.add_row(str(i), cell + Text(f" · {ms} ms" if ms else ""), text)
     console.print(table)
     waves = turn.plan.waves()
     if waves:
@@ -54,6 +53,18 @@ def print_results(
     if after_cancel_s is not None:
         line += f"; final {after_cancel_s:.2f} s after the cancel"
     console.print(line)
+
+
+def _cell(content: str, max_lines: int = 4, max_chars: int = 400) -> str:
+    """A result's content for the table: its first ``max_lines`` lines and ``max_chars``
+    characters, saying what was left out (``--json`` shows it whole)."""
+    lines = content.strip().splitlines() or [""]
+    text = "\n".join(lines[:max_lines])
+    if len(text) > max_chars:
+        text = text[:max_chars] + "…"
+    if len(lines) > max_lines or text.endswith("…"):
+        text += f"\n... ({len(lines)} lines, {len(content)} characters; --json shows it whole)"
+    return text
 
 
 def print_catalog(console: Console, entries: list[dict[str, Any]], namespace: str = "toolfleet") -> None:
