@@ -46,7 +46,8 @@ def test_a_worker_of_the_same_key_serves_beside_one_of_another(settings, start_w
         turn = dispatcher.submit([call("a", "tally", text="x")], workspace=str(workspace))
         [result] = turn.results(60)
         assert dispatcher.availability.shared_with_other_keys()["tally"] == [other.name]
-        _warn_other_keys(dispatcher, turn)
+        warning = _warn_other_keys(dispatcher, turn)  # also in `run --json`'s "warnings"
+    assert other.name in warning and "another fleet key" in warning, warning
     assert result.ok, result.content
     assert any(other.name in r.getMessage() and "another fleet key" in r.getMessage() for r in caplog.records)
     said = " ".join(capsys.readouterr().err.split())

@@ -113,7 +113,9 @@ def run(
     # cancelled from another terminal while it runs (issue 15, point 4)
     print(f"turn {turn.turn_id}: {len(turn.calls)} call(s); cancel it from anywhere with "
           f"`toolfleet cancel {turn.turn_id}{where(settings)}`", file=sys.stderr, flush=True)
-    _warn_other_keys(dispatcher, turn)
+    other_keys = _warn_other_keys(dispatcher, turn)
+    if other_keys:  # in --json's "warnings" too: programs reading stdout see it (a newcomer's note)
+        warnings = [*warnings, other_keys]
     cancelled_at: list[float] = []
     if cancel_after is not None:
         def _cancel() -> None:
@@ -240,21 +242,24 @@ def _event_text(line: str) -> str | None:
     return None if line in ("", "[DONE]") else line
 
 
-def _warn_other_keys(dispatcher: Any, turn: Any) -> None:
+def _warn_other_keys(dispatcher: Any, turn: Any) -> str:
     """Say (stderr) which live workers of another fleet key take from the queues of this turn's
     tools: each drops the calls it takes, sent again seconds later (a worker started by hand
-    before `toolfleet down` and `up`; a newcomer's trial saw four reads take 19 s and no word)."""
+    before `toolfleet down` and `up`; a newcomer's trial saw four reads take 19 s and no word).
+    Returns the warning ("" if none)."""
     try:
         shared = dispatcher.availability.shared_with_other_keys()
     except Exception:  # noqa: BLE001 - a warning only
-        return
+        return ""
     names = {c.name for c in turn.calls}
     workers = sorted({w for tool, ws in shared.items() if tool in names for w in ws})
-    if workers:
-        from .worker.catalog import other_key_warning
+    if not workers:
+        return ""
+    from .worker.catalog import other_key_warning
 
-        err.print("warning: " + other_key_warning(
-            workers, dispatcher.settings.namespace, "They take from the queues of this turn's tools: each call "
-            "they take is sent again seconds later. Restart them with the fleet's key (a worker started by hand "
-            "before `toolfleet down` and `up` holds the old one; docs/signing.md)."),
-            style="bold yellow", markup=False, soft_wrap=True)
+    warning = other_key_warning(
+        workers, dispatcher.settings.namespace, "They take from the queues of this turn's tools: each call "
+        "they take is sent again seconds later. Restart them with the fleet's key (a worker started by hand "
+        "before `toolfleet down` and `up` holds the old one; docs/signing.md).")
+    err.print("warning: " + warning, style="bold yellow", markup=False, soft_wrap=True)
+    return warning
