@@ -56,8 +56,10 @@ from ..models import ErrorCode, ToolCall, ToolResult
 class _Batch:
     """One fleet turn and a future per call id, set by one thread reading ``turn.as_completed``."""
 
-    def __init__(self, turn: Any, calls: Sequence[ToolCall], timeout_s: float, completed: list[str]) -> None:
+    def __init__(self, turn: Any, calls: Sequence[ToolCall], timeout_s: float, completed: list[str],
+                 final_wait_s: float = 0.0) -> None:
         self.turn = turn
+        self.final_wait_s = final_wait_s  # after a give-up's cancel: how long the final results may take
         self.completed = completed
         self.calls = {c.id: c for c in calls}
         self.futures = {c.id: concurrent.futures.Future() for c in calls}
@@ -75,10 +77,15 @@ class _Batch:
                     self.completed.append(result.call_id)
                     future.set_result(result)
         except BaseException as exc:  # timeout (the turn was cancelled), Redis gone for good
+            # A give-up cancelled the turn: a call that was running gets its own final result
+            # (CANCELLED, OUTCOME_UNKNOWN) within the cancel grace; telling the model it never ran
+            # (NOT_EXECUTED, "try the call again") before then would have it repeat a write that ran.
+            if isinstance(exc, TimeoutError):
+                self.turn.wait(self.final_wait_s)
             for call_id, future in self.futures.items():
                 if not future.done():
                     late = self.turn.result(call_id)
-                    future.set_result(late if late is not None else _failure(self.calls[call_id], exc))
+                    future.set_result(late if late is not None else _unknown(self.calls[call_id], exc))
 
     def arm(self) -> None:
         with self._arm_lock:
@@ -92,6 +99,13 @@ class _Batch:
         if not self.turn.done:
             with suppress(ToolfleetError):
                 self.turn.cancel(reason)
+
+
+def _unknown(call: ToolCall, exc: BaseException) -> ToolResult:
+    """A call of a submitted turn whose result never came: it may have run, so never ``NOT_EXECUTED``."""
+    return ToolResult.failure(call.id, call.name, ErrorCode.OUTCOME_UNKNOWN,
+                              f"the fleet gave no result, and the call may have run: {exc}",
+                              "check its effect before repeating it")
 
 
 def _failure(call: ToolCall, exc: BaseException) -> ToolResult:
@@ -169,7 +183,9 @@ class FleetTools:
             raise
         turn.close()
         self.turns.append(turn)
-        return _Batch(turn, calls, self.timeout_s, self.completed)
+        settings = self.dispatcher.settings
+        return _Batch(turn, calls, self.timeout_s, self.completed,
+                      final_wait_s=settings.cancel_grace_s + settings.kill_grace_s + 10.0)
 
     async def invoke(self, name: str, call_id: str | None, arguments: str) -> str:
         """Run one call on the fleet and return the text the model reads. Cancelling the awaiting
