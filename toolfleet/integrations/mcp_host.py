@@ -207,7 +207,20 @@ class HostedServer:
 
         self._session_task = asyncio.ensure_future(hold())
         self.starts += 1
-        await asyncio.wait_for(ready, START_TIMEOUT_S)
+        try:
+            await asyncio.wait_for(ready, START_TIMEOUT_S)
+        except BaseException:
+            await self._abort_start()
+            raise
+
+    async def _abort_start(self) -> None:
+        """A start that failed or did not answer within :data:`START_TIMEOUT_S`: end its session and
+        stop its process (one hanging before ``initialize`` would otherwise stay, one more per call)."""
+        task, self._session_task, self._client = self._session_task, None, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task}, timeout=5.0)
+        await asyncio.to_thread(self.stop_processes)
 
     async def _close(self) -> None:
         if self._stop is not None:
@@ -235,7 +248,13 @@ class HostedServer:
         return list((await client.list_tools()).tools)
 
     async def call_tool(self, tool: str, arguments: Mapping[str, Any]) -> Any:
-        client = await self._alive_client()
+        try:
+            client = await self._alive_client()
+        except Exception as exc:  # it never reached the server: said so, not a bare TimeoutError
+            why = str(exc) or f"no answer within {START_TIMEOUT_S:g} s"
+            raise ToolFailure(f"MCP server {self.name} could not be started: {type(exc).__name__}: {why}; the call "
+                              "did not reach it", "try again later; the server is started again for the next call"
+                              ) from None
         try:
             return await client.call_tool(tool, dict(arguments))
         except Exception as exc:  # the session is in doubt (closed, broken, a protocol error): start afresh
