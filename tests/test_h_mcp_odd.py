@@ -40,3 +40,13 @@ def test_a_server_that_hangs_when_started_again_leaves_no_process_per_call(tmp_p
         for pid, _ in processes_with(flag.name):
             os.kill(pid, 9)
 
+
+def test_an_error_result_with_only_structured_content_tells_what_it_says():
+    server = mcp_host.HostedServer("odd", [sys.executable, str(ODD)])
+    try:
+        with pytest.raises(ToolFailure) as failed:
+            mcp_host._content(server.call("structured_error", {}, 30))
+        assert "quota" in failed.value.message, failed.value.message  # the server's reason reaches the model
+        assert mcp_host._content(server.call("picture", {}, 30)) == "[1 non-text block(s): image]"
+    finally:
+        server.close()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import json
 import os
 import re
 import shlex
@@ -301,8 +302,10 @@ def _close_all() -> None:
 def _content(result: Any) -> Any:
     texts = [block.text for block in result.content if getattr(block, "type", None) == "text"]
     others = [block.type for block in result.content if getattr(block, "type", None) != "text"]
-    text = "\n".join(texts) + (f"\n[{len(others)} non-text block(s): {', '.join(others)}]" if others else "")
+    text = "\n".join(texts + ([f"[{len(others)} non-text block(s): {', '.join(others)}]"] if others else []))
     if result.is_error:
+        if not texts and result.structured_content is not None:  # its only account of what went wrong
+            text = "\n".join(filter(None, [json.dumps(result.structured_content, default=str), text]))
         raise ToolFailure(text or "the MCP tool reported an error", "")
     if result.structured_content is not None and not texts:
         return result.structured_content
