@@ -1,4 +1,4 @@
-"""An MCP server with odd tools (tests/test_h_mcp_odd.py). argv[1]: a flag file; when it exists at start,
+"""An MCP server with odd tools (tests/test_mcp_host_odd_servers.py). argv[1]: a flag file; when it exists at start,
 the server hangs before answering initialize."""
 
 from __future__ import annotations
