@@ -381,3 +381,29 @@ def test_a_tools_module_that_is_not_there_says_how_to_name_one(tmp_path) -> None
     broken.write_text("import no_such_package_y2\n")
     with pytest.raises(ConfigurationError, match="no_such_package_y2"):  # the module's own import, named
         default_registry([str(broken)])
+
+
+def test_an_initial_state_naming_a_field_its_type_lacks_is_refused() -> None:
+    """A newcomer's ``toolfleet sessions --open s --state 'counter={"m": 7}'`` printed "opened":
+    pydantic ignores unknown fields, so a misspelt one was dropped without a word. Refused now,
+    with the type (the tools imported) and from the catalog's schema; a type that takes other
+    fields (``extra="allow"``) decides itself."""
+    from pydantic import BaseModel, ConfigDict
+
+    class Counter(BaseModel):
+        count: int = 0
+
+    class Loose(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        count: int = 0
+
+    real = SessionState("counter", Counter)
+    catalog = SessionState("counter", object, json_schema=real.adapter.json_schema())
+    for decl in (real, catalog):
+        with pytest.raises(ToolfleetError, match=r"initial state 'counter' has no field m; its fields: count"):
+            initial_value("counter", decl, {"m": 7})
+        assert initial_value("counter", decl, {"count": 3}) in (Counter(count=3), {"count": 3})
+    loose = SessionState("loose", Loose)
+    assert initial_value("loose", loose, {"m": 7}).model_extra == {"m": 7}
+    loose_catalog = SessionState("loose", object, json_schema=loose.adapter.json_schema())
+    assert initial_value("loose", loose_catalog, {"m": 7}) == {"m": 7}

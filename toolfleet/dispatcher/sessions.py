@@ -71,13 +71,36 @@ def initial_value(name: str, decl: SessionState, given: Any) -> Any:
         if isinstance(given, decl.type if isinstance(decl.type, type) else object):
             return given
         try:
+            schema = decl.adapter.json_schema()
+        except Exception:  # noqa: BLE001 - no schema: nothing to say of its fields
+            schema = None
+        _unknown_fields(name, schema, given)
+        try:
             return decl.adapter.validate_python(given)
         except Exception as exc:
             raise ToolfleetError(f"initial state {name!r} is not a valid {decl.type!r}: {exc}") from exc
     form = _json_form(name, given)
     if decl.json_schema is not None:
+        _unknown_fields(name, decl.json_schema, form)
         _check_schema(name, decl.json_schema, form)
     return form
+
+
+def _unknown_fields(name: str, schema: Any, given: Any) -> None:
+    """Refuse an initial state (a JSON object) naming fields its type does not have: pydantic
+    ignores them (``extra="ignore"``, its default), so a misspelt field was dropped without a
+    word (a newcomer's ``--state 'counter={"m": 7}'``). A type that takes other fields
+    (``additionalProperties`` in its schema: ``extra="allow"``/``"forbid"``) decides itself."""
+    if not isinstance(schema, Mapping) or not isinstance(given, Mapping) or "additionalProperties" in schema:
+        return
+    fields = schema.get("properties")
+    if schema.get("type") != "object" or not isinstance(fields, Mapping):
+        return
+    unknown = sorted(str(k) for k in given if k not in fields)
+    if unknown:
+        shown = ", ".join(redact_text(k)[:40] for k in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+        raise ToolfleetError(f"initial state {name!r} has no field {shown}; its fields: "
+                             f"{', '.join(sorted(fields)) or '(none)'}")
 
 
 def _json_form(name: str, given: Any) -> Any:
