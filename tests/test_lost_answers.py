@@ -73,3 +73,31 @@ def test_the_answer_to_a_lost_answer_says_whether_a_claim_began_the_call(setting
     result = execute(runtime, envelope, worker="w2@t", hard_limit_s=10)
     assert result.code is (ErrorCode.OUTCOME_UNKNOWN if began else ErrorCode.NOT_EXECUTED), result
     assert ledger.results(turn_id)["c1"] == result
+
+
+@pytest.mark.parametrize("began", [False, True])
+def test_a_message_of_an_ended_turn_says_did_not_run_only_when_no_claim_began_it(settings, began):
+    """The worker's body given a message of a call whose turn is over (its dispatcher killed, its
+    lease lapsed; or ended) with no result recorded: a redelivery of a call whose pool process
+    died after the lease lapsed. It runs nothing. ``NOT_EXECUTED`` ("it was not run", the ledger's
+    "never ran, safe to submit again" that a LangGraph resume acts on: integrations/takeover.py)
+    only when no claim began the call; when one did, the earlier execution may have done the
+    write, so the answer must not say it did not run. Before: ``NOT_EXECUTED`` either way, and a
+    resume in another process ran the write a second time."""
+    runtime = Runtime(settings, make_registry())
+    ledger = Ledger(settings)
+    turn_id = f"T{uuid.uuid4().hex}"
+    ledger.open_turn(turn_id, {"c1": "add_note"})
+    if began:
+        assert ledger.claim_start(turn_id, "c1", "w@t", arm_wait_s=1) == "ok"  # then its process died
+    ledger.end_turn(turn_id, "its dispatcher vanished (the lease lapsed)")
+    envelope = CallEnvelope(turn_id=turn_id, call_id="c1", name="add_note", arguments={"text": "must not run"},
+                            workspace=None, session_id=None, time_limit_s=5, idempotency_key=f"{turn_id}:c1",
+                            submitted_at=time.time()).model_dump(mode="json")
+    result = execute(runtime, envelope, worker="w2@t", hard_limit_s=10)
+    if began:
+        assert result.code is not ErrorCode.NOT_EXECUTED, result
+        assert result.code in (ErrorCode.WORKER_LOST, ErrorCode.OUTCOME_UNKNOWN), result
+    else:
+        assert result.code is ErrorCode.NOT_EXECUTED, result
+    assert ledger.results(turn_id)["c1"] == result

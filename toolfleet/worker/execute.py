@@ -98,13 +98,21 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
             if recorded is not None:
                 return recorded
             if claim == "ended":  # its dispatcher ended the turn or vanished (lease lapsed)
-                result = ToolResult.failure(
+                # "it did not run" only where no claim began the call (one atomic step): a redelivery
+                # of a call whose process died after the lease lapsed may have done its work, and
+                # NOT_EXECUTED in the ledger is what a resume elsewhere submits again (takeover.py)
+                kept = _record_unless_started(runtime, env, ToolResult.failure(
                     env.call_id, env.name, ErrorCode.NOT_EXECUTED,
                     "the turn was already over when a worker took this call (its dispatcher gave it up or went "
                     "away); it was not run",
                     "ask again if the call is still wanted",
-                )
-                return _record(runtime, env, result, worker, picked_at, picked_at)
+                ))
+                return kept if kept is not None else _record(runtime, env, ToolResult.failure(
+                    env.call_id, env.name, ErrorCode.WORKER_LOST,
+                    "the turn was already over when a worker took this call again; an earlier execution of it "
+                    "had started and ended without a result (its worker died), and it was not run again",
+                    "the call may or may not have taken effect; check before repeating it",
+                ), worker, picked_at, picked_at)
             if claim == "done":  # answered before without a claim (the 'd:' mark: the dispatcher's
                 # answer, a denial) and Redis lost that answer since (evicted): not run now. No
                 # claim began it: it never ran (NOT_EXECUTED); one did (the watchdog answered a
