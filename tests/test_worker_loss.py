@@ -95,3 +95,35 @@ def test_whole_worker_killed_mid_batch(dispatcher, start_worker, workspace):
         assert results["n1"].ok
     counts = refund_store.counts(workspace)
     assert counts["refunds"] == {"order-W1": 1} and counts["runs"] == {"order-W1": 1}
+
+
+def test_a_call_sent_again_that_the_broker_refuses_is_not_said_to_have_not_run(dispatcher, start_worker, workspace,
+                                                                              monkeypatch):
+    """Two workers; the one running a refund vanishes after paying (SIGKILL of its process group).
+    Once the first execution's deadline has passed the dispatcher sends the call again, and the
+    broker refuses that send (and every retry) for ``SEND_RETRY_S`` (cut to 1 s). The call's answer
+    must not say it did not run: the refund was paid. Before: ``NOT_EXECUTED`` "it was not sent and
+    did not run" (the retries went out as a first send, and gave up as one)."""
+    import threading
+
+    from toolfleet.dispatcher import sending
+    from toolfleet.errors import BrokerUnavailable
+
+    monkeypatch.setattr(sending, "SEND_RETRY_S", 1.0)
+    workers = {w.name: w for w in (start_worker(concurrency=1), start_worker(concurrency=1))}
+    turn = dispatcher.submit([call("r1", "refund", order_id="B1", amount_cents=500, post_s=5)],
+                             workspace=str(workspace))
+    victim = wait_started(dispatcher, turn.turn_id, "r1")["worker"]
+    wait_until(lambda: refund_store.counts(workspace)["refunds"], 10, "the payment")
+    refused = threading.Event()
+
+    def broker_refuses(**_kwargs):
+        refused.set()
+        raise BrokerUnavailable(dispatcher.settings.redis_url, "the broker refuses publishes (test)")
+
+    monkeypatch.setattr(dispatcher.submitter, "send", broker_refuses)
+    workers[victim].kill()
+    result = turn.results(TURN_TIMEOUT_S)[0]
+    assert refused.is_set(), "the call was not sent again"
+    assert refund_store.counts(workspace)["refunds"] == {"order-B1": 1}
+    assert result.code in (ErrorCode.OUTCOME_UNKNOWN, ErrorCode.WORKER_LOST), result.content

@@ -62,6 +62,7 @@ class Sender:
         self.sent_at: dict[str, float] = {}  # call id -> monotonic time of its latest send
         self.resends: dict[str, int] = {}  # call id -> times sent again after its worker died
         self._to_send: list[str] = []  # ready, not sent yet (waiting for locks or the broker)
+        self._resend_queued: set[str] = set()  # of those, sends again (its worker went silent): retried as such
         self._send_failed_at: dict[str, float] = {}
         self.lock = TurnLocks(turn, locks, self.sent_at)  # the turn's locks across turns
         self._checked_at = time.monotonic()
@@ -95,7 +96,7 @@ class Sender:
                 raise BrokerUnavailable(turn._settings.redis_url, str(exc)) from exc
             for call_id in call_ids:
                 if call_id not in turn._finished:
-                    self._queue(call_id)
+                    self._queue(call_id, resend)
             return
         if not sendable:
             return
@@ -120,7 +121,7 @@ class Sender:
             if raise_errors:
                 raise exc from None
             for call_id in sendable:
-                self._send_failed(call_id, exc)
+                self._send_failed(call_id, exc, resend)
             return
         now = time.monotonic()
         with turn._lock:
@@ -177,16 +178,38 @@ class Sender:
         since = self._unserved_since.setdefault(tool, time.monotonic())
         return time.monotonic() - since < unserved_grace_s(settings)
 
-    def _send_failed(self, call_id: str, exc: BrokerUnavailable) -> None:
-        """The broker refused ``call_id``: retry it every tick for ``SEND_RETRY_S``, then give up."""
+    def _send_failed(self, call_id: str, exc: BrokerUnavailable, resend: bool = False) -> None:
+        """The broker refused ``call_id``: retry it every tick for ``SEND_RETRY_S``, then give up.
+        A send again (``resend``) is retried as one; given up, it is answered as its worker's loss
+        (``WORKER_LOST``, ``OUTCOME_UNKNOWN`` for a journaled write), never "it did not run": the
+        first execution may have acted before its worker went silent."""
         first = self._send_failed_at.setdefault(call_id, time.monotonic())
         if time.monotonic() - first < SEND_RETRY_S:
-            self._queue(call_id)
+            self._queue(call_id, resend)
+            return
+        if resend or self.resends.get(call_id):
+            self._lost_resend(call_id, exc)
             return
         self._record(call_id, ToolResult.failure(
             call_id, self.turn._runnable[call_id].spec.name, ErrorCode.NOT_EXECUTED,
             f"{exc} The broker refused the call for {SEND_RETRY_S:g} s; it was not sent and did not run.",
             "retry when the broker is back"))
+
+    def _lost_resend(self, call_id: str, exc: BrokerUnavailable) -> None:
+        """A call sent again after its worker went silent mid-run, that the broker would not take:
+        its first execution may have acted (and may still, until its deadline: the turn's locks are
+        held that long)."""
+        turn = self.turn
+        spec = turn._runnable[call_id].spec
+        code = ErrorCode.OUTCOME_UNKNOWN if spec.journal and not spec.idempotent else ErrorCode.WORKER_LOST
+        kept = turn._ledger.record_result(turn.turn_id, ToolResult.failure(
+            call_id, spec.name, code,
+            f"its worker went silent while it ran, and sending it again failed for {SEND_RETRY_S:g} s ({exc}); "
+            "whether the first execution took effect is unknown",
+            "check the real state before repeating it"))
+        if kept:
+            turn._watch._hold_locks(turn._watch._hard_s(call_id) + turn._settings.clock_skew_margin_s)
+            turn._watch._failed_in_flower(call_id, code)
 
     def pump(self) -> None:
         """Each tick: retry the locks and the queued calls, renew the held locks."""
@@ -197,7 +220,12 @@ class Sender:
         self.lock.renew()
         with turn._lock:
             pending = [c for c in self._to_send if c not in turn._finished]
+            resends = [c for c in pending if c in self._resend_queued]
             self._to_send.clear()
+            self._resend_queued.clear()
+        if resends:  # sent again as such: no availability or lock wait, answered as a loss if never sent
+            self.send_group(resends, resend=True)
+            pending = [c for c in pending if c not in resends]
         if not pending:
             return
         lock = self.lock
@@ -295,10 +323,12 @@ class Sender:
                 "Redis restarted without its data while the call waited in the queue; it never started",
                 "ask again: nothing happened", attempts=0), unless_started=True)
 
-    def _queue(self, call_id: str) -> None:
+    def _queue(self, call_id: str, resend: bool = False) -> None:
         with self.turn._lock:
             if call_id not in self._to_send:
                 self._to_send.append(call_id)
+            if resend:
+                self._resend_queued.add(call_id)
 
     def _record(self, call_id: str, result: ToolResult) -> None:
         self.turn._ledger.record_result(self.turn.turn_id, result)
