@@ -127,3 +127,36 @@ def test_a_call_sent_again_that_the_broker_refuses_is_not_said_to_have_not_run(d
     assert refused.is_set(), "the call was not sent again"
     assert refund_store.counts(workspace)["refunds"] == {"order-B1": 1}
     assert result.code in (ErrorCode.OUTCOME_UNKNOWN, ErrorCode.WORKER_LOST), result.content
+
+
+def test_a_send_that_landed_though_the_broker_said_it_failed_is_not_said_to_have_not_run(
+        dispatcher, worker, workspace, monkeypatch):
+    """A streamed call's publish reaches the queue but its reply is lost (the broker then refuses
+    every retry for ``SEND_RETRY_S``, cut to 1 s): the worker runs the call meanwhile. Giving up
+    the send must not answer ``NOT_EXECUTED`` over the execution (the ledger's "unless started");
+    the call keeps its worker's real result. Before: ``NOT_EXECUTED`` "it was not sent and did not
+    run", recorded first, and the execution's own result refused as a late note."""
+    from toolfleet.dispatcher import sending
+    from toolfleet.errors import BrokerUnavailable
+
+    monkeypatch.setattr(sending, "SEND_RETRY_S", 1.0)
+    real_send = dispatcher.submitter.send
+    tally = workspace / "tally.txt"
+    sends = []
+
+    def reply_lost(**kwargs):
+        sends.append(kwargs["call_id"])
+        if len(sends) == 1:
+            real_send(**kwargs)  # it lands, and a worker starts it
+            wait_until(tally.exists, 20, "the execution of the call")
+        raise BrokerUnavailable(dispatcher.settings.redis_url, "reply lost, then refused (test)")
+
+    monkeypatch.setattr(dispatcher.submitter, "send", reply_lost)
+    turn = dispatcher.open_turn(workspace=str(workspace))
+    turn.add_calls([call("t1", "tally", text="ran", seconds=2)])
+    turn.close()
+    result = turn.results(TURN_TIMEOUT_S)[0]
+    assert len(sends) > 1, sends
+    assert tally.read_text() == "ran\n"
+    assert result.code is not ErrorCode.NOT_EXECUTED, result.content
+    assert result.ok and result.content == "tallied ran", result.content

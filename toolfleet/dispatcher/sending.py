@@ -190,10 +190,16 @@ class Sender:
         if resend or self.resends.get(call_id):
             self._lost_resend(call_id, exc)
             return
-        self._record(call_id, ToolResult.failure(
-            call_id, self.turn._runnable[call_id].spec.name, ErrorCode.NOT_EXECUTED,
+        # "it did not run" only where the ledger confirms no claim began it (one atomic step): a
+        # publish whose reply was lost may have reached the queue, and a worker may be running it
+        turn = self.turn
+        if not turn._ledger.record_result(turn.turn_id, ToolResult.failure(
+            call_id, turn._runnable[call_id].spec.name, ErrorCode.NOT_EXECUTED,
             f"{exc} The broker refused the call for {SEND_RETRY_S:g} s; it was not sent and did not run.",
-            "retry when the broker is back"))
+            "retry when the broker is back"), unless_started=True):
+            log.warning("turn %s: call %s, whose sends the broker refused, was started by a worker all the same (a "
+                        "send whose reply was lost reached its queue); its execution answers it", turn.turn_id,
+                        call_id)
 
     def _lost_resend(self, call_id: str, exc: BrokerUnavailable) -> None:
         """A call sent again after its worker went silent mid-run, that the broker would not take:
