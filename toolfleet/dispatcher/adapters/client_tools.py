@@ -27,7 +27,8 @@ shell_call        ``action {commands: [...], timeout_ms, max_output_length}`` ru
                   "outcome": {"type": "exit", "exit_code"} | {"type": "timeout"}}],
                   "max_output_length"?}``; ``run_command`` prints stdout and stderr as one
                   stream, which goes back as ``stdout`` (cut to ``max_output_length``
-                  characters together with ``stderr``, and passed back as the guide asks);
+                  characters together with ``stderr``, whose note is kept first, and passed
+                  back as the guide asks);
                   a non-zero exit is the outcome's ``exit_code``; an error toolfleet reports
                   (the call did not run, was stopped...) is ``stderr``, with exit code 1, or
                   the ``timeout`` outcome for ``TIMEOUT``.
@@ -327,7 +328,7 @@ def _shell_output(result: ToolResult, item: ClientCall) -> dict[str, Any]:
             stdout, stderr = printed, head
             outcome = {"type": "timeout"} if result.code is ErrorCode.TIMEOUT else {"type": "exit", "exit_code": 1}
     limit = item.max_output_length
-    if limit is not None:  # characters of stdout and stderr together, stdout first
-        stdout = stdout[:limit]
-        stderr = stderr[: limit - len(stdout)]
+    if limit is not None:  # characters of stdout and stderr together; stderr (toolfleet's account of an
+        stderr = stderr[:limit]  # error: cancelled, not run...; run_command prints into stdout) first, so a
+        stdout = stdout[: limit - len(stderr)]  # long output cannot leave only an unexplained exit code
     return {"stdout": stdout, "stderr": stderr, "outcome": outcome}
