@@ -35,6 +35,12 @@ from .namespaces import namespaces_of
 from .wire import arguments_for_wire, at, call_arguments, for_wire, need_object, need_text
 
 _STATUSES = ("in_progress", "completed", "incomplete")
+NULL_REQUIRED = {"code_interpreter_call": frozenset({"code", "outputs"}),
+                 "image_generation_call": frozenset({"result"})}
+"""Fields of output items the API requires on input even when null (openai-python's input item types:
+``Required[Optional[...]]``): a ``code_interpreter_call``'s ``outputs`` are null unless the request
+includes them, an ``image_generation_call`` that failed has no ``result``; left out, the next request
+is refused ("Missing required parameter"; openai-python#2396)."""
 OUTPUT_OF = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output"}
 """Item types of calls the client answers, and the type of the item that answers each."""
 
@@ -142,11 +148,13 @@ class OpenAIResponsesAdapter:
         or a ``status`` the API does not know is left out, a field whose value is ``null`` is left
         out (what the SDK's ``model_dump()`` writes for every unset field: ``"status": null`` on a
         reasoning item, which the API refuses, "Unknown parameter: 'input[1].status'";
-        openai-python#3008), and text that cannot be encoded (a lone surrogate) is cleaned."""
+        openai-python#3008) unless the API requires it even when null (:data:`NULL_REQUIRED`), and
+        text that cannot be encoded (a lone surrogate) is cleaned."""
         OpenAIResponsesAdapter.parse(self, payload)
         out = []
         for item in self.output_items(payload):
-            clean = {key: value for key, value in for_wire(item).items() if value is not None}
+            keep = NULL_REQUIRED.get(item.get("type"), ()) if isinstance(item.get("type"), str) else ()
+            clean = {key: value for key, value in for_wire(item).items() if value is not None or key in keep}
             if _answered(item):
                 if item.get("type") == "function_call":
                     clean["arguments"] = arguments_for_wire(item.get("arguments"))
