@@ -14,12 +14,11 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import suppress
 from typing import Any
 
 import redis
 
-from ..errors import BrokerUnavailable, ToolfleetError
+from ..errors import BrokerUnavailable, ToolfleetError, TurnNotFound
 from ..ledger import Ledger
 from ..models import ToolCall, ToolResult
 from ..policy.config import Policy
@@ -189,8 +188,12 @@ class Dispatcher:
         except BaseException:
             # Nothing of the batch may run: the turn is not armed, so a worker that got one of its
             # calls does not run it; cancel it too where Redis still answers, and free its locks.
-            with suppress(ToolfleetError):
+            try:
                 self.ledger.cancel(turn.turn_id, "submission failed")
+            except TurnNotFound:
+                pass
+            except ToolfleetError:  # an arm whose reply was lost may have armed it: cancel once Redis is back
+                _cancel_in_background(self.ledger, turn.turn_id, self.settings.turn_lease_s)
             turn.abandon()
             raise
         return turn.close()
@@ -317,3 +320,31 @@ def _end_on_close(turn: Turn) -> None:
         turn.close()
     except Exception as exc:  # noqa: BLE001 - closing anyway; the lease covers it
         log.warning("turn %s: could not cancel it on close (%s)", turn.turn_id, exc)
+
+
+CANCEL_RETRY_S = 0.5
+
+
+def _cancel_in_background(ledger: Ledger, turn_id: str, lease_s: float) -> threading.Thread:
+    """Cancel a turn whose submission failed, once Redis takes it: an arm whose reply was lost
+    may have armed the turn, and its calls already sent would run until its lease lapses (no
+    dispatcher renews it now). Tried every :data:`CANCEL_RETRY_S` for ``lease_s`` at most (a
+    daemon thread; past the lease every claim is refused anyway). Promise 6, docs/guarantees.md."""
+    def retry() -> None:
+        deadline = time.monotonic() + lease_s
+        while time.monotonic() < deadline:
+            time.sleep(CANCEL_RETRY_S)
+            try:
+                ledger.cancel(turn_id, "submission failed")
+                return
+            except TurnNotFound:  # nothing of it in Redis: nothing can run
+                return
+            except ToolfleetError:
+                continue
+            except Exception as exc:  # noqa: BLE001 - a defect must not kill the thread silently
+                log.warning("turn %s: the cancel of its failed submission could not be sent (%s)", turn_id, exc)
+                return
+
+    thread = threading.Thread(target=retry, name=f"toolfleet-cancel-{turn_id[:12]}", daemon=True)
+    thread.start()
+    return thread
