@@ -362,3 +362,41 @@ def test_a_background_process_cannot_read_the_output_or_forge_a_later_result(she
         out = run(shell, f"echo real-{i}; false")
         assert (out.status, out.output.endswith(f"real-{i}\n"), "FORGED" in out.output) == (1, True, False), out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["build.py"]  # neither reopened nor read
+
+
+_FROM_INIT = r'''
+import ctypes, os, re, signal, stat, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+if os.fork():                                      # ./build.py "builds" and returns at once ...
+    print("built")
+    sys.exit(0)
+os.setsid()                                        # ... leaving a daemon behind: an exec'd program
+pidfd = libc.syscall(434, 1, 0)                    # the sandbox's init (pid 1) holds the command channel as fd 0
+chan = libc.syscall(438, pidfd, 0, 0) if pidfd >= 0 else -1
+if chan < 0 or not stat.S_ISSOCK(os.fstat(chan).st_mode):   # (now: bwrap's /dev/null)
+    sys.exit(0)
+open("took-channel", "w").close()
+shell = int(open("shell-pid").read())
+os.kill(shell, signal.SIGSTOP)                     # the shell does not read: the next block is the daemon's
+buf, deadline = b"", time.time() + 20
+while time.time() < deadline and not (b"__toolfleet_end_" in buf and buf.endswith(b"\n")):
+    buf += os.read(chan, 65536)
+nonce = re.search(rb"__toolfleet_end_[0-9a-f]+__", buf).group()
+os.write(1, b"FORGED\n" + nonce + b" 0\n")         # a later command "ok", with text it never printed
+os.kill(shell, signal.SIGCONT)
+'''
+
+
+def test_a_program_cannot_take_the_command_channel_from_the_sandboxs_init(shell, tmp_path):
+    """The shell is exec'd from an execute-only copy (non-dumpable), but the sandbox's init (pid 1,
+    bwrap's reaper) held the same command channel as its fd 0 and was dumpable: a daemon an exec'd
+    program left behind took the channel from it (pidfd_getfd), read the next command's block and its
+    end marker's nonce, and forged its result (the command never ran)."""
+    (tmp_path / "build.py").write_text(_FROM_INIT)
+    out = run(shell, "echo $$ > shell-pid; python3 build.py; sleep 0.5")
+    if "built" not in out.output:
+        pytest.skip(f"no python3 in the sandbox: {out.output}")
+    assert "FORGED" not in out.output, out
+    out = run(shell, "echo real; false")
+    assert (out.status, out.output, "FORGED" in out.output) == (1, "real\n", False), out
+    assert not (tmp_path / "took-channel").exists()

@@ -23,6 +23,9 @@ reads as commands: by the kernel, not by parsing what the command's processes wr
   process without ``CAP_SYS_PTRACE``. The programs the shell runs exec their own (readable)
   binaries: they stay dumpable, so ``gdb``/``strace`` of them still work. Forked subshells of the
   command share the shell's protection (and are the caller's own shell code).
+- **bwrap's init never holds the command channel.** The init (pid 1 of the sandbox) is bwrap's own
+  process, dumpable; it closes every inherited fd but its stdio, so bwrap gets ``/dev/null`` as its
+  stdin and the channel as another fd, which a first ``bash`` makes its stdin (:func:`_from_fd`).
 """
 
 from __future__ import annotations
@@ -79,18 +82,31 @@ def popen(box: Any, workspace: Path, spawn: Callable[[Callable[[], Any]], Any], 
         else:
             bash = shutil.which("bash", path=os.environ.get("PATH") or None) or "/bin/bash"
             bash_fd = os.open(bash, os.O_RDONLY | os.O_CLOEXEC)  # bwrap copies it to an execute-only file
-            argv, env = box.command([SHELL_PATH, *SHELL_ARGS], workspace, info_fd=info_w,
+            argv, env = box.command(_from_fd(stdin.fileno()), workspace, info_fd=info_w,
                                     mounts=["--perms", "0111", "--ro-bind-data", str(bash_fd), SHELL_PATH])
             if lease is not None:
                 argv = lease.wrap(argv)
-        fds = tuple(fd for fd in (info_w, bash_fd) if fd is not None)
+        channel_fd = None if box.unsandboxed else stdin.fileno()  # the shell's alone: not bwrap's init's stdin
+        fds = tuple(fd for fd in (info_w, bash_fd, channel_fd) if fd is not None)
         return spawn(lambda: subprocess.Popen(
-            argv, cwd=workspace, env=env, stdin=stdin.fileno(), stdout=stdout.fileno(),
+            argv, cwd=workspace, env=env, stdin=stdin.fileno() if channel_fd is None else subprocess.DEVNULL,
+            stdout=stdout.fileno(),
             stderr=stdout.fileno(), start_new_session=True, pass_fds=fds,
             preexec_fn=None if box.unsandboxed else functools.partial(sandbox_child, os.getpid())))
     finally:
         if bash_fd is not None:
             os.close(bash_fd)
+
+
+def _from_fd(fd: int) -> list[str]:
+    """The sandboxed shell's argv when its command channel is the inherited ``fd`` (bwrap's stdin is
+    ``/dev/null``): a first ``bash`` (the execute-only copy) makes ``fd`` its stdin and execs the shell.
+    bwrap's init (pid 1 of the sandbox) closes every inherited fd but its stdio, so it never holds the
+    channel: it is dumpable (bwrap's binary is readable), and a program of the session took the
+    channel from its fd 0 (``pidfd_getfd``), read the next block and its end marker's nonce, and
+    forged the command's result (a breaker's find)."""
+    return [SHELL_PATH, "--noprofile", "--norc", "-c",
+            f"exec 0<&{fd} {fd}<&- && exec {SHELL_PATH} {' '.join(SHELL_ARGS)}"]
 
 
 class _Spawner(threading.Thread):
