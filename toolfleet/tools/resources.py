@@ -21,7 +21,7 @@ import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ..errors import ToolFailure
+from ..errors import ConfigurationError, ToolFailure
 from .workspace import canonical_parts, spelling_in
 
 EVERYTHING = "*"
@@ -68,14 +68,14 @@ def fixed(*resources: str) -> Callable[[Mapping[str, Any]], list[str]]:
 def resource_fn(value: Any, tool: str) -> Callable[[Mapping[str, Any]], Iterable[str]] | None:
     """A tool's ``resources`` option as a resource function: ``None`` (everything), a function of
     the arguments, or a list, tuple or set of resource strings (:func:`fixed`; ``[]``: nothing).
-    Raises ``ValueError`` naming ``tool`` for anything else (a list used to be taken for a
-    function that fails: every call a write on everything)."""
+    Raises :class:`ConfigurationError` naming ``tool`` for anything else (a list used to be taken
+    for a function that fails: every call a write on everything)."""
     if value is None or callable(value):
         return value
     if isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(r, str) for r in value):
         return fixed(*sorted(value) if isinstance(value, (set, frozenset)) else value)
-    raise ValueError(f"tool {tool}: resources must be a function of the arguments (e.g. paths('path')) or a list "
-                     f"of resource strings ([] touches nothing), not {type(value).__name__}")
+    raise ConfigurationError(f"tool {tool}: resources must be a function of the arguments (e.g. paths('path')) "
+                             f"or a list of resource strings ([] touches nothing), not {type(value).__name__}")
 
 
 def paths(*arg_names: str, default: str = ".") -> Callable[[Mapping[str, Any]], list[str]]:

@@ -264,10 +264,7 @@ def tool_from_schema(
         options["access_fn"], access = access, "write"
     if access not in ("read", "write"):
         raise ConfigurationError(f"tool {name}: access must be 'read' or 'write', not {access!r}")
-    try:
-        resources = resource_fn(resources, name)
-    except ValueError as exc:
-        raise ConfigurationError(str(exc)) from None
+    resources = resource_fn(resources, name)
     schema = dict(parameters)
     try:
         Draft202012Validator.check_schema(schema)
@@ -328,10 +325,7 @@ def make_spec(func: Callable[..., Any], *, name: str | None, description: str | 
                 f"tool {tool_name}: {key} needs the idempotency journal; declare journal=True "
                 "(or leave the tool a non-idempotent write)"
             )
-    try:
-        options["resources"] = resource_fn(options.get("resources"), tool_name)
-    except ValueError as exc:
-        raise ConfigurationError(str(exc)) from None
+    options["resources"] = resource_fn(options.get("resources"), tool_name)
     doc = docstring_parser.parse(inspect.getdoc(func) or "")
     parameters, context_param = _schema(func, tool_name, {p.arg_name: p.description for p in doc.params})
     if options.get("state") is not None:
