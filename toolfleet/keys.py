@@ -18,6 +18,17 @@ def run_field(fact: str, call_id: str) -> str:
     return fact + call_id
 
 
+def hash_tag_problem(what: str, value: str) -> str | None:
+    """Why ``value`` (a turn or session id, ``what`` names it) cannot be a hash tag, or None: one
+    that starts with ``}`` makes the tag ``{}`` empty, so each of its keys would hash to a slot of
+    its own on a cluster and every script over them fail (``CROSSSLOT``); refused on any Redis, so
+    an id that works in development works on the production cluster."""
+    if value.startswith("}"):
+        return (f"{what} {value!r} cannot start with '}}': its keys would not share one Redis Cluster slot, and "
+                "the scripts over them would fail there; choose another id")
+    return None
+
+
 class Keys:
     """Key builder for one namespace."""
 

@@ -19,6 +19,7 @@ from typing import Any
 import redis
 
 from ..errors import BrokerUnavailable, ToolfleetError, TurnNotFound
+from ..keys import hash_tag_problem
 from ..ledger import Ledger
 from ..models import ToolCall, ToolResult
 from ..policy.config import Policy
@@ -133,13 +134,11 @@ class Dispatcher:
         if self._closed:
             raise ToolfleetError("this dispatcher is closed: open a new Dispatcher")
         turn_id = turn_id or uuid.uuid4().hex
-        problem = call_id_problem(turn_id, "turn id")  # it is half of each call's task id (Flower, logs)
+        # half of each call's task id (Flower, logs), and the hash tag of the turn's keys
+        problem = call_id_problem(turn_id, "turn id") or hash_tag_problem("turn id", turn_id)
         if problem:
             raise ToolfleetError(problem)
-        if turn_id.startswith("}"):  # the keys' hash tag `{}` would be empty: one cluster slot per key
-            raise ToolfleetError(f"turn id {turn_id!r} cannot start with '}}': its keys would not share one Redis "
-                                 "Cluster slot, and its ledger scripts would fail there; choose another id")
-        for what, text in (("turn_id", turn_id), ("workspace", workspace), ("session_id", session_id)):
+        for what, text in (("workspace", workspace), ("session_id", session_id)):  # the turn id's is checked above
             if text is not None and not encodable(text):  # Redis and JSON could not carry it
                 raise ToolfleetError(f"{what} {ascii(text)} holds a lone surrogate (not valid Unicode)")
         # the calls :meth:`submit` is about to add are registered with the turn's open (one script

@@ -52,7 +52,7 @@ import redis
 from pydantic import PlainSerializer, PlainValidator, TypeAdapter
 
 from ..errors import BrokerUnavailable, ToolFailure, ToolfleetError
-from ..keys import Keys
+from ..keys import Keys, hash_tag_problem
 from .state_json import difference, json_writer, to_json, validation_text
 
 DEFAULT_MAX_BYTES = 256 * 1024
@@ -294,9 +294,9 @@ class SessionStore:
         """Open ``session_id`` with the initial value of each declared state (``None``: the
         state's ``initial()``). Raises :class:`ToolfleetError` if it is open already (unless
         ``replace``) or a value is not a valid state, :class:`BrokerUnavailable` if Redis does not answer."""
-        if session_id.startswith("}"):  # the keys' hash tag `{}` would be empty: one slot per key on a cluster
-            raise ToolfleetError(f"session id {session_id!r} cannot start with '}}': its keys would not share one "
-                                 "Redis Cluster slot, and its saves would fail there; choose another id")
+        problem = hash_tag_problem("session id", session_id)
+        if problem:
+            raise ToolfleetError(problem)
         if ttl_s is not None and not ttl_s > 0:  # EXPIRE with 0 or less deletes the key: "open" and gone
             raise ToolfleetError(f"ttl_s must be a positive number of seconds, not {ttl_s!r}")
         ttl = math.ceil(ttl_s) if ttl_s is not None else int(self.default_ttl_s)
