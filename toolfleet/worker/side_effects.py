@@ -33,9 +33,8 @@ from collections.abc import Callable
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from redis.exceptions import RedisError
 
-from ..errors import BrokerUnavailable, CallCancelled, ToolFailure
+from ..errors import CallCancelled, StaleFence, ToolFailure
 from ..ledger import ARM_WAIT_S
 from ..models import CallEnvelope, ErrorCode, ToolResult
 from ..tools.context import ToolContext
@@ -111,8 +110,9 @@ def run_guarded(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnv
             return lambda: runtime.ledger.check_fence(
                 env.turn_id, env.call_id, token, refuse_if_cancelled=spec.cancellable, journal_key=key)
 
-        if claim_took_s > recheck_after_s(runtime.settings):  # the journal's key is not taken yet: not checked
-            refused = _refused_late_start(spec, ctx, fence(None), claim_took_s)
+        if claim_took_s > recheck_after_s(runtime.settings):
+            ctx.fence_check = fence(None)  # the journal's key is not taken yet: not checked
+            refused = _refused_late_start(spec, ctx, claim_took_s)
             if refused is not None:
                 return refused, False
         ctx.fence_check = fence(journal_key)
@@ -189,27 +189,23 @@ def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnve
     return result, True
 
 
-def _refused_late_start(spec: ToolSpec, ctx: ToolContext, check: Callable[[], str],
-                        claim_took_s: float) -> ToolResult | None:
-    """``None`` if this execution still holds its call after a slow claim (one Redis round trip),
-    else the result that says its handler never started (Redis unreachable refuses too: fail
-    closed). Guarantee F7 (docs/guarantees.md)."""
+def _refused_late_start(spec: ToolSpec, ctx: ToolContext, claim_took_s: float) -> ToolResult | None:
+    """``None`` if this execution still holds its call after a slow claim (``ctx.check_fence()``:
+    one Redis round trip; Redis unreachable refuses too, fail closed), else the result that says
+    its handler never started. Guarantee F7 (docs/guarantees.md)."""
     try:
-        why = check()
-    except (BrokerUnavailable, RedisError, OSError) as exc:  # cannot confirm that it still holds the call
-        why = f"could not confirm the fencing token ({type(exc).__name__}: {exc})"
-    if not why:
+        ctx.check_fence()  # a refusal is logged there
         return None
-    log.warning("call %s (turn %s, fencing token %s): its claim took %.1f s and it no longer holds the call (%s); "
-                "the handler was not started", ctx.call_id, ctx.turn_id, ctx.fencing_token, claim_took_s, why)
-    if why == "the turn was cancelled":
+    except CallCancelled:
+        log.info("call %s (turn %s): its claim took %.1f s and the turn was cancelled meanwhile; the handler was "
+                 "not started", ctx.call_id, ctx.turn_id, claim_took_s)
         return ToolResult.failure(ctx.call_id, spec.name, ErrorCode.CANCELLED,
                                   "the turn was cancelled before this call's handler started; it did not run",
                                   "nothing happened; ask again if the call is still wanted")
-    ctx.fenced = why
-    return ToolResult.failure(ctx.call_id, spec.name, ErrorCode.NOT_EXECUTED,
-                              f"this execution no longer held its call when its handler could start ({why}); "
-                              "it did not run", "the caller's answer for this call stands")
+    except StaleFence:
+        return ToolResult.failure(ctx.call_id, spec.name, ErrorCode.NOT_EXECUTED,
+                                  f"this execution no longer held its call when its handler could start "
+                                  f"({ctx.fenced}); it did not run", "the caller's answer for this call stands")
 
 
 def _probe(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnvelope, run: Runner,
