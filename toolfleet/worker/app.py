@@ -271,7 +271,7 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
             if result is None:
                 return {}
         except Exception as exc:  # Flower and the logs show the exception: redacted (worker/redaction.py)
-            spec = runtime.registry.get(envelope.get("name")) if isinstance(envelope, dict) else None
+            spec = spec_of(runtime, {"envelope": envelope})
             raise redacted_failure(exc, envelope, spec.sensitive if spec else ()) from None
         if result.error is not None and result.error.message in (SUPERSEDED_MESSAGE, RUNNING_COPY_MESSAGE):
             # this message ran nothing, and it has the call's task id (turn:call) like the message
