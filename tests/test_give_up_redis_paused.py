@@ -17,7 +17,7 @@ from toolfleet import Dispatcher, ErrorCode, Settings
 from toolfleet.dispatcher.turn import GIVE_UP_CANCEL_WAIT_S
 
 from .conftest import FLEET_KEY, make_registry
-from .faults import call, wait_started
+from .faults import call, wait_started, wait_until
 
 PAUSE_S = 6.0  # longer than the cancel's socket time-out (5 s): the give-up's own attempt fails
 
@@ -32,6 +32,11 @@ def test_a_give_up_while_redis_is_paused_keeps_its_bound_and_its_cancel(private_
         turn = dispatcher.submit([call("a", "tally", text="a", seconds=2), call("c", "tally", text="c")],
                                  workspace=str(workspace))
         wait_started(dispatcher, turn.turn_id, "a")
+        # "started" is the claim's event; the handler begins after it, and a claim slower than
+        # recheck_after_s is fenced once more first (guarantee F7), a check the pause would refuse.
+        # The fault belongs while the handler runs, so wait for its first effect (its line).
+        tally = workspace / "tally.txt"
+        wait_until(lambda: tally.exists() and tally.read_text().split() == ["a"], 30, "call a's handler to run")
         os.kill(server.proc.pid, signal.SIGSTOP)
         try:
             began = time.monotonic()
@@ -52,4 +57,4 @@ def test_a_give_up_while_redis_is_paused_keeps_its_bound_and_its_cancel(private_
     assert "cancelled" in str(gave_up.value) and "until Redis answers" in str(gave_up.value)
     assert cancelled, "the cancel never reached Redis"
     assert final["c"].code is ErrorCode.NOT_EXECUTED, final["c"]
-    assert (workspace / "tally.txt").read_text().split() == ["a"]
+    assert tally.read_text().split() == ["a"]
