@@ -38,9 +38,12 @@ def test_frozen_worker_past_its_deadline(fleet, case):
 def test_check_fence_refuses_a_stale_execution(dispatcher, worker, workspace):
     """A handler whose call was answered by someone else is refused at its last moment, and its
     outcome is kept as a late note, not as the call's result."""
-    turn = dispatcher.submit([call("w", "fenced_append", path="late.txt", line="late", seconds=0.6)],
-                             workspace=str(workspace))
+    turn = dispatcher.submit([call("w", "fenced_append", path="late.txt", line="late", seconds=0.6,
+                                   running_mark="running")], workspace=str(workspace))
     wait_started(dispatcher, turn.turn_id, "w")
+    # the handler itself, not only its claim: a slow claim is fenced again before it (F7), which
+    # would refuse it before the step this test is about
+    wait_until((workspace / "running").exists, 10, "the handler running")
     from toolfleet.models import ToolResult
 
     answer = ToolResult.failure("w", "fenced_append", ErrorCode.WORKER_LOST, "answered by the test", "")

@@ -401,17 +401,20 @@ def quick_refund_blind(ctx: ToolContext, order_id: str, amount_cents: int, pre_s
 
 
 @tool(access="write", resources=lambda a: [path_resource(a["path"])], timeout_s=1)
-def fenced_append(ctx: ToolContext, path: str, line: str, seconds: float = 0.0) -> str:
+def fenced_append(ctx: ToolContext, path: str, line: str, seconds: float = 0.0, running_mark: str = "") -> str:
     """Append one line to a workspace file after ``seconds``, checking the fence at the last moment.
 
     Args:
         path: File path relative to the workspace.
         line: The line to append.
         seconds: Seconds spent before the write.
+        running_mark: A workspace file created as the handler begins (a test's sign that it runs).
     """
     from pathlib import Path
 
     target = Path(ctx.workspace) / path  # tests only: fixed names in the test's workspace
+    if running_mark:
+        (Path(ctx.workspace) / running_mark).touch()
     time.sleep(seconds)
     ctx.check_fence()
     with open(target, "a") as out:
