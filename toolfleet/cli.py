@@ -38,7 +38,9 @@ NamespaceOpt = Annotated[
     Optional[str],
     typer.Option("--namespace", help="Key and queue prefix (default: $TOOLFLEET_NAMESPACE, else toolfleet-<user>)."),
 ]
-ToolsOpt = Annotated[Optional[list[str]], typer.Option("--tools", help="Extra tool module to import (repeatable).")]
+ToolsOpt = Annotated[Optional[list[str]], typer.Option("--tools", help=(
+    "A tool module to import: a dotted name (importable from sys.path) or the path of a .py file "
+    "(repeatable)."))]
 PolicyOpt = Annotated[
     Optional[Path],
     typer.Option("--policy", help="Policy file, TOML or JSON (default: $TOOLFLEET_POLICY, else everything allowed).",
