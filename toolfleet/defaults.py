@@ -23,3 +23,10 @@ def default_namespace() -> str:
     except (KeyError, OSError):  # no USER/LOGNAME and no passwd entry (a bare container)
         user = str(os.getuid())
     return "toolfleet-" + (re.sub(r"[^A-Za-z0-9_.-]", "_", user) or str(os.getuid()))
+
+DEFAULT_MAX_PROCESSES = 512
+"""Tasks (processes and threads) per sandbox (``Settings.sandbox_max_processes``, docs/sandbox.md
+"Processes"). ``make -j`` on a few cores, a JVM's or a compiler's threads and a test runner's
+workers fit many times over; a fork bomb stops at a size the host carries (512 shells are a few
+hundred MB; the default ``pid_max`` is 32768) while its call runs out its time limit, even with
+tens of sandboxes at once."""

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from .defaults import DEFAULT_REDIS_URL, default_namespace
+from .defaults import DEFAULT_MAX_PROCESSES, DEFAULT_REDIS_URL, default_namespace
 from .redis_tls import TLS_QUERY, ssl_options, with_login, with_tls
 from .signing import MIN_KEY_CHARS, FleetKeys, read_key_file
 
@@ -84,6 +84,11 @@ class Settings(BaseModel):
     - ``sandbox_network``: ``"none"`` (default; the command has only a loopback of its own) or
       ``"host"`` (the worker's network).
     - ``bwrap_path``: the bubblewrap binary (a name looked up on ``PATH``, or a path).
+    - ``sandbox_max_processes``: tasks (processes and threads) one sandbox may have at once, for
+      ``run_command`` and each live ``shell`` alike (default 512; 0: no limit), kept by the kernel:
+      a cgroup per sandbox, or ``RLIMIT_NPROC`` in its user namespace (docs/sandbox.md, Processes).
+    - ``sandbox_cgroup``: where those cgroups are made: ``"auto"`` (default: under the worker's own
+      cgroup, ``pids`` controller), a directory of a delegated cgroup, or ``"off"``.
     - ``redis_ca_file`` / ``redis_cert_file`` / ``redis_key_file`` / ``redis_cert_reqs``: TLS to a
       ``rediss://`` Redis (CA bundle, client certificate and key: PEM paths; ``required`` (default),
       ``optional`` or ``none``). They are written into ``redis_url`` and ``broker_url`` as the query
@@ -126,6 +131,8 @@ class Settings(BaseModel):
     sandbox: Literal["bwrap", "none"] = "bwrap"
     sandbox_network: Literal["host", "none"] = "none"
     bwrap_path: str = "bwrap"
+    sandbox_max_processes: int = Field(default=DEFAULT_MAX_PROCESSES, ge=0)
+    sandbox_cgroup: str = "auto"
     turn_lease_s: float = 60.0
     redis_ca_file: str | None = None
     redis_cert_file: str | None = None
@@ -309,7 +316,8 @@ class Settings(BaseModel):
         for name, field in (("TOOLFLEET_SANDBOX", "sandbox"), ("TOOLFLEET_SANDBOX_NETWORK", "sandbox_network"),
                             ("TOOLFLEET_BWRAP", "bwrap_path"), ("TOOLFLEET_REDIS_CA_FILE", "redis_ca_file"),
                 ("TOOLFLEET_REDIS_CERT_FILE", "redis_cert_file"), ("TOOLFLEET_REDIS_KEY_FILE", "redis_key_file"),
-                ("TOOLFLEET_REDIS_CERT_REQS", "redis_cert_reqs")):
+                ("TOOLFLEET_REDIS_CERT_REQS", "redis_cert_reqs"), ("TOOLFLEET_SANDBOX_CGROUP", "sandbox_cgroup"),
+                ("TOOLFLEET_SANDBOX_MAX_PROCESSES", "sandbox_max_processes")):
             if env.get(name):
                 values[field] = env[name]
         if env.get("TOOLFLEET_TURN_LEASE_S"):

@@ -66,6 +66,7 @@ def run_command(
     """
     box = sandbox.current()
     workspace = workspace_of(ctx)
+    cgroup = box.cgroup()  # its process limit (tools/limits.py); None: RLIMIT_NPROC or none
     info_r, info_w = (None, None) if box.unsandboxed else os.pipe()
     try:
         argv, env = box.command(["bash", "-c", command], workspace, info_fd=info_w)
@@ -80,8 +81,12 @@ def run_command(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             pass_fds=() if info_w is None else (info_w,),
-            preexec_fn=None if box.unsandboxed else functools.partial(sandbox.sandbox_child, os.getpid()),
+            preexec_fn=None if box.unsandboxed else functools.partial(sandbox.sandbox_child, os.getpid(), cgroup),
         )
+    except BaseException:
+        if cgroup is not None:
+            cgroup.close()
+        raise
     finally:
         if info_w is not None:
             os.close(info_w)
@@ -107,13 +112,15 @@ def run_command(
         if init is not None:
             init.close()
         reaper.unregister(entry)
+        if cgroup is not None:
+            cgroup.close()
         raise
 
     def output() -> str:
         if box.unsandboxed:
             _kill_group(proc.pid)  # what the command left running holds the pipe open
         reader.join(timeout=1.0)
-        return note + chunks.text()
+        return note + chunks.text() + limit_note(box, cgroup)
 
     try:
         while True:
@@ -149,6 +156,8 @@ def run_command(
         exited.close()  # type: ignore[attr-defined]
         if init is not None:
             init.close()
+        if cgroup is not None:
+            cgroup.close()
     text = output()
     if proc.returncode == -signal.SIGKILL and reaper.lapsed():
         raise ToolFailure(
@@ -165,6 +174,17 @@ def run_command(
             output=text,
         )
     return text
+
+
+def limit_note(box: sandbox.SandboxState, cgroup: sandbox.SandboxCgroup | None, before: int = 0) -> str:
+    """A line for the result when the sandbox's process limit refused process starts (more than
+    ``before`` of them) since it started; ``""`` otherwise."""
+    refused = cgroup.refused() if cgroup is not None else 0
+    if refused <= before:
+        return ""
+    return (f"\n[the sandbox reached its limit of {box.limit.max_processes} processes (sandbox_max_processes): the "
+            f"kernel refused {refused - before} process start(s), seen above as 'fork: Resource temporarily "
+            "unavailable'; end processes the command left running, or start fewer at once]")
 
 
 class _exit_watch:  # noqa: N801 - used as a function

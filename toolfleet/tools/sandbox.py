@@ -32,6 +32,7 @@ process that skipped start-up is never unsandboxed by omission).
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import shutil
 import signal
@@ -43,7 +44,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from ..defaults import DEFAULT_MAX_PROCESSES
 from ..errors import ToolFailure
+from .limits import ProcessLimit, SandboxCgroup
+from .limits import find as find_limit
+
+log = logging.getLogger(__name__)
 
 ENV_ALLOW = ("PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TERM", "TZ", "USER",
              "LOGNAME", "SHELL")
@@ -73,13 +79,16 @@ class SandboxConfig:
     network: str = "none"
     bwrap: str = "bwrap"
     hidden: tuple[str, ...] = ()  # absolute paths covered in every sandbox: the worker's own secrets
+    max_processes: int = DEFAULT_MAX_PROCESSES  # per sandbox, threads included; 0: no limit (.limits)
+    cgroup: str = "auto"  # where per-sandbox cgroups are made: "auto", "off" or a directory (.limits)
 
     @classmethod
     def from_settings(cls, settings: Any, environ: Mapping[str, str] | None = None) -> SandboxConfig:
         """The sandbox ``settings`` describe; ``hidden`` from :func:`secret_paths` of ``environ``
         (default: this process's environment)."""
         return cls(mode=settings.sandbox, network=settings.sandbox_network, bwrap=settings.bwrap_path,
-                   hidden=secret_paths(settings, os.environ if environ is None else environ))
+                   hidden=secret_paths(settings, os.environ if environ is None else environ),
+                   max_processes=settings.sandbox_max_processes, cgroup=settings.sandbox_cgroup)
 
 
 SECRET_FILE_VARIABLES = ("TOOLFLEET_FLEET_KEY_FILE", "TOOLFLEET_REDIS_PASSWORD_FILE", "TOOLFLEET_REDIS_KEY_FILE")
@@ -160,6 +169,7 @@ class SandboxState:
 
     config: SandboxConfig
     error: str | None = None
+    limit: ProcessLimit = ProcessLimit()  # what bounds each sandbox's processes here (.limits.find)
 
     @property
     def unsandboxed(self) -> bool:
@@ -168,6 +178,8 @@ class SandboxState:
     def describe(self) -> dict[str, Any]:
         """For the tool catalog and ``toolfleet tools``: ``{"mode", "network"[, "error"]}``."""
         out: dict[str, Any] = {"mode": self.config.mode, "network": self.config.network}
+        if not self.unsandboxed:
+            out.update(max_processes=self.limit.max_processes, process_limit=self.limit.kind)
         if self.error:
             out["error"] = self.error
         return out
@@ -198,7 +210,22 @@ class SandboxState:
         env = allowed_env(os.environ if environ is None else environ)
         if self.unsandboxed:
             return list(argv), env
-        return bwrap_argv(self.config, argv, workspace, network or self.config.network, env, info_fd, mounts), env
+        return bwrap_argv(self.config, self.limit.wrap(argv), workspace, network or self.config.network, env, info_fd,
+                          mounts), env
+
+    def cgroup(self) -> SandboxCgroup | None:
+        """A cgroup of its own for the next sandbox (:mod:`.limits`), to join in the starting child
+        (:func:`sandbox_child`) and close once the sandbox has ended; ``None`` where cgroups do not
+        keep the limit (unsandboxed, no cgroup, ``RLIMIT_NPROC`` instead). Raises ``ToolFailure``
+        (``TOOL_UNAVAILABLE``) when it cannot be made: a sandbox never starts unbounded by accident."""
+        if self.unsandboxed:
+            return None
+        try:
+            return self.limit.open()
+        except OSError as exc:
+            raise ToolFailure(f"the sandbox's cgroup (its process limit) could not be made: {exc}",
+                              "try again; the operator may set sandbox_cgroup = \"off\" (docs/sandbox.md)",
+                              code="TOOL_UNAVAILABLE") from None
 
 
 def allowed_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -304,7 +331,7 @@ _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: a child only calls into it
 
 
-def sandbox_child(parent: int) -> None:
+def sandbox_child(parent: int, cgroup: SandboxCgroup | None = None) -> None:
     """``preexec_fn`` of a sandbox's start from the process ``parent`` (``functools.partial(
     sandbox_child, os.getpid())``): :func:`own_keyring`, and ``PR_SET_PDEATHSIG`` (SIGKILL), so
     what the pool process starts (the deadline's ``timeout``, which runs ``bwrap --die-with-parent``)
@@ -312,7 +339,10 @@ def sandbox_child(parent: int) -> None:
     second later, the worker's main process alive, so the reaper's lease holds) no longer leaves
     the command running to its time limit, writing after its caller's answer (a breaker's find).
     A frozen pool process is not dead: the deadline and the reaper bound that case. Exits at once
-    if ``parent`` died before the death signal was set."""
+    if ``parent`` died before the death signal was set. With ``cgroup`` (:meth:`SandboxState.cgroup`),
+    it first joins that cgroup, so all the sandbox starts counts against its process limit."""
+    if cgroup is not None:
+        cgroup.join()
     own_keyring()
     _libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
     if os.getppid() != parent:
@@ -340,7 +370,10 @@ def configure(config: SandboxConfig) -> SandboxState:
     found = host_binary(config.bwrap) if config.mode == "bwrap" else None
     if found:
         config = replace(config, bwrap=found)
-    return install(SandboxState(config, probe(config)))
+    limit = find_limit(config.max_processes, config.cgroup) if config.mode == "bwrap" else ProcessLimit()
+    if limit.warning:
+        log.warning("%s", limit.warning)
+    return install(SandboxState(config, probe(config), limit))
 
 
 def install(state: SandboxState) -> SandboxState:
@@ -365,6 +398,8 @@ def start_up_message(state: SandboxState) -> str | None:
         return (f"run_command is NOT served by this worker: the sandbox cannot be created: {state.error}. "
                 'Install bubblewrap (apt-get install bubblewrap), or run unsandboxed on purpose with --sandbox none '
                 "(TOOLFLEET_SANDBOX=none)")
+    if state.limit.warning:
+        return f"WARNING: {state.limit.warning}"
     return None
 
 

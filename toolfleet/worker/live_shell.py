@@ -48,11 +48,13 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..tools import sandbox
-from ..tools.command import _SandboxInit
+from ..tools.command import _SandboxInit, limit_note
+from ..tools.sandbox import SandboxCgroup
 from .sandbox_lease import LAPSE_SIGNAL, LeaseFile
 from .shell_outcome import LeaseLapsed, Outcome, ShellEnded, encode
 from .shell_output import ShellOutput, _join, _recv, _text
@@ -87,6 +89,8 @@ class Shell:
         self._hidden: tuple[str, ...] = ()  # the secret mounts of the running sandbox (sandbox.hidden_now)
         self._life = threading.Lock()  # kill() (any thread) vs close(): never signal a closed pidfd
         self.ended = False  # end(): its session was closed; no restart
+        self._cgroup: SandboxCgroup | None = None  # the running sandbox's own: its process limit (tools/limits.py)
+        self._refused = 0  # process starts its limit had refused when the last command's result was told
         self._start()
 
     # ---- life ----
@@ -98,7 +102,14 @@ class Shell:
         self._reader, shell_out = output_channel()
         try:  # what covers the secrets, taken before the argv: a rotation in between restarts, never leaks
             self._hidden = box.hidden_now(self.workspace)
-            self.proc = popen(box, self.workspace, self._spawn, shell_end, shell_out, info_w, self._lease)
+            self._cgroup, self._refused = box.cgroup(), 0
+            try:
+                self.proc = popen(box, self.workspace, self._spawn, shell_end, shell_out, info_w, self._lease,
+                                  self._cgroup)
+            except BaseException:
+                if self._cgroup is not None:
+                    self._cgroup.close()
+                raise
         finally:
             shell_end.close()
             shell_out.close()
@@ -190,6 +201,8 @@ class Shell:
         if init is not None:
             init.wait_gone()
             init.close()
+        if self._cgroup is not None:
+            self._cgroup.close()  # what is left in it is KILLed: nothing of the sandbox outlives it
         for end in (self._chan, self._reader):
             try:
                 if end is not None:
@@ -212,6 +225,16 @@ class Shell:
 
     # ---- one command ----
     def run(self, command: str, deadline: float, cancelled: threading.Event) -> Outcome:
+        """:meth:`_run`, its note saying when the sandbox's process limit refused process starts
+        during the command (a fork bomb in the background goes on hitting it: each result says so)."""
+        outcome = self._run(command, deadline, cancelled)
+        cgroup = self._cgroup
+        extra = limit_note(sandbox.current(), cgroup, self._refused).strip()
+        if cgroup is not None:
+            self._refused = cgroup.refused()
+        return replace(outcome, note=_join(outcome.note, extra)) if extra else outcome
+
+    def _run(self, command: str, deadline: float, cancelled: threading.Event) -> Outcome:
         """Run ``command`` in the shell until ``deadline`` (a :func:`time.monotonic` time, s), then
         stop it (``stopped = "timeout"``), or until ``cancelled`` is set (``"cancelled"``). A command
         whose time is up or that is cancelled before it is written does not run; one that cannot be

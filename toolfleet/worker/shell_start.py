@@ -42,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..tools.sandbox import sandbox_child
+from ..tools.sandbox import SandboxCgroup, sandbox_child
 from .sandbox_lease import LeaseFile
 
 SHELL_PATH = "/dev/.toolfleet-shell"  # on the sandbox's own /dev (a tmpfs of bwrap's), never the host's
@@ -69,12 +69,14 @@ def output_channel() -> tuple[socket.socket, socket.socket]:
 
 
 def popen(box: Any, workspace: Path, spawn: Callable[[Callable[[], Any]], Any], stdin: socket.socket,
-          stdout: socket.socket, info_w: int | None, lease: LeaseFile | None = None) -> subprocess.Popen[bytes]:
+          stdout: socket.socket, info_w: int | None, lease: LeaseFile | None = None,
+          cgroup: SandboxCgroup | None = None) -> subprocess.Popen[bytes]:
     """Start the shell in ``box`` (a :class:`~toolfleet.tools.sandbox.SandboxState`) reading ``stdin``
     (the shell's end of :func:`channel`), stdout and stderr both to ``stdout`` (the shell's end of
     :func:`output_channel`); ``spawn`` runs the start (``--die-with-parent``: a long-lived thread).
     A sandboxed shell with a ``lease`` runs under its watchdog (:mod:`.sandbox_lease`): the returned
-    process is then the watchdog, ``bwrap`` its child."""
+    process is then the watchdog, ``bwrap`` its child. ``cgroup`` (``box.cgroup()``): the sandbox's
+    own, joined before the start execs (its process limit)."""
     bash_fd = None
     try:
         if box.unsandboxed:
@@ -92,7 +94,7 @@ def popen(box: Any, workspace: Path, spawn: Callable[[Callable[[], Any]], Any], 
             argv, cwd=workspace, env=env, stdin=stdin.fileno() if channel_fd is None else subprocess.DEVNULL,
             stdout=stdout.fileno(),
             stderr=stdout.fileno(), start_new_session=True, pass_fds=fds,
-            preexec_fn=None if box.unsandboxed else functools.partial(sandbox_child, os.getpid())))
+            preexec_fn=None if box.unsandboxed else functools.partial(sandbox_child, os.getpid(), cgroup)))
     finally:
         if bash_fd is not None:
             os.close(bash_fd)

@@ -1,0 +1,137 @@
+"""The sandbox's process limit (docs/sandbox.md, "Processes"; tools/limits.py), through real workers:
+a fan-out past ``sandbox_max_processes`` is refused by the kernel and the result says so; a fork
+bomb, in ``run_command`` or left in the background of a live ``shell``, stops at the limit, its call
+ends, and the worker runs the next calls; ordinary fan-out (pipes, ``xargs -P``, ~50 processes at
+once) runs as before. Every fork bomb here runs only after a bounded fan-out has shown the limit in
+force on that worker: were it not, the test fails before the bomb, never with the host's PID space.
+
+The kernel facility is whichever the worker has: a cgroup per sandbox (``pids``), or
+``RLIMIT_NPROC`` in the sandbox's user namespace for a worker that is not root (checked directly
+here with ``setpriv``, since the test workers run as whoever runs the tests)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from toolfleet import Dispatcher
+from toolfleet.dispatcher.affinity import close_live_session
+from toolfleet.tools import limits, sandbox
+from toolfleet.tools.registry import default_registry
+
+from .conftest import TEST_TOOLS
+from .faults import call
+from .leftovers import marker, wait_gone
+
+LIMIT = 48
+# a bounded fan-out: 80 sleeps at once, past LIMIT; each ends after 3 s, so bash's fork retries get through
+FAN_OUT = "for i in $(seq 80); do sleep 3 & done; wait; echo fan-out-done"
+REFUSED = "Resource temporarily unavailable"
+BOMB = "bomb() { bomb | bomb & }; bomb"
+SHELL_TOOLS = "toolfleet.tools.shell_session"
+
+
+def run(dispatcher, workspace: Path, command: str, timeout_s: float = 60, **extra):
+    return dispatcher.run([call("c", "run_command", command=command, timeout_s=timeout_s, **extra)],
+                          workspace=str(workspace), timeout_s=90)[0]
+
+
+@pytest.fixture
+def limited(start_worker, monkeypatch):
+    monkeypatch.setenv("TOOLFLEET_SANDBOX_MAX_PROCESSES", str(LIMIT))
+    return start_worker(concurrency=2, args=["--tools", SHELL_TOOLS])
+
+
+def assert_limit_in_force(dispatcher, workspace: Path) -> None:
+    result = run(dispatcher, workspace, FAN_OUT)
+    assert REFUSED in result.content, result.content[-2000:]
+    assert f"the sandbox reached its limit of {LIMIT} processes" in result.content, result.content[-2000:]
+    assert "fan-out-done" in result.content  # refused starts were retried: the command went on
+
+
+def test_a_fan_out_past_the_limit_is_refused_and_said(dispatcher, limited, workspace):
+    assert_limit_in_force(dispatcher, workspace)
+
+
+def test_a_fork_bomb_ends_and_the_worker_runs_the_next_calls(dispatcher, limited, workspace):
+    assert_limit_in_force(dispatcher, workspace)  # never a bomb on a worker without the limit
+    word = marker()
+    started = time.monotonic()
+    bomb, beside = dispatcher.run(
+        [call("bomb", "run_command", command=f"{BOMB}; sleep 3; echo bomb-over # {word}", timeout_s=12),
+         call("beside", "run_command", command="sleep 1; echo beside-ok", timeout_s=30)],
+        workspace=str(workspace), timeout_s=90)
+    assert time.monotonic() - started < 40
+    assert REFUSED in bomb.content and f"limit of {LIMIT} processes" in bomb.content, bomb.content[-2000:]
+    assert beside.ok and beside.content == "beside-ok\n", beside.content  # the other call on the worker ran
+    assert wait_gone(word) == []
+    for i in range(3):  # the worker goes on
+        after = run(dispatcher, workspace, f"seq 5 | sort -r | head -1; echo next-{i}")
+        assert after.ok and after.content == f"5\nnext-{i}\n", after.content
+        assert "limit of" not in after.content
+    assert limited.proc.poll() is None
+
+
+def test_a_fork_bomb_left_in_a_live_shell_is_bounded_and_ends_with_the_session(settings, limited, workspace):
+    with Dispatcher(settings, default_registry([TEST_TOOLS, SHELL_TOOLS])) as live:
+        def sh(command: str, timeout_s: float = 30):
+            return live.run([call("s", "shell", command=command, timeout_s=timeout_s)], workspace=str(workspace),
+                            session_id="bomb", timeout_s=90)[0]
+
+        first = sh(FAN_OUT)  # the limit holds in the session's sandbox too, before any bomb
+        assert REFUSED in first.content and f"limit of {LIMIT} processes" in first.content, first.content[-2000:]
+        word = marker()
+        planted = sh(f"{BOMB}; echo planted # {word}")  # returns at once; the bomb goes on in the background
+        assert "planted" in planted.content, planted.content
+        later = sh("echo still-here; ls / >/dev/null; echo after-ls", timeout_s=8)  # ls needs a fork: refused
+        assert "still-here" in later.content and f"limit of {LIMIT} processes" in later.content, later.content
+        beside = run(live, workspace, "echo beside-ok")  # run_command on the same worker, meanwhile
+        assert beside.ok and beside.content == "beside-ok\n", beside.content
+        assert close_live_session(settings, "bomb") == limited.name
+    assert wait_gone(word, timeout_s=10) == []
+    with Dispatcher(settings, default_registry([TEST_TOOLS, SHELL_TOOLS])) as live:
+        [again] = live.run([call("s", "shell", command="seq 3 | wc -l")], workspace=str(workspace),
+                           session_id="after", timeout_s=90)
+        assert again.ok and again.content == "3\n", again.content
+    assert limited.proc.poll() is None
+
+
+def test_ordinary_fan_out_runs_under_the_default_limit(dispatcher, worker, workspace):
+    command = ("for i in $(seq 50); do (sleep 0.5; echo $i) & done | sort -n | tail -1; "
+               "seq 200 | xargs -P 8 -n 10 echo | wc -l; "
+               "printf 'all:\\n\\tfor i in 1 2 3 4 5 6 7 8; do sleep 0.2 & done; wait\\n' > Makefile; "
+               "make -s -j4 all && echo make-ok")
+    result = run(dispatcher, workspace, command)
+    assert result.ok and result.content == "50\n20\nmake-ok\n", result.content
+    assert "limit of" not in result.content
+
+
+def test_rlimit_nproc_in_the_sandboxs_user_namespace_bounds_that_sandbox_alone():
+    """A worker that is not root (the Docker image's) with no cgroup: ``RLIMIT_NPROC`` set inside
+    the sandbox's own user namespace bounds its processes, however many the worker's user has
+    elsewhere on the host (15 sleeps outside; 6 processes inside fit a limit of 10, 20 do not)."""
+    if os.getuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root to run the sandbox as another user (setpriv)")
+    limit = limits.ProcessLimit(10, prlimit=shutil.which("prlimit"))
+    assert limit.kind == "rlimit"
+    state = sandbox.SandboxState(sandbox.SandboxConfig(bwrap=shutil.which("bwrap") or "bwrap"), None, limit)
+    workspace = Path(tempfile.mkdtemp(prefix="toolfleet-nproc-", dir="/var/tmp"))  # where nobody may enter
+    os.chmod(workspace, 0o777)
+    inner = "for i in $(seq {n}); do sleep 1 & done; wait; echo inner-done"
+    try:
+        for n, refused in ((5, False), (20, True)):
+            argv, env = state.command(["bash", "-c", inner.format(n=n)], workspace)
+            script = 'for i in $(seq 15); do sleep 2 & done; "$@"; s=$?; wait; exit $s'
+            done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
+                                   script, "sh", *argv], env=env, capture_output=True, text=True, timeout=60)
+            out = done.stdout + done.stderr
+            assert "inner-done" in out, out
+            assert ("fork:" in out) is refused, out
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
