@@ -27,7 +27,8 @@ from toolfleet.tools.registry import default_registry
 
 from .conftest import TEST_TOOLS
 from .faults import call
-from .leftovers import marker, wait_gone
+from .leftovers import marker, processes_with, wait_gone
+from .test_sandbox import _start_logged_worker, _stop, _tools_json
 
 LIMIT = 48
 # a bounded fan-out: 80 sleeps at once, past LIMIT; each ends after 3 s, so bash's fork retries get through
@@ -86,10 +87,15 @@ def test_a_fork_bomb_left_in_a_live_shell_is_bounded_and_ends_with_the_session(s
 
         first = sh(FAN_OUT)  # the limit holds in the session's sandbox too, before any bomb
         assert REFUSED in first.content and f"limit of {LIMIT} processes" in first.content, first.content[-2000:]
-        word = marker()
-        planted = sh(f"{BOMB}; echo planted # {word}")  # returns at once; the bomb goes on in the background
+        word = marker()  # the bomb's processes are bash -c ... <word>: seen from the host by that name
+        planted = sh(f"bash -c '{BOMB}' bomb-{word} & echo planted")  # the bomb goes on in the background
         assert "planted" in planted.content, planted.content
-        later = sh("echo still-here; ls / >/dev/null; echo after-ls", timeout_s=8)  # ls needs a fork: refused
+        most, deadline = 0, time.monotonic() + 10
+        while most < LIMIT // 2 and time.monotonic() < deadline:  # it grows to the limit, never past it
+            most = max(most, len(processes_with(word)))
+            assert most <= LIMIT
+        assert most >= LIMIT // 2
+        later = sh("echo still-here; ls / >/dev/null; echo after-ls", timeout_s=30)  # ls needs a fork: refused
         assert "still-here" in later.content and f"limit of {LIMIT} processes" in later.content, later.content
         beside = run(live, workspace, "echo beside-ok")  # run_command on the same worker, meanwhile
         assert beside.ok and beside.content == "beside-ok\n", beside.content
@@ -135,3 +141,28 @@ def test_rlimit_nproc_in_the_sandboxs_user_namespace_bounds_that_sandbox_alone()
             assert ("fork:" in out) is refused, out
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
+
+
+def test_where_the_kernel_cannot_keep_the_limit_the_worker_warns_and_shows_it(settings, dispatcher, workspace,
+                                                                            tmp_path):
+    """A root worker without a cgroup (``sandbox_cgroup = "off"``; RLIMIT_NPROC does not bind root):
+    commands still run, the worker warns at start-up, and ``toolfleet tools --json`` shows no limit.
+    With the default, the same worker shows the cgroup it keeps the limit with."""
+    if os.getuid() != 0:
+        pytest.skip("a worker that is not root keeps the limit with RLIMIT_NPROC")
+    proc, log = _start_logged_worker(settings, tmp_path, {"TOOLFLEET_SANDBOX_CGROUP": "off"})
+    try:
+        text = log.read_text()
+        assert "sandboxed commands have NO process limit" in text and "sandbox_cgroup is off" in text, text
+        [entry] = _tools_json(settings)
+        assert entry["sandbox"]["process_limit"] == "none" and entry["sandbox"]["max_processes"] == 512
+        result = run(dispatcher, workspace, "echo ran")
+        assert result.ok and result.content == "ran\n", result.content
+    finally:
+        _stop(proc)
+
+
+def test_the_catalog_shows_how_the_limit_is_kept(settings, worker):
+    [entry] = _tools_json(settings)
+    assert entry["sandbox"]["max_processes"] == 512
+    assert entry["sandbox"]["process_limit"] in ("cgroup", "rlimit"), entry["sandbox"]

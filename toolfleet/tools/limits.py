@@ -194,7 +194,7 @@ def find(max_processes: int, cgroup: str = "auto", bwrap_bin: str | None = None)
             base, v2 = _cgroup_base(cgroup)
             _prepare(base, v2)
             _sweep(base)
-            return ProcessLimit(max_processes, base, v2, prlimit)
+            return ProcessLimit(max_processes, base, v2)  # the cgroup alone: no prlimit exec per sandbox
         except (OSError, LookupError) as exc:
             why = f"no cgroup for sandboxes ({exc})"
     if prlimit:

@@ -15,6 +15,9 @@ sandboxed command gets (docs/sandbox.md):
 - network ``"none"`` (own network namespace: only its own loopback; ``/run`` is hidden so the host's
   Unix sockets there are out of reach) or ``"host"``;
 - an environment built from an allow-list (:data:`ENV_ALLOW`), never the worker's secrets;
+- at most ``max_processes`` tasks (processes and threads) at once, kept by the kernel: a cgroup of
+  its own (``pids.max``) or ``RLIMIT_NPROC`` in its user namespace (:mod:`.limits`), so a fork bomb
+  stops there instead of filling the host's PID space;
 - the worker's own secret files out of sight (:func:`secret_paths`: the fleet key file, the Redis
   password and TLS key files, toolfleet's home with the local stack's key and state, Docker's
   ``/run/secrets``): each covered by an empty tmpfs (a directory) or ``/dev/null`` (a file), since
