@@ -62,12 +62,18 @@ def test_a_fan_out_past_the_limit_is_refused_and_said(dispatcher, limited, works
 
 def test_a_fork_bomb_ends_and_the_worker_runs_the_next_calls(dispatcher, limited, workspace):
     assert_limit_in_force(dispatcher, workspace)  # never a bomb on a worker without the limit
-    word = marker()
+    word = marker()  # in the bomb's command line, so in each of its processes'
     started = time.monotonic()
-    bomb, beside = dispatcher.run(
+    turn = dispatcher.submit(
         [call("bomb", "run_command", command=f"{BOMB}; sleep 3; echo bomb-over # {word}", timeout_s=12),
          call("beside", "run_command", command="sleep 1; echo beside-ok", timeout_s=30)],
-        workspace=str(workspace), timeout_s=90)
+        workspace=str(workspace))
+    most = 0
+    while not turn.wait(0.05):  # seen from the host while it runs: never past the limit
+        most = max(most, len(processes_with(word)))
+        assert most <= LIMIT
+    assert most >= LIMIT // 2, most
+    bomb, beside = turn.results(timeout_s=90)
     assert time.monotonic() - started < 40
     assert REFUSED in bomb.content and f"limit of {LIMIT} processes" in bomb.content, bomb.content[-2000:]
     assert beside.ok and beside.content == "beside-ok\n", beside.content  # the other call on the worker ran

@@ -187,7 +187,9 @@ def find(max_processes: int, cgroup: str = "auto", bwrap_bin: str | None = None)
     else nothing (``warning`` says why). ``max_processes`` 0: no limit, no warning."""
     if max_processes <= 0:
         return ProcessLimit()
-    prlimit = shutil.which("prlimit", path="/usr/bin:/bin:/usr/sbin:/sbin") if os.getuid() != 0 else None
+    per_namespace = _kernel() >= (5, 14)  # RLIMIT_NPROC counted per user namespace (ucounts)
+    prlimit = (shutil.which("prlimit", path="/usr/bin:/bin:/usr/sbin:/sbin")
+               if os.getuid() != 0 and per_namespace else None)
     why = "sandbox_cgroup is off"
     if cgroup != "off":
         try:
@@ -200,12 +202,21 @@ def find(max_processes: int, cgroup: str = "auto", bwrap_bin: str | None = None)
     if prlimit:
         return ProcessLimit(max_processes, prlimit=prlimit)
     reason = ("the worker runs as root, whose processes RLIMIT_NPROC does not bound" if os.getuid() == 0
-              else "the prlimit binary (util-linux) was not found")
+              else "this kernel (before 5.14) counts RLIMIT_NPROC across the worker's user, not per sandbox"
+              if not per_namespace else "the prlimit binary (util-linux) was not found")
     warning = (f"sandboxed commands have NO process limit (sandbox_max_processes = {max_processes} is not "
                f"enforced): {why}, and {reason}. A fork bomb can exhaust this host's processes until its call's "
-               "time limit; give the worker a writable cgroup with the pids controller (sandbox_cgroup), or run "
-               "it as a user other than root (docs/sandbox.md, Processes)")
+               "time limit (a live shell's: until its session ends); give the worker a writable cgroup with the "
+               "pids controller (sandbox_cgroup), or run it as a user other than root (docs/sandbox.md, Processes)")
     return ProcessLimit(max_processes, warning=warning)
+
+
+def _kernel() -> tuple[int, int]:
+    try:
+        major, minor = os.uname().release.split(".")[:2]
+        return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+    except ValueError:
+        return (0, 0)
 
 
 def _cgroup_base(setting: str) -> tuple[str, bool]:
