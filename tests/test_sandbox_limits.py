@@ -53,7 +53,6 @@ def assert_limit_in_force(dispatcher, workspace: Path) -> None:
     result = run(dispatcher, workspace, FAN_OUT)
     assert REFUSED in result.content, result.content[-2000:]
     assert f"the sandbox reached its limit of {LIMIT} processes" in result.content, result.content[-2000:]
-    assert "fan-out-done" in result.content  # refused starts were retried: the command went on
 
 
 def test_a_fan_out_past_the_limit_is_refused_and_said(dispatcher, limited, workspace):
@@ -143,8 +142,9 @@ def test_rlimit_nproc_in_the_sandboxs_user_namespace_bounds_that_sandbox_alone()
             done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
                                    script, "sh", *argv], env=env, capture_output=True, text=True, timeout=60)
             out = done.stdout + done.stderr
-            assert "inner-done" in out, out
-            assert ("fork:" in out) is refused, out
+            assert ("fork:" in out) is refused, out  # refused: bash retries, or gives up and exits
+            if not refused:
+                assert done.returncode == 0 and "inner-done" in out, out
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
 
