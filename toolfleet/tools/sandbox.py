@@ -45,12 +45,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
 from ..defaults import DEFAULT_MAX_PROCESSES
 from ..errors import ToolFailure
 from .limits import ProcessLimit, SandboxCgroup
 from .limits import find as find_limit
+from .sandbox_secrets import hide, secret_paths
 
 log = logging.getLogger(__name__)
 
@@ -94,77 +94,6 @@ class SandboxConfig:
                    max_processes=settings.sandbox_max_processes, cgroup=settings.sandbox_cgroup)
 
 
-SECRET_FILE_VARIABLES = ("TOOLFLEET_FLEET_KEY_FILE", "TOOLFLEET_REDIS_PASSWORD_FILE", "TOOLFLEET_REDIS_KEY_FILE")
-"""Variables naming files of the worker's secrets (docs/signing.md, docs/secrets.md)."""
-SECRET_DIRECTORIES = ("/run/secrets", "/var/run/secrets")
-"""Docker's secrets and Kubernetes' (the service account token under ``/var/run/secrets``)."""
-
-
-def secret_paths(settings: Any, environ: Mapping[str, str]) -> tuple[str, ...]:
-    """Where this worker's secrets lie on its disk, as absolute paths (symbolic links are resolved
-    by :func:`bwrap_argv` at each command, so a secret rotated by re-pointing a link, as Kubernetes
-    does with secret volumes, stays covered): the files :data:`SECRET_FILE_VARIABLES` and
-    ``settings.redis_key_file`` name, the ``ssl_keyfile`` of each of its URLs (a ``rediss://``
-    URL configures its client alone: :mod:`toolfleet.redis_tls`), toolfleet's home (``$TOOLFLEET_HOME``, default
-    ``~/.toolfleet``: the local stack's fleet key and state, with the Redis URL) and the secrets
-    directories of Docker and Kubernetes (:data:`SECRET_DIRECTORIES`). A sandboxed command sees
-    none of them; the file tools are confined to the workspace, and a secret the operator put in
-    a workspace, or other copies of one (a hard link elsewhere), are the operator's to keep out of
-    reach."""
-    named = [environ.get(name) for name in SECRET_FILE_VARIABLES]
-    named += [*url_key_files(settings), getattr(settings, "redis_key_file", None), *SECRET_DIRECTORIES,
-              environ.get("TOOLFLEET_HOME") or os.path.join(os.path.expanduser("~"), ".toolfleet")]
-    out: list[str] = []
-    for path in named:
-        if path:
-            absolute = os.path.abspath(path)
-            if absolute != "/" and absolute not in out:
-                out.append(absolute)
-    return tuple(out)
-
-
-def url_key_files(settings: Any) -> list[str]:
-    """The ``ssl_keyfile`` (a TLS client's private key, PEM path) named in the query of
-    ``settings``' Redis, broker and ledger URLs (:mod:`toolfleet.redis_tls`), in that order."""
-    out = []
-    for name in ("redis_url", "broker_url", "ledger_url"):
-        url = getattr(settings, name, None)
-        try:
-            query = parse_qsl(urlsplit(url).query) if isinstance(url, str) else []
-        except ValueError:
-            continue
-        out += [value for key, value in query if key == "ssl_keyfile" and value]
-    return out
-
-
-def _hide(paths: Sequence[str], root: str) -> tuple[list[str], list[str]]:
-    """bwrap arguments that cover ``paths`` (resolved now, those that exist), split into those
-    that go before the workspace's bind (a directory holding the workspace: the workspace is bound
-    again inside the empty tmpfs) and those after it (everything else, so a secret inside the
-    workspace stays covered). The workspace itself and ``/`` are never covered.
-
-    A secret inside the workspace also gets each directory between the workspace and it bound onto
-    itself first: the kernel refuses to rename a mount point (``EBUSY``), so a command cannot move
-    the folder that holds the secret (``mv ops ops2``) and leave it, on the host, where the next
-    sandbox does not look (a breaker read a covered key so, one command after the ``mv``)."""
-    before: list[str] = []
-    pinned: list[str] = []  # directories between the workspace and a secret in it, shallowest first
-    after: list[str] = []
-    inside = root.rstrip("/") + "/"
-    for path in dict.fromkeys(os.path.realpath(p) for p in paths):
-        if path in (root, "/") or not os.path.lexists(path):
-            continue
-        if path.startswith(inside):
-            parts = path[len(inside):].split("/")[:-1]
-            pinned.extend(inside + "/".join(parts[:n]) for n in range(1, len(parts) + 1))
-        if os.path.isdir(path):
-            (before if root.startswith(path.rstrip("/") + "/") else after).extend(["--tmpfs", path])
-        else:
-            after.extend(["--ro-bind", "/dev/null", path])
-    binds = [arg for d in sorted(dict.fromkeys(pinned), key=lambda d: d.count("/")) for arg in ("--bind", d, d)]
-    return before, binds + after
-
-
 @dataclass(frozen=True)
 class SandboxState:
     """A configuration and whether it works here: ``error`` is ``None`` when the probe passed (or the
@@ -194,7 +123,7 @@ class SandboxState:
         with: a secret rotated or created since is not covered in it (the shell is restarted)."""
         if self.unsandboxed:
             return ()
-        before, after = _hide(self.config.hidden, os.path.realpath(workspace))
+        before, after = hide(self.config.hidden, os.path.realpath(workspace))
         return (*before, "--bind-workspace", *after)
 
     def command(self, argv: Sequence[str], workspace: Path, network: str | None = None,
@@ -259,7 +188,7 @@ def bwrap_argv(config: SandboxConfig, argv: Sequence[str], workspace: Path, netw
            "--tmpfs", "/tmp"]
     if network == "none":
         out += ["--tmpfs", "/run"]  # the host's Unix sockets (databases, docker) are reachable through a read-only bind
-    before, after = _hide(config.hidden, root)
+    before, after = hide(config.hidden, root)
     out += [*before, "--bind", root, root, *after, "--chdir", root,
             "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
