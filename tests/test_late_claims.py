@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
 
-from toolfleet import Dispatcher, ErrorCode
+from toolfleet import Dispatcher, ErrorCode, Settings
 from toolfleet.tools.registry import default_registry
 from toolfleet.worker.side_effects import recheck_after_s
 
+from .conftest import FLEET_KEY
 from .faults import call, freeze, thaw, wait_until
 from .fencing_trials import fencing_settings
 
@@ -81,3 +83,56 @@ def test_the_recheck_comes_before_any_answer_without_the_worker(settings):
     assert recheck_after_s(settings) == min(0.25, settings.cancel_grace_s / 2, settings.heartbeat_s / 2)
     quick = settings.model_copy(update={"cancel_grace_s": 0.1, "heartbeat_s": 2.0})
     assert recheck_after_s(quick) == 0.05
+
+
+def _ledger_gone_after_a_slow_claim(private_redis, namespace, start_worker, tmp_path, monkeypatch, tool: str,
+                                    label: str, back_when: str):
+    """A slow claim (its pool process stopped right after it) whose recheck finds the ledger's
+    Redis gone (killed once the claim was made; the broker is another Redis), back once the
+    worker logged ``back_when``. Returns the call's answer."""
+    monkeypatch.setenv("TOOLFLEET_TEST_LATE_DIR", str(tmp_path))
+    broker, ledger_server = private_redis(persistent=False), private_redis(persistent=True)
+    settings = Settings(redis_url=broker.url, ledger_url=ledger_server.url, namespace=namespace,
+                        cancel_grace_s=0.5, kill_grace_s=5.0, fleet_key=FLEET_KEY)
+    worker = start_worker(settings=settings, args=["--tools", MODULES[0]], concurrency=1,
+                          log_path=tmp_path / "worker.log")
+    with Dispatcher(settings, default_registry(MODULES)) as dispatcher:
+        turn = dispatcher.submit([call("w", tool, label=label)])
+        pid = _stopped_after_claim(worker, tmp_path, "w")
+        stopped_at = time.monotonic()
+        ledger_server.kill()
+        # a slow claim is what this is about: its pool process stays stopped past recheck_after_s
+        wait_until(lambda: time.monotonic() >= stopped_at + 2 * recheck_after_s(settings), 5, "a slow claim")
+        try:
+            os.kill(pid, signal.SIGCONT)  # the recheck now finds no Redis
+            wait_until(lambda: back_when in worker.log_text(), 60, f"the worker logging {back_when!r}")
+        finally:
+            ledger_server.start()
+        [answer] = turn.results(timeout_s=60)
+    assert not (tmp_path / f"wrote-{label}").exists(), "the handler ran"
+    return answer
+
+
+def test_a_recheck_redis_could_not_answer_says_so(private_redis, namespace, start_worker, tmp_path, monkeypatch):
+    """The recheck fails closed when the ledger's Redis stays away past the worker's retries (30 s):
+    the handler does not start. Its answer (recorded once Redis is back: this execution still held
+    the call) says the call did not run because Redis could not be reached, not that the execution
+    had lost its call and "the caller's answer stands": that answer is the caller's answer."""
+    answer = _ledger_gone_after_a_slow_claim(private_redis, namespace, start_worker, tmp_path, monkeypatch,
+                                             "late_write_long", "unconfirmed", "could not confirm the fencing token")
+    assert answer.code is ErrorCode.NOT_EXECUTED, answer
+    assert "did not run" in answer.content, answer
+    assert "could not be reached" in answer.content, answer
+    assert "no longer held" not in answer.content, answer
+    assert "answer for this call stands" not in answer.error.hint, answer
+
+
+def test_a_soft_limit_landing_during_the_recheck_says_the_call_did_not_run(private_redis, namespace, start_worker,
+                                                                          tmp_path, monkeypatch):
+    """The call's soft time limit (4 s) lands while the recheck waits out the ledger's Redis: the
+    handler never started, so the answer is NOT_EXECUTED, not TIMEOUT ("ran past its time limit and
+    was stopped", "may have done part of its work")."""
+    answer = _ledger_gone_after_a_slow_claim(private_redis, namespace, start_worker, tmp_path, monkeypatch,
+                                             "late_write_short", "soft", "Soft time limit")
+    assert answer.code is ErrorCode.NOT_EXECUTED, answer
+    assert "did not run" in answer.content, answer

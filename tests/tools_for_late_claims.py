@@ -19,7 +19,7 @@ _claim_start = ClaimSteps.claim_start
 def _claim_then_stop(self, turn_id, call_id, worker, **kwargs):  # type: ignore[no-untyped-def]
     claim = _claim_start(self, turn_id, call_id, worker, **kwargs)
     folder = os.environ.get("TOOLFLEET_TEST_LATE_DIR")
-    if folder and kwargs.get("tool") == "late_write":
+    if folder and str(kwargs.get("tool")).startswith("late_write"):
         (Path(folder) / f"claimed-{call_id}").touch()
         os.kill(os.getpid(), signal.SIGSTOP)  # resumed by the test's SIGCONT
     return claim
@@ -35,6 +35,10 @@ def late_write(label: str) -> str:
     Args:
         label: the file's suffix.
     """
+    return _write(label)
+
+
+def _write(label: str) -> str:
     (Path(os.environ["TOOLFLEET_TEST_LATE_DIR"]) / f"wrote-{label}").touch()
     return f"wrote {label}"
 
@@ -47,3 +51,23 @@ def late_echo(text: str) -> str:
         text: echoed back.
     """
     return text
+
+
+@tool(access="write", resources=lambda a: [f"late:{a['label']}"], timeout_s=4)
+def late_write_short(label: str) -> str:
+    """``late_write`` with a 4 s time limit (its soft limit can land before the handler starts).
+
+    Args:
+        label: the file's suffix.
+    """
+    return _write(label)
+
+
+@tool(access="write", resources=lambda a: [f"late:{a['label']}"], timeout_s=45)
+def late_write_long(label: str) -> str:
+    """``late_write`` with a 45 s time limit (outlasts a worker's 30 s of retries on Redis).
+
+    Args:
+        label: the file's suffix.
+    """
+    return _write(label)

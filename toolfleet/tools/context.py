@@ -15,6 +15,8 @@ from redis import RedisError
 from ..errors import BrokerUnavailable, CallCancelled, StaleFence
 
 log = logging.getLogger(__name__)
+# check_fence's reason when Redis could not be asked: the execution may well still hold its call
+UNCONFIRMED = "could not confirm the fencing token"
 
 
 @dataclass
@@ -55,6 +57,12 @@ class ToolContext:
     session: Any = field(default=None, repr=False)
 
     @property
+    def fence_unconfirmed(self) -> bool:
+        """``check_fence`` refused because Redis could not be reached to ask, not because another
+        execution or an answer took the call (this execution may still hold it)."""
+        return self.fenced.startswith(UNCONFIRMED)
+
+    @property
     def remaining_s(self) -> float:
         """Seconds left before the time limit (may be negative)."""
         return self.deadline - time.monotonic()
@@ -76,7 +84,7 @@ class ToolContext:
         try:
             why = self.fence_check()
         except (BrokerUnavailable, RedisError, OSError) as exc:  # cannot confirm that it still holds the call
-            why = f"could not confirm the fencing token ({type(exc).__name__}: {exc})"
+            why = f"{UNCONFIRMED} ({type(exc).__name__}: {exc})"
         if not why:
             return
         if why == "the turn was cancelled":

@@ -196,6 +196,13 @@ def _refused_late_start(spec: ToolSpec, ctx: ToolContext, claim_took_s: float) -
     try:
         ctx.check_fence()  # a refusal is logged there
         return None
+    except SoftTimeLimitExceeded:  # it landed while the check waited out Redis: the handler never started
+        log.warning("call %s (turn %s): its time limit passed while its claim was checked again (Redis did not "
+                    "answer); the handler was not started", ctx.call_id, ctx.turn_id)
+        return ToolResult.failure(ctx.call_id, spec.name, ErrorCode.NOT_EXECUTED,
+                                  "the call's time limit passed before its handler could start (Redis did not "
+                                  "answer the check that this execution still held its call); it did not run",
+                                  "nothing happened; ask again once the fleet's Redis answers")
     except CallCancelled:
         log.info("call %s (turn %s): its claim took %.1f s and the turn was cancelled meanwhile; the handler was "
                  "not started", ctx.call_id, ctx.turn_id, claim_took_s)
@@ -203,6 +210,11 @@ def _refused_late_start(spec: ToolSpec, ctx: ToolContext, claim_took_s: float) -
                                   "the turn was cancelled before this call's handler started; it did not run",
                                   "nothing happened; ask again if the call is still wanted")
     except StaleFence:
+        if ctx.fence_unconfirmed:  # fail closed; this execution may still hold the call, and this be its answer
+            return ToolResult.failure(ctx.call_id, spec.name, ErrorCode.NOT_EXECUTED,
+                                      f"its handler was not started: Redis could not be reached to confirm that "
+                                      f"this execution still held its call ({ctx.fenced}); it did not run",
+                                      "nothing happened; ask again once the fleet's Redis answers")
         return ToolResult.failure(ctx.call_id, spec.name, ErrorCode.NOT_EXECUTED,
                                   f"this execution no longer held its call when its handler could start "
                                   f"({ctx.fenced}); it did not run", "the caller's answer for this call stands")
