@@ -136,3 +136,30 @@ def test_a_soft_limit_landing_during_the_recheck_says_the_call_did_not_run(priva
                                              "late_write_short", "soft", "Soft time limit")
     assert answer.code is ErrorCode.NOT_EXECUTED, answer
     assert "did not run" in answer.content, answer
+
+
+def test_a_handler_never_starts_after_its_caller_was_answered_while_it_waited_for_its_key(
+        settings, start_worker, tmp_path, monkeypatch):
+    """A journaled call (b) claimed quickly waits for another execution (a) that holds its
+    idempotency key; the worker is frozen until b's caller has its answer (OUTCOME_UNKNOWN: no live
+    worker), meanwhile a gives up without paying; thawed, b took the key over, its probe found no
+    payment, and its handler paid after its caller was answered. Its wait is checked again
+    before the handler starts, like a slow claim's."""
+    monkeypatch.setenv("TOOLFLEET_TEST_LATE_DIR", str(tmp_path))
+    worker = start_worker(args=["--tools", MODULES[0]], concurrency=2)
+    with Dispatcher(settings, default_registry(MODULES)) as dispatcher:
+        holder = dispatcher.submit([call("a", "late_pay", label="a", key="k", hold=True)])
+        wait_until((tmp_path / "holding-a").exists, 30, "a holding the key")
+        turn = dispatcher.submit([call("b", "late_pay", label="b", key="k")])
+        wait_until((tmp_path / "busy-b").exists, 30, "b waiting for the key")  # its claim long done
+        freeze(worker)
+        try:
+            [answer] = turn.results(timeout_s=30)  # at the liveness bound
+            holder.results(timeout_s=30)
+            (tmp_path / "go").touch()
+        finally:
+            thaw(worker)
+        # b's execution reports once it ended (its outcome refused: a late note): join on it
+        wait_until(lambda: dispatcher.ledger.late_notes(turn.turn_id).get("b"), 30, "b's execution ending")
+    assert answer.code is ErrorCode.OUTCOME_UNKNOWN, answer
+    assert not (tmp_path / "wrote-b").exists(), "b's handler paid after its caller was told OUTCOME_UNKNOWN"

@@ -2,7 +2,8 @@
 after its claim, before its handler starts: the moment a frozen worker's claim reply is in
 flight or just read (a GC pause, a VM stall). Only in a worker started with
 ``TOOLFLEET_TEST_LATE_DIR`` set (a folder: the claim leaves ``claimed-<call id>`` there, the
-handler ``wrote-<label>``)."""
+handler ``wrote-<label>``). ``late_pay``: a journaled payment whose call can wait for another
+execution holding its idempotency key (``Journal.begin`` leaves ``busy-<call id>`` then)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import signal
 from pathlib import Path
 
 from toolfleet.ledger_claims import ClaimSteps
+from toolfleet.tools.context import ToolContext
 from toolfleet.tools.spec import tool
+from toolfleet.worker.journal import Journal
 
 _claim_start = ClaimSteps.claim_start
 
@@ -26,6 +29,20 @@ def _claim_then_stop(self, turn_id, call_id, worker, **kwargs):  # type: ignore[
 
 
 ClaimSteps.claim_start = _claim_then_stop  # type: ignore[method-assign]
+_begin = Journal.begin
+
+
+def _begin_and_tell(self, key, token, owner, *args, **kwargs):  # type: ignore[no-untyped-def]
+    """``Journal.begin``, leaving ``busy-<call id>`` in the test's folder when another execution
+    holds the key (the call waits for it)."""
+    begun = _begin(self, key, token, owner, *args, **kwargs)
+    folder = os.environ.get("TOOLFLEET_TEST_LATE_DIR")
+    if folder and begun.verdict == "busy":
+        (Path(folder) / f"busy-{owner.rsplit(':', 1)[-1]}").touch()
+    return begun
+
+
+Journal.begin = _begin_and_tell  # type: ignore[method-assign]
 
 
 @tool(access="write", resources=lambda a: [f"late:{a['label']}"], timeout_s=30)
@@ -70,4 +87,33 @@ def late_write_long(label: str) -> str:
     Args:
         label: the file's suffix.
     """
+    return _write(label)
+
+
+def _folder() -> Path:
+    return Path(os.environ["TOOLFLEET_TEST_LATE_DIR"])
+
+
+def _paid(ctx: ToolContext, label: str, key: str, hold: bool = False) -> str | None:
+    """The probe: ``paid`` if a payment under ``key`` was made, else None (run the handler)."""
+    return "paid" if (_folder() / f"paid-{key}").exists() else None
+
+
+@tool(access="write", resources=lambda a: [f"pay:{a['label']}"], timeout_s=30,
+      idempotency_key=lambda a: a["key"], probe=_paid)
+def late_pay(ctx: ToolContext, label: str, key: str, hold: bool = False) -> str:
+    """A payment journaled under ``key`` (a probe looks it up). ``hold``: hold the key, leave
+    ``holding-<label>``, wait for ``go`` in the test's folder, then fail without paying.
+
+    Args:
+        label: the call's resource, and the suffix of ``wrote-<label>``.
+        key: the idempotency key.
+        hold: hold the key until ``go``, then fail.
+    """
+    if hold:
+        (_folder() / f"holding-{label}").touch()
+        while not (_folder() / "go").exists() and ctx.remaining_s > 0:
+            ctx.cancelled.wait(0.02)
+        raise RuntimeError("gave up without paying")
+    (_folder() / f"paid-{key}").touch()
     return _write(label)

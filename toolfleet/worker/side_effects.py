@@ -17,7 +17,8 @@
   than :func:`recheck_after_s` to reach the handler (its worker frozen, a VM paused, Redis slow)
   is checked once more before anything runs: the caller may have its answer by then
   (``WORKER_LOST`` at the liveness bound, ``OUTCOME_UNKNOWN`` after ``cancel_grace_s``), and
-  the handler must not start after that. A quick claim costs no check. A stale execution (a newer one
+  the handler must not start after that; likewise before a journaled handler whose idempotency key
+  took that long to take (it waited for another holder). A quick claim costs no check. A stale execution (a newer one
   claimed the call, the caller already has its answer, its deadline passed) neither finishes the
   journal nor has its result recorded (the ledger keeps it as a late note).
 - The tool's circuit breaker (:mod:`toolfleet.breaker`) is told whether the tool worked: a failure
@@ -103,6 +104,7 @@ def run_guarded(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnv
     Returns the result and whether the caller still owes the breaker a "the tool worked" (told
     with the result, in the same round trip: ``Ledger.record_result(tool_worked=...)``)."""
     journal_key = runtime.journal.key(spec.name, env.idempotency_key) if spec.journal else None
+    since = _Since.ago(claim_took_s)  # since the claim was sent, or its fence last checked
     if ctx.fencing_token is not None:
         token = ctx.fencing_token
 
@@ -115,6 +117,7 @@ def run_guarded(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnv
             refused = _refused_late_start(spec, ctx, claim_took_s)
             if refused is not None:
                 return refused, False
+            since = _Since.ago(0.0)
         ctx.fence_check = fence(journal_key)
     if claim == "restarted":
         ctx.attempt = runtime.ledger.attempts(env.turn_id, env.call_id)
@@ -128,13 +131,31 @@ def run_guarded(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnv
         if watch.fault:
             _breaker_failure(runtime, spec)
         return result, not watch.fault
-    return _journaled(runtime, spec, ctx, env, run)
+    return _journaled(runtime, spec, ctx, env, run, since)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Since:
+    """A moment, on the monotonic and the wall clock (a paused VM may stop one of them)."""
+
+    mono: float
+    wall: float
+
+    @classmethod
+    def ago(cls, seconds: float) -> _Since:
+        return cls(time.monotonic() - seconds, time.time() - seconds)
+
+    def elapsed_s(self) -> float:
+        return max(time.monotonic() - self.mono, time.time() - self.wall)
 
 
 def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnvelope,
-               run: Runner) -> tuple[ToolResult, bool]:
+               run: Runner, since: _Since | None = None) -> tuple[ToolResult, bool]:
     """The journal's rules around one handler run; returns the result and whether the handler ran
-    and worked (see :func:`run_guarded`)."""
+    and worked (see :func:`run_guarded`). ``since``: when the execution's claim was sent or its
+    fence last checked; when the journal took longer than ``recheck_after_s`` since (it waited
+    for another execution holding the key, its worker was frozen meanwhile), the fence is checked
+    again before the probe or the handler: the caller may have its answer by then (F7)."""
     journal = runtime.journal
     key = journal.key(spec.name, env.idempotency_key)
     token = new_token() if ctx.fencing_token is None else str(ctx.fencing_token)
@@ -159,6 +180,11 @@ def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnve
             ctx.cancelled.wait(min(BUSY_POLL_S, max(ctx.remaining_s, 0.001)))
             continue
         break
+    if since is not None and ctx.fencing_token is not None and since.elapsed_s() > recheck_after_s(runtime.settings):
+        refused = _refused_late_start(spec, ctx, since.elapsed_s())  # this execution holds the key now
+        if refused is not None:
+            journal.release(key, token)
+            return refused, False
     if begun.verdict == "takeover":
         settled = _probe(runtime, spec, ctx, env, run, begun.holder)
         if settled is not None:
