@@ -163,3 +163,31 @@ def test_a_handler_never_starts_after_its_caller_was_answered_while_it_waited_fo
         wait_until(lambda: dispatcher.ledger.late_notes(turn.turn_id).get("b"), 30, "b's execution ending")
     assert answer.code is ErrorCode.OUTCOME_UNKNOWN, answer
     assert not (tmp_path / "wrote-b").exists(), "b's handler paid after its caller was told OUTCOME_UNKNOWN"
+
+
+def test_a_step_redis_could_not_confirm_says_so(private_redis, namespace, start_worker, tmp_path, monkeypatch):
+    """A handler's ``check_fence`` right before its step finds the ledger's Redis gone past the
+    worker's retries (30 s): the step is refused (fail closed). Its answer, recorded once Redis is
+    back (the execution still held the call), says the fence could not be confirmed, not that the
+    execution "no longer holds the call" and that "the caller's answer stands": it is the answer."""
+    monkeypatch.setenv("TOOLFLEET_TEST_LATE_DIR", str(tmp_path))
+    broker, ledger_server = private_redis(persistent=False), private_redis(persistent=True)
+    settings = Settings(redis_url=broker.url, ledger_url=ledger_server.url, namespace=namespace,
+                        cancel_grace_s=0.5, kill_grace_s=5.0, fleet_key=FLEET_KEY)
+    worker = start_worker(settings=settings, args=["--tools", MODULES[0]], concurrency=1,
+                          log_path=tmp_path / "worker.log")
+    with Dispatcher(settings, default_registry(MODULES)) as dispatcher:
+        turn = dispatcher.submit([call("s", "late_step", label="step")])
+        wait_until((tmp_path / "stepping-step").exists, 30, "the handler waiting before its step")
+        ledger_server.kill()
+        try:
+            (tmp_path / "step").touch()
+            wait_until(lambda: "could not confirm the fencing token" in worker.log_text(), 60, "the step refused")
+        finally:
+            ledger_server.start()
+        [answer] = turn.results(timeout_s=60)
+    assert not (tmp_path / "wrote-step").exists(), "the step was taken"
+    assert answer.code is ErrorCode.OUTCOME_UNKNOWN, answer
+    assert "no longer holds" not in answer.content, answer
+    assert "could not confirm" in answer.content, answer
+    assert "answer for this call stands" not in answer.error.hint, answer

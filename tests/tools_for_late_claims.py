@@ -117,3 +117,18 @@ def late_pay(ctx: ToolContext, label: str, key: str, hold: bool = False) -> str:
         raise RuntimeError("gave up without paying")
     (_folder() / f"paid-{key}").touch()
     return _write(label)
+
+
+@tool(access="write", resources=lambda a: [f"late:{a['label']}"], timeout_s=45)
+def late_step(ctx: ToolContext, label: str) -> str:
+    """Leave ``stepping-<label>``, wait for ``step`` in the test's folder, check the fence, then
+    leave ``wrote-<label>`` (a write whose one step comes after a wait).
+
+    Args:
+        label: the files' suffix.
+    """
+    (_folder() / f"stepping-{label}").touch()
+    while not (_folder() / "step").exists() and ctx.remaining_s > 0:
+        ctx.cancelled.wait(0.02)
+    ctx.check_fence()
+    return _write(label)

@@ -78,7 +78,8 @@ class ToolContext:
         (and logs it): a newer execution claimed the call, the caller already has its answer, the
         turn was cancelled (cancellable tools), the call's hard time limit passed, or another
         execution holds its idempotency key. One Redis round trip; Redis unreachable refuses too
-        (fail closed). Outside a worker (no ``fence_check``) it never refuses."""
+        (fail closed), saying so: this execution may still hold the call, and its refusal be the
+        call's answer. Outside a worker (no ``fence_check``) it never refuses."""
         if self.fence_check is None:
             return
         try:
@@ -93,6 +94,11 @@ class ToolContext:
         self.fenced = why
         log.warning("call %s (turn %s, fencing token %s): step refused: %s", self.call_id, self.turn_id,
                     self.fencing_token, why)
+        if self.fence_unconfirmed:  # fail closed; this execution may still hold the call, this be its answer
+            raise StaleFence(f"Redis could not be reached to confirm that this execution still holds the call "
+                             f"(fencing token {self.fencing_token}: {why}); its step was refused, not taken",
+                             "the call may have done part of its work before that step; check the real state "
+                             "before repeating it")
         raise StaleFence(f"this execution no longer holds the call (fencing token {self.fencing_token}): {why}; "
                          "its step was refused",
                          "the caller's answer for this call stands; check the real state before repeating it")
