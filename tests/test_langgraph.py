@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import redis
@@ -28,6 +29,7 @@ from toolfleet.integrations.langgraph import FleetToolNode  # noqa: E402
 from toolfleet.keys import Keys  # noqa: E402
 
 from .conftest import ROOT, make_registry  # noqa: E402
+from .faults import wait_started, wait_until  # noqa: E402
 
 WAIT_S = 60
 POLICY_TOML = '[tools]\nappend_line = "ask"\n'
@@ -363,3 +365,127 @@ def test_a_message_without_an_id_whose_call_ids_repeat_runs_its_own_calls(fleet,
     squatter.results(WAIT_S)
     [own] = node.invoke(state, config)["messages"]
     assert "print(1)" in own.content and own.artifact["turn_id"] != squatter.turn_id
+
+
+def test_concurrent_resumes_elsewhere_run_each_call_at_most_once(settings, start_worker, workspace, tmp_path):
+    """Three resumes of one interrupted batch, each in "another process" (its own dispatcher and
+    node, the same checkpointer), overlapping: R1 takes the turn over and runs the approved write;
+    while it runs (it is not cancellable), R2 takes R1's turn over (its claimed successor is not
+    submitted until the write's outcome is in), and R3 arrives in that gap. The write runs once
+    (tally.txt gets one line per execution), and every resume returns exactly one ToolMessage per
+    call, the write's own result included."""
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text('[tools]\ntally_through = "ask"\n')
+    policy = Policy.load(policy_file)
+    start_worker(concurrency=2, args=["--policy", str(policy_file)])
+    batch = AIMessage(content="", id="ai-1", tool_calls=[tc("rd", "read_file", path="README.md"),
+                                                          tc("k1", "tally_through", text="k1", seconds=4)])
+    saver = InMemorySaver()
+    config = {"configurable": {"thread_id": "thread-8"}}
+    dispatchers = [Dispatcher(settings, make_registry(), policy) for _ in range(4)]
+
+    def graph(dispatcher, responses):
+        node = FleetToolNode(dispatcher, workspace=str(workspace), timeout_s=WAIT_S)
+        model = ScriptedChatModel(responses=responses).bind_tools(node.tools)
+        g = StateGraph(MessagesState)
+        g.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+        g.add_node("tools", node)
+        g.add_edge(START, "agent")
+        g.add_conditional_edges("agent", tools_condition)
+        g.add_edge("tools", "agent")
+        return g.compile(checkpointer=saver)
+
+    outs: dict[str, object] = {}
+
+    def resume(name: str, dispatcher) -> threading.Thread:
+        def run():
+            try:
+                outs[name] = graph(dispatcher, [AIMessage(content="done", id=f"ai-{name}")]).invoke(
+                    Command(resume="approve"), config)
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertions below
+                outs[name] = exc
+        thread = threading.Thread(target=run, name=f"resume-{name}", daemon=True)
+        thread.start()
+        return thread
+
+    continued = f"{settings.namespace}:integrations:continued:"
+    client = redis.Redis.from_url(settings.redis_url)
+
+    def successor(turn_id: str) -> str | None:
+        value = client.get(continued + turn_id)
+        return None if value is None else value.decode()
+
+    try:
+        out = graph(dispatchers[0], [batch]).invoke({"messages": [HumanMessage("go")]}, config)
+        first_turn = out["__interrupt__"][0].value["turn_id"]
+        threads = [resume("r1", dispatchers[1])]
+        wait_until(lambda: successor(first_turn) is not None, WAIT_S, "R1's takeover of the first turn")
+        r1_turn = successor(first_turn)
+        wait_started(dispatchers[0], r1_turn, "k1", WAIT_S)  # approved in R1's turn, running
+        threads.append(resume("r2", dispatchers[2]))
+        wait_until(lambda: successor(r1_turn) is not None, WAIT_S, "R2's takeover of R1's turn")
+        threads.append(resume("r3", dispatchers[3]))  # R2's successor is claimed, not yet submitted
+        for thread in threads:
+            thread.join(WAIT_S * 2)
+            assert not thread.is_alive(), f"{thread.name} did not finish"
+    finally:
+        for dispatcher in dispatchers:
+            dispatcher.close()
+    assert (workspace / "tally.txt").read_text() == "k1\n"  # one execution
+    for name in ("r1", "r2", "r3"):
+        got = outs[name]
+        assert not isinstance(got, BaseException), f"{name}: {got!r}"
+        tool_messages = [m for m in got["messages"] if isinstance(m, ToolMessage)]
+        assert sorted(m.tool_call_id for m in tool_messages) == ["k1", "rd"], name
+        [k1] = [m for m in tool_messages if m.tool_call_id == "k1"]
+        assert k1.status == "success" and "tallied k1" in k1.content, (name, k1.content)
+
+
+def test_runs_of_a_live_batch_elsewhere_run_its_running_write_once(settings, start_worker, workspace):
+    """A batch still running in process P0 (its write not cancellable, running) is run again by two
+    other processes (a client retrying the request; each its own dispatcher and node): R1 takes P0's
+    turn over and waits for the write's outcome before it submits the calls that never ran; R2
+    comes in that gap, and finds R1's successor turn claimed but not submitted. The write runs once
+    (tally.txt gets one line per execution) and every run returns one ToolMessage per call, the
+    write's own result. (Before: R2 submitted the still-running write in R1's successor turn, where
+    it ran again once P0's execution let go of its resource.)"""
+    start_worker(concurrency=2)
+    batch = AIMessage(content="", id="ai-1", tool_calls=[tc("rd", "read_file", path="README.md"),
+                                                          tc("k1", "tally_through", text="k1", seconds=4)])
+    state = {"messages": [HumanMessage("go"), batch]}
+    config = {"configurable": {"thread_id": "thread-9"}}
+    dispatchers = [Dispatcher(settings, make_registry()) for _ in range(3)]
+    nodes = [FleetToolNode(d, workspace=str(workspace), timeout_s=WAIT_S) for d in dispatchers]
+    outs: dict[int, object] = {}
+
+    def run(i: int) -> threading.Thread:
+        def body():
+            try:
+                outs[i] = nodes[i].invoke(state, config)["messages"]
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertions below
+                outs[i] = exc
+        thread = threading.Thread(target=body, name=f"node-run-{i}", daemon=True)
+        thread.start()
+        return thread
+
+    client = redis.Redis.from_url(settings.redis_url)
+    first_turn = nodes[0]._batch_id(config, batch, nodes[0]._calls(state)[1], state)
+    try:
+        threads = [run(0)]
+        wait_started(dispatchers[0], first_turn, "k1", WAIT_S)
+        threads.append(run(1))
+        wait_until(lambda: client.exists(f"{settings.namespace}:integrations:continued:{first_turn}"), WAIT_S,
+                   "R1's takeover of P0's turn")
+        threads.append(run(2))  # while the write still runs in P0's (cancelled) turn
+        for thread in threads:
+            thread.join(WAIT_S * 2)
+            assert not thread.is_alive(), f"{thread.name} did not finish"
+    finally:
+        for dispatcher in dispatchers:
+            dispatcher.close()
+    assert (workspace / "tally.txt").read_text() == "k1\n"  # one execution
+    for i in range(3):
+        got = outs[i]
+        assert not isinstance(got, BaseException), f"run {i}: {got!r}"
+        assert [m.tool_call_id for m in got] == ["rd", "k1"], i
+        assert got[1].status == "success" and "tallied k1" in got[1].content, (i, got[1].content)

@@ -131,6 +131,24 @@ def test_a_turn_id_opened_again_after_its_runs_were_lost_keeps_its_results(ledge
     assert ledger.claim_start(turn, "c1", "w@t", arm_wait_s=1) == "done"
 
 
+def test_an_exclusive_open_of_a_turn_id_opened_by_another_process_writes_nothing(ledger, settings):
+    """The successor turn of a LangGraph takeover is opened exclusively: of processes opening it at
+    once, one does; the other gets TurnExists and its calls are not registered. A turn id whose calls
+    hash was lost (its results kept) is opened again, as a resumed graph does."""
+    from toolfleet.errors import TurnExists
+
+    turn = f"T{next(_turns)}"
+    assert ledger.open_turn(turn, {"c1": "noop"}, exclusive=True) != "0-0"
+    with pytest.raises(TurnExists):
+        ledger.open_turn(turn, {"c1": "noop", "c2": "noop"}, exclusive=True, armed=False)
+    assert ledger.calls(turn) == {"c1": "noop"}
+    assert ledger.redis.exists(Keys(settings.namespace).turn_armed(turn))  # left as its opener made it
+    claim = ledger.claim_start(turn, "c1", "w@t", arm_wait_s=1)
+    assert ledger.record_result(turn, ok("c1"), fencing_token=claim.token)
+    ledger.redis.delete(Keys(settings.namespace).turn_calls(turn))
+    assert ledger.open_turn(turn, {"c1": "noop"}, exclusive=True) == "0-0"
+
+
 # the steps that write a result or lose data, in any order, against the safety rule: a call with a
 # result in the results hash is never claimed to run
 STEPS = st.lists(st.tuples(st.sampled_from(["claim", "record_claimed", "record_stale", "record_unfenced",

@@ -370,6 +370,24 @@ def tally(ctx: ToolContext, text: str, seconds: float = 0.0) -> str:
     return f"tallied {text}"
 
 
+@tool(access="write", resources=lambda a: [f"tally:{a['text']}"], timeout_s=60, cancellable=False, journal=False)
+def tally_through(ctx: ToolContext, text: str, seconds: float = 0.0) -> str:
+    """As ``tally`` (a line in tally.txt the moment it starts, one per execution), then wait
+    ``seconds`` through any cancel: declared not cancellable, so it is still running while its turn
+    is cancelled and taken over.
+
+    Args:
+        text: The line.
+        seconds: How long to run after writing it.
+    """
+    import os
+
+    with open(os.path.join(str(ctx.workspace), "tally.txt"), "a") as f:
+        f.write(text + "\n")
+    time.sleep(seconds)
+    return f"tallied {text}"
+
+
 # --- fencing: short time limits, so freezing a worker past its deadline fits in a test ---
 
 @tool(access="write", resources=lambda a: [f"order:{a['order_id']}"], timeout_s=1,

@@ -144,6 +144,11 @@ class TurnNotFound(ToolfleetError):
     """Raised when a turn id is not known to the result store (never submitted, or expired)."""
 
 
+class TurnExists(ToolfleetError):
+    """Raised by an exclusive open of a turn id (:meth:`~toolfleet.ledger.Ledger.open_turn`) that
+    another process opened first: nothing of this open was written."""
+
+
 class NotPending(ToolfleetError):
     """Raised by ``approve``/``deny`` when the call is not waiting for a decision.
 

@@ -50,7 +50,7 @@ from redis.cluster import RedisCluster
 from . import ledger_scripts as lua
 from .audit import AuditLog
 from .breaker import success_lua
-from .errors import TurnNotFound
+from .errors import TurnExists, TurnNotFound
 from .keys import Keys
 from .ledger_claims import ARM_WAIT_S as ARM_WAIT_S  # re-exported: worker/side_effects.py
 from .ledger_claims import Claim as Claim  # re-exported: claim_start's answer
@@ -143,20 +143,25 @@ class Ledger(ClaimSteps):
             raise as_broker_error(self.settings.ledger, exc) from exc
 
     # --- dispatcher side ---
-    def open_turn(self, turn_id: str, calls: dict[str, str], *, armed: bool = True) -> str:
+    def open_turn(self, turn_id: str, calls: dict[str, str], *, armed: bool = True, exclusive: bool = False) -> str:
         """Register the calls (call_id -> tool name) of a new turn. ``armed=False`` for a turn
         whose first calls must all be sent before any runs: :meth:`arm` it once they are. Returns
         the stream id of the turn's ``open`` event, after which its driver reads (``0-0`` for a
-        turn id that was opened before and still has results: read it all)."""
+        turn id that was opened before and still has results: read it all). ``exclusive``: raise
+        :class:`TurnExists` (nothing written) if the turn id has calls registered already, in the
+        same script: of processes opening one turn id at once, one does."""
         k = self.keys
         keys = [k.turn_calls(turn_id), k.turn_armed(turn_id), k.turn_lease(turn_id), k.turn_events(turn_id),
                 k.turn_runs(turn_id), k.turn_results(turn_id)]
         args: list[Any] = [self.settings.result_ttl_s, int(self.settings.turn_lease_s * 1000), int(armed),
-                           str(time.time())]
+                           str(time.time()), int(exclusive)]
         for call_id, name in calls.items():
             args += [call_id, name]
         with self._translated():
-            return _s(self._open(keys=keys, args=args))
+            opened = self._open(keys=keys, args=args)
+        if opened is None:
+            raise TurnExists(f"turn {turn_id!r} was opened by another process")
+        return _s(opened)
 
     def renew_lease(self, turn_id: str) -> None:
         """The turn's dispatcher is alive: its lease runs ``turn_lease_s`` from now (Redis's clock).

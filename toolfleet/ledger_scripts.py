@@ -144,11 +144,14 @@ return 'ok ' .. token .. seen
 
 OPEN = """
 -- KEYS: calls, armed, lease, events, runs, results
--- ARGV: ttl, lease_ms, armed (1/0), opened_at (unix s), then (call_id, name) pairs
+-- ARGV: ttl, lease_ms, armed (1/0), opened_at (unix s), exclusive (1/0), then (call_id, name) pairs
 -- one script, so no key of the turn is ever created without its time to live
+-- exclusive: a turn id whose calls are registered already (another process opened it) is left
+-- alone, nothing written: returns false (one opener of a turn id, decided here)
+if ARGV[5] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then return false end
 local ttl = tonumber(ARGV[1])
-if #ARGV > 4 then
-  for i = 5, #ARGV, 1000 do redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV))) end
+if #ARGV > 5 then
+  for i = 6, #ARGV, 1000 do redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV))) end
   redis.call('EXPIRE', KEYS[1], ttl)
 end
 if ARGV[3] == '1' then redis.call('SET', KEYS[2], '1', 'EX', ttl) end

@@ -119,6 +119,7 @@ class Dispatcher:
         response: Any = None,
         armed: bool = True,
         _calls: Sequence[ToolCall] = (),
+        _exclusive: bool = False,
     ) -> Turn:
         """A turn that takes calls as they come (:meth:`Turn.add_calls`) until :meth:`Turn.close`.
 
@@ -144,7 +145,9 @@ class Dispatcher:
         # the calls :meth:`submit` is about to add are registered with the turn's open (one script
         # fewer per batch: the turn's first add_calls finds them there)
         registered = {call.id: clean_call(call).name for call in _calls}
-        opened = self.ledger.open_turn(turn_id, registered, armed=armed)
+        # _exclusive: a turn id another process opened raises TurnExists, nothing written (a successor
+        # turn of a takeover, which several resumes may try to submit: integrations/takeover.py)
+        opened = self.ledger.open_turn(turn_id, registered, armed=armed, exclusive=_exclusive)
         turn = Turn(
             turn_id=turn_id,
             registry=self.registry,

@@ -74,7 +74,7 @@ from ..aio import AsyncTurn, _in_thread
 from ..dispatcher.client import Dispatcher
 from ..dispatcher.turn import Turn
 from ..dispatcher.wire import clean_call
-from ..errors import BrokerUnavailable, ToolfleetError
+from ..errors import BrokerUnavailable, ToolfleetError, TurnExists
 from ..models import ErrorCode, ToolCall, ToolResult
 from . import takeover
 from .langgraph_approvals import _ask, answer_pending, decisions_for
@@ -250,11 +250,12 @@ class FleetToolNode(RunnableLambda):
         turn recorded other calls than ``calls`` (another batch)."""
         ledger = self.dispatcher.ledger
         for _ in range(takeover.MAX_CHAIN):
-            tail, standing = takeover.follow(self.dispatcher, first)
+            tail, before, standing = takeover.follow(self.dispatcher, first)
             try:
                 taken = ledger.calls(tail)
                 opened = taken if tail == first else ledger.calls(first)
                 recorded = ledger.results(tail) if taken else {}
+                left = ledger.calls(before) if before is not None and not taken else {}
             except redis.RedisError as exc:
                 raise BrokerUnavailable(self.dispatcher.settings.redis_url, str(exc)) from exc
             if opened and not _same_calls(opened, calls):
@@ -271,12 +272,22 @@ class FleetToolNode(RunnableLambda):
                 ended = takeover.end(self.dispatcher, tail, [c for c in calls if c.id in taken])
                 standing.update({cid: (tail, r) for cid, r in ended.items() if r.code != ErrorCode.NOT_EXECUTED})
                 tail = successor
+            elif before is not None:
+                # A successor another process claimed and has not submitted: it may still be waiting
+                # for a call of ``before`` that runs (takeover.end). End ``before`` here too (its cancel
+                # is done once), so such a call is waited for and stands, never sent again.
+                ended = takeover.end(self.dispatcher, before, [c for c in calls if c.id in left])
+                standing.update({cid: (before, r) for cid, r in ended.items() if r.code != ErrorCode.NOT_EXECUTED})
             rest = [c for c in calls if c.id not in standing]  # never ran: safe to send
             if not rest:
                 return [standing[c.id] for c in calls]
             thread = (config.get("configurable") or {}).get("thread_id")
             session = self.session_id or (str(thread) if thread is not None else None)
-            turn = self.dispatcher.submit(rest, turn_id=tail, workspace=self.workspace, session_id=session)
+            try:  # one process opens ``tail``: another that submits it at once gets TurnExists
+                turn = self.dispatcher.submit(rest, turn_id=tail, workspace=self.workspace, session_id=session,
+                                              _exclusive=True)
+            except TurnExists:
+                continue  # another process submitted it first: follow the chain again
             return self._keep(batch, _Live(turn, standing))
         raise ToolfleetError(f"the tool calls of batch {batch} could not be attached to a turn")
 

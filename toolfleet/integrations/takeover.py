@@ -11,7 +11,12 @@ call twice:
    ``NOT_EXECUTED``, i.e. it never ran), then wait (bounded) for the result of any call that had
    started; one still silent after the bound gets ``OUTCOME_UNKNOWN`` (never run again).
 3. The caller submits, as the turn ``<next>``, the calls whose result is ``NOT_EXECUTED`` or missing,
-   with their call ids and model order; every other result stands.
+   with their call ids and model order; every other result stands. The submission opens ``<next>``
+   exclusively (``Dispatcher.open_turn(_exclusive=True)``, in the ledger's open script): a resume
+   that finds ``<next>`` claimed but not submitted yet (the claimant may still be waiting in step
+   2 for a call that runs) does step 2 itself (cancelling again changes nothing), so a call still
+   running in the old turn is waited for, never sent again; of the resumes that then submit
+   ``<next>``, one opens it, the others follow the chain (:class:`~toolfleet.errors.TurnExists`).
 
 A later resume follows the chain from the first turn id: results other than ``NOT_EXECUTED`` of
 every turn in the chain stand, the last turn is the live one. Everything lives as long as the
@@ -39,21 +44,23 @@ def continued_key(dispatcher: Dispatcher, turn_id: str) -> str:
     return f"{dispatcher.settings.namespace}:integrations:continued:{turn_id}"
 
 
-def follow(dispatcher: Dispatcher, first: str) -> tuple[str, dict[str, tuple[str, ToolResult]]]:
-    """(the live turn id of the chain that starts at ``first``, the results that stand from the
-    turns before it: call id -> (turn id, result)). Raises :class:`BrokerUnavailable` if Redis does
-    not answer."""
+def follow(dispatcher: Dispatcher, first: str) -> tuple[str, str | None, dict[str, tuple[str, ToolResult]]]:
+    """(the live turn id of the chain that starts at ``first``, the turn it took over (``None``
+    for ``first``), the results that stand from the turns before it: call id -> (turn id,
+    result)). The live turn may not be submitted yet: its claimant may still be ending the turn
+    before it (:func:`end`), whose started calls then have no result yet. Raises
+    :class:`BrokerUnavailable` if Redis does not answer."""
     standing: dict[str, tuple[str, ToolResult]] = {}
-    turn_id = first
+    turn_id, before = first, None
     try:
         for _ in range(MAX_CHAIN):
             successor = dispatcher.ledger.redis.get(continued_key(dispatcher, turn_id))
             if successor is None:
-                return turn_id, standing
+                return turn_id, before, standing
             for call_id, result in dispatcher.ledger.results(turn_id).items():
                 if result.code != ErrorCode.NOT_EXECUTED:
                     standing[call_id] = (turn_id, result)
-            turn_id = successor.decode() if isinstance(successor, bytes) else str(successor)
+            turn_id, before = successor.decode() if isinstance(successor, bytes) else str(successor), turn_id
     except redis.RedisError as exc:
         raise BrokerUnavailable(dispatcher.settings.redis_url, str(exc)) from exc
     raise ToolfleetError(f"turn {first} was taken over more than {MAX_CHAIN} times; refusing to follow further")
