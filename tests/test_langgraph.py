@@ -5,6 +5,7 @@ langchain-core's fake models, its tool calls run by :class:`FleetToolNode` on re
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from toolfleet.integrations.langgraph import FleetToolNode  # noqa: E402
 from toolfleet.keys import Keys  # noqa: E402
 
 from .conftest import ROOT, make_registry  # noqa: E402
-from .faults import wait_started, wait_until  # noqa: E402
+from .faults import freeze, thaw, wait_started, wait_until  # noqa: E402
 
 WAIT_S = 60
 POLICY_TOML = '[tools]\nappend_line = "ask"\n'
@@ -489,3 +490,82 @@ def test_runs_of_a_live_batch_elsewhere_run_its_running_write_once(settings, sta
         assert not isinstance(got, BaseException), f"run {i}: {got!r}"
         assert [m.tool_call_id for m in got] == ["rd", "k1"], i
         assert got[1].status == "success" and "tallied k1" in got[1].content, (i, got[1].content)
+
+
+P0_SCRIPT = """
+import json, os, sys
+from toolfleet import Dispatcher, Policy, Settings, ToolCall
+from tests.conftest import make_registry
+data = json.loads(sys.argv[1])
+data["fleet_key"], data["fleet_keys_previous"] = os.environ.get("TOOLFLEET_FLEET_KEY"), ()
+dispatcher = Dispatcher(Settings.model_validate(data), make_registry(), Policy.load(sys.argv[2]))
+dispatcher.submit([ToolCall(**c) for c in json.loads(sys.argv[3])], turn_id=sys.argv[4], workspace=sys.argv[5],
+                  session_id=sys.argv[6])
+print("submitted", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_call_whose_outcome_a_takeover_gave_up_on_is_never_sent_again_by_a_later_resume(settings, start_worker,
+                                                                                       workspace, tmp_path):
+    """Process P0 submitted the batch (as the node does on its first run); its write started and
+    wrote its line (it ran), then its worker froze and P0 was killed (nobody drives its turn). R1,
+    elsewhere, takes the turn over: the write's outcome never comes within the bound, so it is
+    OUTCOME_UNKNOWN, and only the held call goes on, in R1's turn. R2 resumes that (approves the
+    held call) and takes R1's turn over: it reads the write's OUTCOME_UNKNOWN in the ledger and does
+    not send it again. (Before: the OUTCOME_UNKNOWN lived only in R1's process; R2 took the write for
+    one that never ran and sent it again: it waited for the lock of P0's dead turn, and ran a second
+    time once that lapsed or, as here, R2 gave up first and said NOT_EXECUTED of a write that ran.)
+    Loop detection is off, so a second run would show."""
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text('[tools]\nread_file = "ask"\n\n[loops]\nlimit = 0\n')  # a read: P0's dead turn holds
+    # no lock it waits for
+    policy = Policy.load(policy_file)
+    frozen = start_worker(concurrency=1, args=["--policy", str(policy_file)])
+    batch = AIMessage(content="", id="ai-1", tool_calls=[tc("k1", "tally_through", text="k1", seconds=1),
+                                                          tc("h", "read_file", path="README.md")])
+    config = {"configurable": {"thread_id": "thread-10"}}
+    dispatchers = [Dispatcher(settings, make_registry(), policy) for _ in range(2)]
+    saver = InMemorySaver()
+
+    def graph(dispatcher, responses):
+        node = FleetToolNode(dispatcher, workspace=str(workspace), timeout_s=WAIT_S)
+        model = ScriptedChatModel(responses=responses).bind_tools(node.tools)
+        g = StateGraph(MessagesState)
+        g.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+        g.add_node("tools", node)
+        g.add_edge(START, "agent")
+        g.add_conditional_edges("agent", tools_condition)
+        g.add_edge("tools", "agent")
+        return g.compile(checkpointer=saver)
+
+    probe = FleetToolNode(dispatchers[0])
+    calls = probe._calls({"messages": [batch]})[1]
+    first_turn = probe._batch_id(config, batch, calls, {"messages": [batch]})
+    tally = workspace / "tally.txt"
+    p0 = subprocess.Popen([sys.executable, "-c", P0_SCRIPT, settings.model_dump_json(), str(policy_file),
+                           json.dumps([c.model_dump(mode="json") for c in calls]), first_turn, str(workspace),
+                           "thread-10"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p0.stdout.readline().strip() == "submitted"
+        wait_until(lambda: tally.exists() and tally.read_text() == "k1\n", WAIT_S, "P0's write")
+        freeze(frozen)
+        p0.kill()
+        p0.wait()
+        start_worker(concurrency=1, args=["--policy", str(policy_file)])
+        out = graph(dispatchers[0], [batch]).invoke({"messages": [HumanMessage("go")]}, config)
+        assert [p["call_id"] for p in out["__interrupt__"][0].value["pending"]] == ["h"]
+        out = graph(dispatchers[1], [AIMessage(content="done", id="ai-2")]).invoke(Command(resume="approve"), config)
+    finally:
+        if p0.poll() is None:
+            p0.kill()
+            p0.wait()
+        thaw(frozen)
+        for dispatcher in dispatchers:
+            dispatcher.close()
+    assert tally.read_text() == "k1\n"  # one execution
+    tool_messages = {m.tool_call_id: m for m in out["messages"] if isinstance(m, ToolMessage)}
+    assert sorted(tool_messages) == ["h", "k1"]
+    assert tool_messages["k1"].artifact["error"]["code"] == "OUTCOME_UNKNOWN", tool_messages["k1"].content
+    assert tool_messages["h"].status == "success", tool_messages["h"].content

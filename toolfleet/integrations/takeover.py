@@ -9,7 +9,8 @@ call twice:
    (two resumes at once: one takes over, the other follows the chain).
 2. Cancel the old turn (:meth:`Ledger.cancel`: atomically, every call not started gets
    ``NOT_EXECUTED``, i.e. it never ran), then wait (bounded) for the result of any call that had
-   started; one still silent after the bound gets ``OUTCOME_UNKNOWN`` (never run again).
+   started; one still silent after the bound gets ``OUTCOME_UNKNOWN`` (never run again), recorded
+   in the ledger for the turns after (its late result, if any, is then a late note).
 3. The caller submits, as the turn ``<next>``, the calls whose result is ``NOT_EXECUTED`` or missing,
    with their call ids and model order; every other result stands. The submission opens ``<next>``
    exclusively (``Dispatcher.open_turn(_exclusive=True)``, in the ledger's open script): a resume
@@ -105,8 +106,15 @@ def end(dispatcher: Dispatcher, turn_id: str, calls: Sequence[ToolCall]) -> dict
     except redis.RedisError as exc:
         raise BrokerUnavailable(settings.redis_url, str(exc)) from exc
     for call in missing:
-        results[call.id] = ToolResult.failure(
+        unknown = ToolResult.failure(
             call.id, call.name, ErrorCode.OUTCOME_UNKNOWN,
             f"turn {turn_id} was taken over after this call started, and its outcome never arrived",
             "check its effect before asking again")
+        # recorded in the ledger (unless its result came meanwhile): a later resume that follows the
+        # chain reads it there, so it never takes the call for one that never ran and sends it again
+        try:
+            kept = ledger.record_result(turn_id, unknown)
+            results[call.id] = unknown if kept else ledger.results(turn_id).get(call.id, unknown)
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(settings.redis_url, str(exc)) from exc
     return {c.id: results[c.id] for c in calls}
