@@ -5,6 +5,7 @@ langchain-core's fake models, its tool calls run by :class:`FleetToolNode` on re
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import subprocess
@@ -569,3 +570,82 @@ def test_a_call_whose_outcome_a_takeover_gave_up_on_is_never_sent_again_by_a_lat
     assert sorted(tool_messages) == ["h", "k1"]
     assert tool_messages["k1"].artifact["error"]["code"] == "OUTCOME_UNKNOWN", tool_messages["k1"].content
     assert tool_messages["h"].status == "success", tool_messages["h"].content
+
+
+def test_two_resumes_that_submit_one_successor_at_once_open_it_once(settings, start_worker, workspace, tmp_path):
+    """R1 approves the running-to-be write k1 only (h2 stays held); while k1 runs (not cancellable),
+    R2 and R3 resume with "approve" at once: R2 claims the successor of R1's turn, R3 finds it
+    claimed and not submitted; both wait for k1's outcome, then both submit h2 in that successor,
+    which the ledger opens once: the other follows the chain (and takes the opened turn over). k1
+    and h2 each run once; every resume gets one result per call. Each resume has its own copy of the
+    interrupted checkpoint (with one checkpointer shared, LangGraph may hand one resume's answer to
+    another's interrupt: that resume then asks again). Loop detection is off (the takeovers
+    register h2 in four turns)."""
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text('[tools]\ntally_through = "ask"\n\n[loops]\nlimit = 0\n')
+    policy = Policy.load(policy_file)
+    start_worker(concurrency=2, args=["--policy", str(policy_file)])
+    batch = AIMessage(content="", id="ai-1", tool_calls=[tc("k1", "tally_through", text="k1", seconds=4),
+                                                          tc("h2", "tally_through", text="h2")])
+    saver = InMemorySaver()
+    config = {"configurable": {"thread_id": "thread-11"}}
+    dispatchers = [Dispatcher(settings, make_registry(), policy) for _ in range(4)]
+
+    def graph(dispatcher, responses, checkpointer=saver):
+        node = FleetToolNode(dispatcher, workspace=str(workspace), timeout_s=WAIT_S)
+        model = ScriptedChatModel(responses=responses).bind_tools(node.tools)
+        g = StateGraph(MessagesState)
+        g.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+        g.add_node("tools", node)
+        g.add_edge(START, "agent")
+        g.add_conditional_edges("agent", tools_condition)
+        g.add_edge("tools", "agent")
+        return g.compile(checkpointer=checkpointer)
+
+    outs: dict[str, object] = {}
+
+    def resume(name: str, dispatcher, answer) -> threading.Thread:
+        checkpoint = copy.deepcopy(saver)  # taken now: the interrupted checkpoint
+
+        def run():
+            try:
+                outs[name] = graph(dispatcher, [AIMessage(content="done", id=f"ai-{name}")], checkpoint).invoke(
+                    Command(resume=answer), config)
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertions below
+                outs[name] = exc
+        thread = threading.Thread(target=run, name=f"resume-{name}", daemon=True)
+        thread.start()
+        return thread
+
+    client = redis.Redis.from_url(settings.redis_url)
+
+    def successor(turn_id: str) -> str | None:
+        value = client.get(f"{settings.namespace}:integrations:continued:{turn_id}")
+        return None if value is None else value.decode()
+
+    try:
+        out = graph(dispatchers[0], [batch]).invoke({"messages": [HumanMessage("go")]}, config)
+        first_turn = out["__interrupt__"][0].value["turn_id"]
+        threads = [resume("r1", dispatchers[1], {"k1": "approve"})]
+        wait_until(lambda: successor(first_turn) is not None, WAIT_S, "R1's takeover of the first turn")
+        r1_turn = successor(first_turn)
+        wait_started(dispatchers[0], r1_turn, "k1", WAIT_S)
+        threads += [resume("r2", dispatchers[2], "approve"), resume("r3", dispatchers[3], "approve")]
+        for thread in threads:
+            thread.join(WAIT_S * 2)
+            assert not thread.is_alive(), f"{thread.name} did not finish"
+    finally:
+        for dispatcher in dispatchers:
+            dispatcher.close()
+    assert sorted((workspace / "tally.txt").read_text().splitlines()) == ["h2", "k1"]  # one execution each
+    h2_codes = []
+    for name in ("r1", "r2", "r3"):
+        got = outs[name]
+        assert not isinstance(got, BaseException), f"{name}: {got!r}"
+        tool_messages = {m.tool_call_id: m for m in got["messages"] if isinstance(m, ToolMessage)}
+        assert sorted(tool_messages) == ["h2", "k1"], (name, got)
+        assert tool_messages["k1"].status == "success", (name, tool_messages["k1"].content)
+        h2 = tool_messages["h2"]
+        h2_codes.append("ok" if h2.status == "success" else h2.artifact["error"]["code"])
+    assert h2_codes[0] == "NOT_EXECUTED" and "ok" in h2_codes[1:], h2_codes  # R1's turn was taken over
+    assert set(h2_codes[1:]) <= {"ok", "NOT_EXECUTED"}, h2_codes

@@ -43,14 +43,17 @@ calls not started get ``NOT_EXECUTED``, i.e. never ran), keeps every other resul
 the calls that never ran, with their call ids and model order, as a new turn, where the held ones
 are held again and answered by the same resume value. A batch whose calls all ran (a replayed
 checkpoint) returns the recorded results; calls that never ran (``NOT_EXECUTED``: e.g. the process
-holding the turn exited, and its exit hook cancelled it) are submitted again, as in a takeover. This
+holding the turn exited, and its exit hook cancelled it) are submitted again, as in a takeover.
+Several resumes at once take the turn over one after another: one that finds the next turn claimed
+and not submitted yet waits, as its claimant does, for the outcome of every call that started in
+the turn before, and the next turn is opened once (:mod:`.takeover`; docs/guarantees.md LG2). This
 holds while the ledger keeps the turn (``result_ttl_s``, a day by default).
 
 The thread id is also the turn's ``session_id`` (loop detection across the turns of one
 conversation), unless ``session_id`` is given. Needs ``pip install 'toolfleet[langgraph]'``.
 Source: docs/design.md, "Around the loop people already run" (a ToolNode replacement, the same
 guarantees) and "Result contract" (a call held for approval is pending, answered by call id);
-docs/guarantees.md row LG1.
+docs/guarantees.md rows LG1 and LG2.
 """
 
 from __future__ import annotations
@@ -143,7 +146,7 @@ class FleetToolNode(RunnableLambda):
             return self._output(state, live)
         turn = live.turn
         try:
-            while pending := turn.wait_settled(self.timeout_s):
+            while (pending := turn.wait_settled(self.timeout_s)) and not self._cancelled(turn.turn_id):
                 answer = interrupt(_ask(turn.turn_id, pending))  # raises GraphInterrupt the first time
                 answer_pending(turn, pending, answer)
             results = self._final(batch, live, calls)
@@ -168,7 +171,8 @@ class FleetToolNode(RunnableLambda):
             return self._output(state, live)
         turn = AsyncTurn(live.turn)
         try:
-            while pending := await turn.wait_settled(self.timeout_s):
+            while ((pending := await turn.wait_settled(self.timeout_s))
+                   and not await _in_thread(lambda: self._cancelled(turn.turn_id))):
                 answer = interrupt(_ask(turn.turn_id, pending))
                 await _in_thread(lambda a=answer, p=pending: answer_pending(turn.turn, p, a))
             results = await _in_thread(lambda: self._final(batch, live, calls), on_cancel=lambda: turn.cancel())
@@ -290,6 +294,16 @@ class FleetToolNode(RunnableLambda):
                 continue  # another process submitted it first: follow the chain again
             return self._keep(batch, _Live(turn, standing))
         raise ToolfleetError(f"the tool calls of batch {batch} could not be attached to a turn")
+
+    def _cancelled(self, turn_id: str) -> bool:
+        """Whether the turn was cancelled (taken over by a resume elsewhere, say): its held calls
+        are then ``NOT_EXECUTED`` (the ledger's cancel, atomically), so none is asked about again,
+        even while this turn's view still shows them held (the cancel's events not read yet: an
+        answer just refused as ``NotPending``)."""
+        try:
+            return self.dispatcher.ledger.is_cancelled(turn_id)
+        except redis.RedisError as exc:
+            raise BrokerUnavailable(self.dispatcher.settings.redis_url, str(exc)) from exc
 
     def _keep(self, batch: str, live: _Live) -> _Live:
         with self._lock:
