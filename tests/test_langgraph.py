@@ -5,7 +5,6 @@ langchain-core's fake models, its tool calls run by :class:`FleetToolNode` on re
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import os
 import subprocess
@@ -577,9 +576,8 @@ def test_two_resumes_that_submit_one_successor_at_once_open_it_once(settings, st
     R2 and R3 resume with "approve" at once: R2 claims the successor of R1's turn, R3 finds it
     claimed and not submitted; both wait for k1's outcome, then both submit h2 in that successor,
     which the ledger opens once: the other follows the chain (and takes the opened turn over). k1
-    and h2 each run once; every resume gets one result per call. Each resume has its own copy of the
-    interrupted checkpoint (with one checkpointer shared, LangGraph may hand one resume's answer to
-    another's interrupt: that resume then asks again). Loop detection is off (the takeovers
+    and h2 each run once; every resume gets one result per call, none asks again about h2 (the
+    resume whose turn was taken over returns its NOT_EXECUTED). Loop detection is off (the takeovers
     register h2 in four turns)."""
     policy_file = tmp_path / "policy.toml"
     policy_file.write_text('[tools]\ntally_through = "ask"\n\n[loops]\nlimit = 0\n')
@@ -591,7 +589,7 @@ def test_two_resumes_that_submit_one_successor_at_once_open_it_once(settings, st
     config = {"configurable": {"thread_id": "thread-11"}}
     dispatchers = [Dispatcher(settings, make_registry(), policy) for _ in range(4)]
 
-    def graph(dispatcher, responses, checkpointer=saver):
+    def graph(dispatcher, responses):
         node = FleetToolNode(dispatcher, workspace=str(workspace), timeout_s=WAIT_S)
         model = ScriptedChatModel(responses=responses).bind_tools(node.tools)
         g = StateGraph(MessagesState)
@@ -600,16 +598,14 @@ def test_two_resumes_that_submit_one_successor_at_once_open_it_once(settings, st
         g.add_edge(START, "agent")
         g.add_conditional_edges("agent", tools_condition)
         g.add_edge("tools", "agent")
-        return g.compile(checkpointer=checkpointer)
+        return g.compile(checkpointer=saver)
 
     outs: dict[str, object] = {}
 
     def resume(name: str, dispatcher, answer) -> threading.Thread:
-        checkpoint = copy.deepcopy(saver)  # taken now: the interrupted checkpoint
-
         def run():
             try:
-                outs[name] = graph(dispatcher, [AIMessage(content="done", id=f"ai-{name}")], checkpoint).invoke(
+                outs[name] = graph(dispatcher, [AIMessage(content="done", id=f"ai-{name}")]).invoke(
                     Command(resume=answer), config)
             except BaseException as exc:  # noqa: BLE001 - reported by the assertions below
                 outs[name] = exc
