@@ -13,13 +13,13 @@ import sys
 
 import redis
 
-from toolfleet import Dispatcher
+from toolfleet import Dispatcher, ErrorCode
 from toolfleet.keys import Keys
 from toolfleet.signing import generate_key, key_id
 from toolfleet.worker.catalog import accepts, key_mismatch
 
 from .conftest import ROOT, make_registry
-from .faults import call
+from .faults import call, wait_until
 from .test_signing import with_keys
 
 
@@ -104,3 +104,29 @@ def test_up_says_which_live_workers_hold_another_key(settings):
     _warn_other_keys(client, keys, {"worker": "stack@h", "key_ids": [ours]}, settings.namespace,
                      Console(file=quiet, width=300))
     assert quiet.getvalue() == ""
+
+
+def test_a_resend_after_a_worker_of_another_key_dropped_the_call_says_so(settings, start_worker, workspace, caplog):
+    """A newcomer's trial: two local stacks in one namespace, each with its own fleet key, their
+    workers under one node name (so the catalog showed one of them): each batch took 18 to 36 s,
+    and the dispatcher's only words were "a frozen or dead worker holds its message". The worker
+    of the other key had taken the call and dropped it unrun. The resend now says that this can be
+    the cause, with the namespace's count of dropped messages. Here the fleet scales from zero
+    (``require_live_worker`` off), so the dispatcher sends to a queue only that worker serves."""
+    import logging
+
+    start_worker(concurrency=1, settings=with_keys(settings, fleet_key=generate_key()))
+    scaling = settings.model_copy(update={"require_live_worker": False})
+    resent = "left its queue"
+    with caplog.at_level(logging.WARNING, logger="toolfleet.dispatcher.watchdog"), \
+            Dispatcher(scaling, make_registry()) as dispatcher:
+        turn = dispatcher.submit([call("a", "tally", text="x")], workspace=str(workspace))
+        try:
+            wait_until(lambda: any(resent in r.getMessage() for r in caplog.records), 60, "the dispatcher's resend")
+        finally:
+            turn.cancel()
+        [result] = turn.results(30)
+    said = next(r.getMessage() for r in caplog.records if resent in r.getMessage())
+    assert "holding another fleet key" in said and "failed a worker's fleet signature check" in said, said
+    assert result.code is ErrorCode.NOT_EXECUTED, result
+    assert not (workspace / "tally.txt").exists()

@@ -301,6 +301,15 @@ class Availability:
             self._broker_client.register_script(_QUEUED)
         return bool(script(keys=keys, args=[f'"{task_id}"']))
 
+    def dropped_unsigned(self) -> int:
+        """How many call messages workers of this namespace dropped unrun so far for failing the
+        fleet signature check (``<ns>:security:dropped`` ``total``, worker/authenticity.py): a
+        worker of another fleet key takes them from the shared queues. 0 when Redis does not say."""
+        try:
+            return int(self.redis.hget(self.keys.security_dropped, "total") or 0)
+        except (redis.RedisError, ValueError):
+            return 0
+
     def report_lost(self, tool: str) -> None:
         """The dispatcher declared a call of ``tool`` lost: that counts against its breaker."""
         try:

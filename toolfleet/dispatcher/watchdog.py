@@ -116,8 +116,15 @@ class Watchdog:
             log.warning("turn %s: could not look for call %s in its queue (%s)", turn.turn_id, call_id, exc)
             return
         if queued is False:
-            log.warning("turn %s: call %s left its queue %.1f s ago and no worker claimed it (a frozen or dead "
-                        "worker holds its message); sending it again", turn.turn_id, call_id, waited)
+            why = "a frozen or dead worker holds its message"
+            dropped = availability.dropped_unsigned()
+            if dropped:  # a newcomer's trial: a worker of another fleet key, not a frozen one, took them
+                why += (f", or a worker holding another fleet key took it and dropped it unrun ({dropped} call "
+                        "message(s) of this namespace failed a worker's fleet signature check so far; its log says "
+                        "'dropped a call message that failed the fleet signature check': restart it with this "
+                        "fleet's key)")
+            log.warning("turn %s: call %s left its queue %.1f s ago and no worker claimed it (%s); sending it again",
+                        turn.turn_id, call_id, waited, why)
             self._send_again(call_id)
 
     def _unserved(self, call_id: str) -> None:
