@@ -18,6 +18,7 @@ that use them, so ``toolfleet down`` and ``--help`` stay cheap.
 from __future__ import annotations
 
 import os
+import secrets
 import select
 import shutil
 import signal
@@ -272,7 +273,9 @@ def _start(
     client.delete(keys.workers_ready)
     # the Redis URL (its password) in the worker's environment, not on its command line (`ps` shows that to all)
     argv = [*WORKER_BOOT, "worker", "--namespace", state["namespace"],
-            "--concurrency", str(workers), "--hostname", f"{state['namespace']}@%h"]
+            # a node name of its own: two stacks in one namespace (a kept demo's and `up`'s) under one
+            # name overwrote each other's tool catalog, hiding the other's fleet key (a newcomer's trial)
+            "--concurrency", str(workers), "--hostname", f"{state['namespace']}.{secrets.token_hex(2)}@%h"]
     for module in tool_modules:
         argv += ["--tools", module]
     log = home() / "worker.log"
