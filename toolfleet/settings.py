@@ -206,9 +206,10 @@ class Settings(BaseModel):
             raise ConfigurationError(
                 f"no fleet key: this {who} needs the key the fleet signs every call message with (a dispatcher "
                 "signs, a worker checks). Set TOOLFLEET_FLEET_KEY (or TOOLFLEET_FLEET_KEY_FILE; `toolfleet keygen` "
-                "makes a key); with the local stack of `toolfleet up`, build the settings with "
-                "Settings.from_env(toolfleet.stack.with_local_fleet_key()), which finds its key; or run without "
-                "signing on purpose (--insecure-no-signing, TOOLFLEET_INSECURE_NO_SIGNING=1, "
+                "makes a key). The toolfleet commands find the key of the local stack of `toolfleet up` while "
+                "it runs (none runs here? start it: `toolfleet up -d`); in Python, build the settings with "
+                "Settings.from_env(toolfleet.stack.with_local_fleet_key()), which finds it. Or run without "
+                "signing on purpose (TOOLFLEET_INSECURE_NO_SIGNING=1, `toolfleet worker --insecure-no-signing`, "
                 "Settings(insecure_no_signing=True)); see docs/signing.md")
         return keys
 
