@@ -187,3 +187,51 @@ def test_the_catalog_shows_how_the_limit_is_kept(settings, worker):
     [entry] = _tools_json(settings)
     assert entry["sandbox"]["max_processes"] == 512
     assert entry["sandbox"]["process_limit"] in ("cgroup", "rlimit"), entry["sandbox"]
+
+
+def _sandbox_cgroup_of(pid: int) -> str | None:
+    """The toolfleet sandbox cgroup (a path under the pids hierarchy) process ``pid`` is in, if any."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if ("pids" in controllers.split(",") or controllers == "") and limits.PREFIX in path:
+            return path
+    return None
+
+
+def _cgroup_dir(path: str) -> Path:
+    limit = limits.find(LIMIT, os.environ.get("TOOLFLEET_SANDBOX_CGROUP", "auto"))
+    assert limit.cgroup_base is not None
+    return Path(limit.cgroup_base) / Path(path).name
+
+
+@needs_the_facility
+def test_a_pool_process_killed_mid_command_leaves_no_cgroup_behind(dispatcher, limited, workspace):
+    """A pool process killed while its command runs (the dispatcher's SIGKILL of a stuck cancelled
+    call, the OOM killer): the sandbox dies with it (PR_SET_PDEATHSIG), and its empty cgroup is
+    removed while the worker lives on, not only at the worker's next start."""
+    word = marker()
+    turn = dispatcher.submit([call("c", "run_command", command=f"sleep {word}", timeout_s=60)],
+                             workspace=str(workspace))
+    deadline = time.monotonic() + 20
+    while not (found := processes_with(word)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert found, "the command did not start"
+    path = _sandbox_cgroup_of(found[0][0])
+    assert path is not None
+    directory = _cgroup_dir(path)
+    pool_pid = int(directory.name[len(limits.PREFIX):].split("-")[0])
+    assert pool_pid in limited.children()
+    os.kill(pool_pid, 9)
+    assert wait_gone(word, timeout_s=10) == []
+    turn.results(timeout_s=60)
+    for i in range(3):  # the worker goes on, in new pool processes
+        after = run(dispatcher, workspace, f"echo next-{i}")
+        assert after.ok, after.content
+    deadline = time.monotonic() + 10
+    while directory.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not directory.exists(), f"{directory} of the killed pool process {pool_pid} is left"

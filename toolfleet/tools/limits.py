@@ -70,6 +70,7 @@ class ProcessLimit:
         if not self.max_processes or not self.cgroup_base:
             return None
         _retry_leftovers()
+        _sweep(self.cgroup_base)  # a pool process killed mid-command (SIGKILL, OOM) left its empty cgroup
         return SandboxCgroup(os.path.join(self.cgroup_base, f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}"),
                              self.max_processes)
 
@@ -278,8 +279,13 @@ def _prepare(base: str, v2: bool) -> None:
 
 
 def _sweep(base: str) -> None:
-    """Remove the empty cgroups that workers gone since left in ``base`` (a crash between start and close)."""
-    for name in os.listdir(base):
+    """Remove the empty cgroups that processes gone since left in ``base`` (a worker, or a pool process
+    killed between a sandbox's start and its close): at a worker's start and at each sandbox's."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
         if not name.startswith(PREFIX):
             continue
         try:
