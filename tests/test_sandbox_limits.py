@@ -235,3 +235,25 @@ def test_a_pool_process_killed_mid_command_leaves_no_cgroup_behind(dispatcher, l
     while directory.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not directory.exists(), f"{directory} of the killed pool process {pool_pid} is left"
+
+
+@needs_the_facility
+def test_a_live_shell_restarted_to_stop_a_bomb_still_says_the_limit(settings, limited, workspace):
+    """A fork bomb run in the foreground of a live shell, stopped at its time limit by restarting the
+    shell: the result says the limit refused forks (they happened in the old sandbox, whose count
+    goes with it), and the new shell's next result does not."""
+    with Dispatcher(settings, default_registry([TEST_TOOLS, SHELL_TOOLS])) as live:
+        def sh(command: str, timeout_s: float = 30):
+            return live.run([call("s", "shell", command=command, timeout_s=timeout_s)], workspace=str(workspace),
+                            session_id="restart", timeout_s=90)[0]
+
+        first = sh(FAN_OUT)  # the limit holds in the session's sandbox, before any bomb
+        assert REFUSED in first.content and f"limit of {LIMIT} processes" in first.content, first.content[-2000:]
+        word = marker()
+        bombed = sh(f"bomb() {{ bomb | bomb & }}; trap '' USR1; bomb; while :; do :; done # {word}", timeout_s=4)
+        assert not bombed.ok
+        assert f"limit of {LIMIT} processes" in bombed.content, bombed.content[-2000:]
+        assert wait_gone(word, timeout_s=10) == []
+        after = sh("echo after")
+        assert after.ok and "limit of" not in after.content, after.content
+        assert close_live_session(settings, "restart") == limited.name

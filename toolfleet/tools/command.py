@@ -179,11 +179,15 @@ def run_command(
 def limit_note(box: sandbox.SandboxState, cgroup: sandbox.SandboxCgroup | None, before: int = 0) -> str:
     """A line for the result when the sandbox's process limit refused process starts (more than
     ``before`` of them) since it started; ``""`` otherwise."""
-    refused = cgroup.refused() if cgroup is not None else 0
-    if refused <= before:
+    return refusal_note(box, (cgroup.refused() if cgroup is not None else 0) - before)
+
+
+def refusal_note(box: sandbox.SandboxState, refused: int) -> str:
+    """:func:`limit_note` for ``refused`` process starts; ``""`` for none."""
+    if refused <= 0:
         return ""
     return (f"\n[the sandbox reached its limit of {box.limit.max_processes} processes (sandbox_max_processes): the "
-            f"kernel refused {refused - before} process start(s), seen above as 'fork: Resource temporarily "
+            f"kernel refused {refused} process start(s), seen above as 'fork: Resource temporarily "
             "unavailable'; end processes the command left running, or start fewer at once]")
 
 

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from ..tools import sandbox
-from ..tools.command import _SandboxInit, limit_note
+from ..tools.command import _SandboxInit, refusal_note
 from ..tools.sandbox import SandboxCgroup
 from .sandbox_lease import LAPSE_SIGNAL, LeaseFile
 from .shell_outcome import LeaseLapsed, Outcome, ShellEnded, encode
@@ -91,6 +91,7 @@ class Shell:
         self.ended = False  # end(): its session was closed; no restart
         self._cgroup: SandboxCgroup | None = None  # the running sandbox's own: its process limit (tools/limits.py)
         self._refused = 0  # process starts its limit had refused when the last command's result was told
+        self._unsaid = 0  # refusals in sandboxes closed since then (a restart during the command): told next
         self._start()
 
     # ---- life ----
@@ -203,6 +204,8 @@ class Shell:
             init.close()
         if self._cgroup is not None:
             self._cgroup.close()  # what is left in it is KILLed: nothing of the sandbox outlives it
+            self._unsaid += max(self._cgroup.refused() - self._refused, 0)  # its count goes with it: kept
+            self._cgroup, self._refused = None, 0
         for end in (self._chan, self._reader):
             try:
                 if end is not None:
@@ -228,10 +231,9 @@ class Shell:
         """:meth:`_run`, its note saying when the sandbox's process limit refused process starts
         during the command (a fork bomb in the background goes on hitting it: each result says so)."""
         outcome = self._run(command, deadline, cancelled)
-        cgroup = self._cgroup
-        extra = limit_note(sandbox.current(), cgroup, self._refused).strip()
-        if cgroup is not None:
-            self._refused = cgroup.refused()
+        now = self._cgroup.refused() if self._cgroup is not None else 0
+        refused, self._unsaid, self._refused = self._unsaid + max(now - self._refused, 0), 0, now
+        extra = refusal_note(sandbox.current(), refused).strip()  # the old sandbox's too, when it was restarted
         return replace(outcome, note=_join(outcome.note, extra)) if extra else outcome
 
     def _run(self, command: str, deadline: float, cancelled: threading.Event) -> Outcome:
