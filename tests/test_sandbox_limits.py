@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -257,3 +258,31 @@ def test_a_live_shell_restarted_to_stop_a_bomb_still_says_the_limit(settings, li
         after = sh("echo after")
         assert after.ok and "limit of" not in after.content, after.content
         assert close_live_session(settings, "restart") == limited.name
+
+
+@pytest.mark.parametrize("too_few", ["1", "3", "4"])
+def test_a_limit_the_sandbox_itself_does_not_fit_in_is_refused_at_start_up(settings, tmp_path, too_few):
+    """``sandbox_max_processes`` counts the sandbox's own processes (the deadline's ``timeout``,
+    ``bwrap``, its init, the shell): a limit of 1 to 4 let the worker start and serve ``run_command``,
+    whose every command then failed (``bwrap: Can't fork for pid 1``, ``bash: fork: ...``). The
+    setting is refused, and the worker does not start, saying why."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent),
+               TOOLFLEET_SANDBOX_MAX_PROCESSES=too_few)
+    argv = [sys.executable, "-m", "toolfleet", "worker", "--redis-url", settings.redis_url, "--namespace",
+            settings.namespace, "--concurrency", "1", "--tools", TEST_TOOLS, "--loglevel", "WARNING"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+        pytest.fail(f"the worker started with sandbox_max_processes = {too_few}: {out[-2000:]}")
+    assert "sandbox_max_processes" in out and "at least" in out, out[-2000:]
+
+
+def test_the_smallest_limit_allowed_runs_a_pipeline(dispatcher, start_worker, workspace, monkeypatch):
+    monkeypatch.setenv("TOOLFLEET_SANDBOX_MAX_PROCESSES", str(limits.MIN_MAX_PROCESSES))
+    start_worker(concurrency=1)
+    result = run(dispatcher, workspace, "seq 100 | sort -rn | head -1")
+    assert result.ok and result.content == "100\n", result.content

@@ -30,3 +30,8 @@ DEFAULT_MAX_PROCESSES = 512
 workers fit many times over; a fork bomb stops at a size the host carries (512 shells are a few
 hundred MB; the default ``pid_max`` is 32768) while its call runs out its time limit, even with
 tens of sandboxes at once."""
+
+MIN_MAX_PROCESSES = 16
+"""The smallest ``sandbox_max_processes`` but 0 (no limit): the sandbox's own processes count against
+the limit (the deadline's ``timeout``, ``bwrap`` and its init, a live shell's lease watchdog, the
+shell: 3 or 4), so a limit of 1 to 4 let no command run at all, and a few more no pipeline."""

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from .defaults import DEFAULT_MAX_PROCESSES, DEFAULT_REDIS_URL, default_namespace
+from .defaults import DEFAULT_MAX_PROCESSES, DEFAULT_REDIS_URL, MIN_MAX_PROCESSES, default_namespace
 from .redis_tls import TLS_QUERY, ssl_options, with_login, with_tls
 from .signing import MIN_KEY_CHARS, FleetKeys, read_key_file
 
@@ -85,7 +85,8 @@ class Settings(BaseModel):
       ``"host"`` (the worker's network).
     - ``bwrap_path``: the bubblewrap binary (a name looked up on ``PATH``, or a path).
     - ``sandbox_max_processes``: tasks (processes and threads) one sandbox may have at once, for
-      ``run_command`` and each live ``shell`` alike (default 512; 0: no limit), kept by the kernel:
+      ``run_command`` and each live ``shell`` alike (default 512; 0: no limit; else at least 16, the
+      sandbox's own processes count), kept by the kernel:
       a cgroup per sandbox, or ``RLIMIT_NPROC`` in its user namespace (docs/sandbox.md, Processes).
     - ``sandbox_cgroup``: where those cgroups are made: ``"auto"`` (default: under the worker's own
       cgroup, ``pids`` controller), a directory of a delegated cgroup, or ``"off"``.
@@ -228,6 +229,14 @@ class Settings(BaseModel):
     def _at_least_one(cls, value: int) -> int:
         if value < 1:
             raise ValueError("must be at least 1")
+        return value
+
+    @field_validator("sandbox_max_processes")
+    @classmethod
+    def _fits_a_sandbox(cls, value: int) -> int:
+        if 0 < value < MIN_MAX_PROCESSES:
+            raise ValueError(f"must be 0 (no limit) or at least {MIN_MAX_PROCESSES}: the sandbox's own processes "
+                             "(the deadline's timeout, bwrap and its init, the shell) count against it")
         return value
 
     @field_validator("ledger_url")
