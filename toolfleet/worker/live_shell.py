@@ -202,9 +202,10 @@ class Shell:
         if init is not None:
             init.wait_gone()
             init.close()
-        if self._cgroup is not None:
-            self._cgroup.close()  # what is left in it is KILLed: nothing of the sandbox outlives it
-            self._unsaid += max(self._cgroup.refused() - self._refused, 0)  # its count goes with it: kept
+        cgroup = self._cgroup
+        if cgroup is not None:
+            cgroup.close()  # what is left in it is KILLed: nothing of the sandbox outlives it
+            self._unsaid += max(cgroup.refused() - self._refused, 0)  # its count goes with it: kept
             self._cgroup, self._refused = None, 0
         for end in (self._chan, self._reader):
             try:
@@ -231,7 +232,8 @@ class Shell:
         """:meth:`_run`, its note saying when the sandbox's process limit refused process starts
         during the command (a fork bomb in the background goes on hitting it: each result says so)."""
         outcome = self._run(command, deadline, cancelled)
-        now = self._cgroup.refused() if self._cgroup is not None else 0
+        cgroup = self._cgroup  # once: a session's end may close the shell from another thread meanwhile
+        now = cgroup.refused() if cgroup is not None else 0
         refused, self._unsaid, self._refused = self._unsaid + max(now - self._refused, 0), 0, now
         extra = refusal_note(sandbox.current(), refused).strip()  # the old sandbox's too, when it was restarted
         return replace(outcome, note=_join(outcome.note, extra)) if extra else outcome
