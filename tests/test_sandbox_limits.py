@@ -286,3 +286,18 @@ def test_the_smallest_limit_allowed_runs_a_pipeline(dispatcher, start_worker, wo
     start_worker(concurrency=1)
     result = run(dispatcher, workspace, "seq 100 | sort -rn | head -1")
     assert result.ok and result.content == "100\n", result.content
+
+
+@needs_the_facility
+def test_a_thread_refused_by_the_limit_is_said_as_such(dispatcher, limited, workspace):
+    """Threads count against the limit too: a program that starts more threads than it allows fails
+    with its own words (Python: ``can't start new thread``), not bash's ``fork:``, and the note says
+    that threads were refused as well as processes."""
+    command = ("python3 -c 'import threading, time\n"
+               f"ts = [threading.Thread(target=time.sleep, args=(1,)) for _ in range({LIMIT + 20})]\n"
+               "[t.start() for t in ts]'")
+    result = run(dispatcher, workspace, command)
+    assert not result.ok and "can't start new thread" in result.content, result.content[-2000:]
+    assert f"the sandbox reached its limit of {LIMIT} processes" in result.content, result.content[-2000:]
+    note = result.content[result.content.index("[the sandbox reached"):]
+    assert "thread" in note, note

@@ -187,8 +187,9 @@ def refusal_note(box: sandbox.SandboxState, refused: int) -> str:
     if refused <= 0:
         return ""
     return (f"\n[the sandbox reached its limit of {box.limit.max_processes} processes (sandbox_max_processes): the "
-            f"kernel refused {refused} process start(s), seen above as 'fork: Resource temporarily "
-            "unavailable'; end processes the command left running, or start fewer at once]")
+            f"kernel refused {refused} process or thread start(s) (bash says 'fork: Resource temporarily "
+            "unavailable', Python 'can't start new thread'); end processes the command left running, or start "
+            "fewer at once]")
 
 
 class _exit_watch:  # noqa: N801 - used as a function
