@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from toolfleet import Dispatcher
+from toolfleet.defaults import MIN_MAX_PROCESSES
 from toolfleet.dispatcher.affinity import close_live_session
 from toolfleet.tools import limits, sandbox
 from toolfleet.tools.registry import default_registry
@@ -282,7 +283,7 @@ def test_a_limit_the_sandbox_itself_does_not_fit_in_is_refused_at_start_up(setti
 
 
 def test_the_smallest_limit_allowed_runs_a_pipeline(dispatcher, start_worker, workspace, monkeypatch):
-    monkeypatch.setenv("TOOLFLEET_SANDBOX_MAX_PROCESSES", str(limits.MIN_MAX_PROCESSES))
+    monkeypatch.setenv("TOOLFLEET_SANDBOX_MAX_PROCESSES", str(MIN_MAX_PROCESSES))
     start_worker(concurrency=1)
     result = run(dispatcher, workspace, "seq 100 | sort -rn | head -1")
     assert result.ok and result.content == "100\n", result.content

@@ -37,8 +37,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..defaults import MIN_MAX_PROCESSES  # noqa: F401 - the smallest limit but 0 (Settings refuses less)
-
 log = logging.getLogger(__name__)
 
 PREFIX = "toolfleet-"
