@@ -48,7 +48,9 @@ def tc(cid: str, name: str, **args) -> dict:
     return {"name": name, "args": args, "id": cid, "type": "tool_call"}
 
 
-def build(node: FleetToolNode, responses: list[AIMessage]):
+def build(node: FleetToolNode, responses: list[AIMessage], saver: InMemorySaver | None = None):
+    """The agent loop around ``node``, compiled with ``saver`` (a checkpointer shared by the graphs
+    of "several processes"; a fresh one by default), and its scripted model."""
     model = ScriptedChatModel(responses=responses).bind_tools(node.tools)
     graph = StateGraph(MessagesState)
     graph.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
@@ -56,7 +58,7 @@ def build(node: FleetToolNode, responses: list[AIMessage]):
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", tools_condition)
     graph.add_edge("tools", "agent")
-    return graph.compile(checkpointer=InMemorySaver()), model
+    return graph.compile(checkpointer=InMemorySaver() if saver is None else saver), model
 
 
 def audit(settings, turn_id: str):
@@ -231,14 +233,7 @@ def test_a_resume_in_another_process_takes_the_turn_over_and_runs_nothing_twice(
     config = {"configurable": {"thread_id": "thread-5"}}
 
     def graph(node, responses):
-        model = ScriptedChatModel(responses=responses).bind_tools(node.tools)
-        g = StateGraph(MessagesState)
-        g.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
-        g.add_node("tools", node)
-        g.add_edge(START, "agent")
-        g.add_conditional_edges("agent", tools_condition)
-        g.add_edge("tools", "agent")
-        return g.compile(checkpointer=saver)
+        return build(node, responses, saver)[0]
 
     in_a = graph(FleetToolNode(fleet, workspace=str(workspace), timeout_s=WAIT_S),
                  [batch, AIMessage(content="done", id="ai-2")])
@@ -295,14 +290,7 @@ def test_a_resume_after_the_holding_process_cancelled_its_turn_still_runs_the_ap
     node_a = FleetToolNode(fleet, workspace=str(workspace), timeout_s=WAIT_S)
 
     def graph(node, responses):
-        model = ScriptedChatModel(responses=responses).bind_tools(node.tools)
-        g = StateGraph(MessagesState)
-        g.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
-        g.add_node("tools", node)
-        g.add_edge(START, "agent")
-        g.add_conditional_edges("agent", tools_condition)
-        g.add_edge("tools", "agent")
-        return g.compile(checkpointer=saver)
+        return build(node, responses, saver)[0]
 
     out = graph(node_a, [held]).invoke({"messages": [HumanMessage("go")]}, config)
     first_turn = out["__interrupt__"][0].value["turn_id"]
@@ -386,15 +374,7 @@ def test_concurrent_resumes_elsewhere_run_each_call_at_most_once(settings, start
     dispatchers = [Dispatcher(settings, make_registry(), policy) for _ in range(4)]
 
     def graph(dispatcher, responses):
-        node = FleetToolNode(dispatcher, workspace=str(workspace), timeout_s=WAIT_S)
-        model = ScriptedChatModel(responses=responses).bind_tools(node.tools)
-        g = StateGraph(MessagesState)
-        g.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
-        g.add_node("tools", node)
-        g.add_edge(START, "agent")
-        g.add_conditional_edges("agent", tools_condition)
-        g.add_edge("tools", "agent")
-        return g.compile(checkpointer=saver)
+        return build(FleetToolNode(dispatcher, workspace=str(workspace), timeout_s=WAIT_S), responses, saver)[0]
 
     outs: dict[str, object] = {}
 
@@ -529,15 +509,7 @@ def test_a_call_whose_outcome_a_takeover_gave_up_on_is_never_sent_again_by_a_lat
     saver = InMemorySaver()
 
     def graph(dispatcher, responses):
-        node = FleetToolNode(dispatcher, workspace=str(workspace), timeout_s=WAIT_S)
-        model = ScriptedChatModel(responses=responses).bind_tools(node.tools)
-        g = StateGraph(MessagesState)
-        g.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
-        g.add_node("tools", node)
-        g.add_edge(START, "agent")
-        g.add_conditional_edges("agent", tools_condition)
-        g.add_edge("tools", "agent")
-        return g.compile(checkpointer=saver)
+        return build(FleetToolNode(dispatcher, workspace=str(workspace), timeout_s=WAIT_S), responses, saver)[0]
 
     probe = FleetToolNode(dispatchers[0])
     calls = probe._calls({"messages": [batch]})[1]
@@ -590,15 +562,7 @@ def test_two_resumes_that_submit_one_successor_at_once_open_it_once(settings, st
     dispatchers = [Dispatcher(settings, make_registry(), policy) for _ in range(4)]
 
     def graph(dispatcher, responses):
-        node = FleetToolNode(dispatcher, workspace=str(workspace), timeout_s=WAIT_S)
-        model = ScriptedChatModel(responses=responses).bind_tools(node.tools)
-        g = StateGraph(MessagesState)
-        g.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
-        g.add_node("tools", node)
-        g.add_edge(START, "agent")
-        g.add_conditional_edges("agent", tools_condition)
-        g.add_edge("tools", "agent")
-        return g.compile(checkpointer=saver)
+        return build(FleetToolNode(dispatcher, workspace=str(workspace), timeout_s=WAIT_S), responses, saver)[0]
 
     outs: dict[str, object] = {}
 

@@ -85,17 +85,24 @@ def test_the_recheck_comes_before_any_answer_without_the_worker(settings):
     assert recheck_after_s(quick) == 0.05
 
 
-def _ledger_gone_after_a_slow_claim(private_redis, namespace, start_worker, tmp_path, monkeypatch, tool: str,
-                                    label: str, back_when: str):
-    """A slow claim (its pool process stopped right after it) whose recheck finds the ledger's
-    Redis gone (killed once the claim was made; the broker is another Redis), back once the
-    worker logged ``back_when``. Returns the call's answer."""
+def _split_fleet(private_redis, namespace, start_worker, tmp_path, monkeypatch):
+    """A worker of one process whose ledger is a Redis of its own (persistent: it can be killed and
+    started again with its data), the broker another; returns (settings, worker, ledger's server)."""
     monkeypatch.setenv("TOOLFLEET_TEST_LATE_DIR", str(tmp_path))
     broker, ledger_server = private_redis(persistent=False), private_redis(persistent=True)
     settings = Settings(redis_url=broker.url, ledger_url=ledger_server.url, namespace=namespace,
                         cancel_grace_s=0.5, kill_grace_s=5.0, fleet_key=FLEET_KEY)
     worker = start_worker(settings=settings, args=["--tools", MODULES[0]], concurrency=1,
                           log_path=tmp_path / "worker.log")
+    return settings, worker, ledger_server
+
+
+def _ledger_gone_after_a_slow_claim(private_redis, namespace, start_worker, tmp_path, monkeypatch, tool: str,
+                                    label: str, back_when: str):
+    """A slow claim (its pool process stopped right after it) whose recheck finds the ledger's
+    Redis gone (killed once the claim was made; the broker is another Redis), back once the
+    worker logged ``back_when``. Returns the call's answer."""
+    settings, worker, ledger_server = _split_fleet(private_redis, namespace, start_worker, tmp_path, monkeypatch)
     with Dispatcher(settings, default_registry(MODULES)) as dispatcher:
         turn = dispatcher.submit([call("w", tool, label=label)])
         pid = _stopped_after_claim(worker, tmp_path, "w")
@@ -170,12 +177,7 @@ def test_a_step_redis_could_not_confirm_says_so(private_redis, namespace, start_
     worker's retries (30 s): the step is refused (fail closed). Its answer, recorded once Redis is
     back (the execution still held the call), says the fence could not be confirmed, not that the
     execution "no longer holds the call" and that "the caller's answer stands": it is the answer."""
-    monkeypatch.setenv("TOOLFLEET_TEST_LATE_DIR", str(tmp_path))
-    broker, ledger_server = private_redis(persistent=False), private_redis(persistent=True)
-    settings = Settings(redis_url=broker.url, ledger_url=ledger_server.url, namespace=namespace,
-                        cancel_grace_s=0.5, kill_grace_s=5.0, fleet_key=FLEET_KEY)
-    worker = start_worker(settings=settings, args=["--tools", MODULES[0]], concurrency=1,
-                          log_path=tmp_path / "worker.log")
+    settings, worker, ledger_server = _split_fleet(private_redis, namespace, start_worker, tmp_path, monkeypatch)
     with Dispatcher(settings, default_registry(MODULES)) as dispatcher:
         turn = dispatcher.submit([call("s", "late_step", label="step")])
         wait_until((tmp_path / "stepping-step").exists, 30, "the handler waiting before its step")
