@@ -29,9 +29,9 @@ A syntax error or a construct bashlex does not implement (``case``, ``[[ ]]``, `
 from __future__ import annotations
 
 import posixpath
-import threading
 from typing import Any
 
+from .. import forksafe
 from . import shellmodel as model
 from .command_types import (  # noqa: F401 - re-exported: the shapes of an analysis
     MAX_DEPTH,
@@ -315,7 +315,7 @@ def _resolve(cwd: str | None, target: str | None) -> str | None:
 
 
 _BASHLEX: list[Any] = []
-_BASHLEX_LOCK = threading.Lock()
+_BASHLEX_LOCK = forksafe.lock()
 
 
 def _bashlex() -> Any:

@@ -213,7 +213,10 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
                 steps.run(lambda: killed(
                     runtime, kwargs, pid, ErrorCode.TIMEOUT,
                     f"the call ran past its hard time limit ({timeout:g} s) and its process was killed",
-                    timeout_hint(spec_of(runtime, kwargs)), broken=True))
+                    timeout_hint(spec_of(runtime, kwargs)), broken=True, unstarted=(
+                        f"the worker's pool process was stuck before it could start the call, and was killed "
+                        f"at the call's hard time limit ({timeout:g} s); the call did not run",
+                        "nothing happened; ask again if the call is still wanted")))
 
         def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
             exc = getattr(exc_info, "exception", None)

@@ -13,15 +13,16 @@ done, as it costs only one read in the record script.
 
 from __future__ import annotations
 
-import threading
 import time
+
+from .. import forksafe
 
 
 class FailureNotices:
     """Per process; thread-safe. Times are ``time.monotonic()`` seconds."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = forksafe.lock()
         self._failed_at: dict[str, float] = {}
         self._listening_since: float | None = None  # None: not subscribed now
 

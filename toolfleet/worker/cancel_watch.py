@@ -22,6 +22,7 @@ from typing import Any
 
 import redis
 
+from .. import forksafe
 from ..errors import CallCancelled
 from ..keys import Keys
 from ..tools.context import ToolContext
@@ -38,7 +39,7 @@ class CancelWatcher:
         self._keys = keys
         self._connect = connect
         self._grace_s = grace_s
-        self._lock = threading.Lock()
+        self._lock = forksafe.lock()
         self._running: dict[str, set[int]] = {}
         self._contexts: dict[int, ToolContext] = {}
         self._interruptible: int | None = None  # id(ctx) whose handler runs in the main thread

@@ -52,11 +52,30 @@ def spec_of(runtime: Runtime, kwargs: dict[str, Any]) -> ToolSpec | None:
 
 
 def killed(runtime: Runtime, kwargs: dict[str, Any], pid: int | None, code: ErrorCode, message: str, hint: str,
-            *, broken: bool) -> None:
+            *, broken: bool, unstarted: tuple[str, str] | None = None) -> None:
     """The pool process ``pid`` running a call was killed (its hard limit, a cancel): release what
-    the execution held (:func:`abandoned`), then record its end (:func:`finalize`)."""
+    the execution held (:func:`abandoned`), then record its end (:func:`finalize`). ``unstarted``:
+    the (message, hint) of a ``NOT_EXECUTED`` recorded instead when no claim began the call (the
+    process was stuck before it could start it), in one atomic step with the claim, so a claim
+    that lands first makes the end ``code`` as before, and one that lands after is refused."""
     abandoned(runtime, kwargs, broken=broken, pid=pid)
+    if unstarted is not None and _record_unstarted(runtime, kwargs, *unstarted):
+        return
     finalize(runtime, kwargs, code, message, hint, pid=pid)
+
+
+def _record_unstarted(runtime: Runtime, kwargs: dict[str, Any], message: str, hint: str) -> bool:
+    try:
+        env = CallEnvelope.model_validate(kwargs.get("envelope", {}))
+    except Exception:
+        return False
+    result = ToolResult.failure(env.call_id, env.name, ErrorCode.NOT_EXECUTED, message, hint)
+    if not runtime.ledger.record_result(env.turn_id, result, unless_started=True):
+        return False
+    log.warning("call %s of turn %s: its pool process was killed before it started the call; recorded "
+                "NOT_EXECUTED", env.call_id, env.turn_id)
+    result_recorded(env, result)
+    return True
 
 
 def note_stale_death(runtime: Runtime, kwargs: dict[str, Any], pid: int | None) -> None:

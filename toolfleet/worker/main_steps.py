@@ -27,6 +27,8 @@ import queue
 import threading
 from collections.abc import Callable
 
+from .. import forksafe
+
 log = logging.getLogger(__name__)
 
 MAIN_WAIT_S = 2.0  # the longest the main process's event loop waits for a step it depends on
@@ -39,7 +41,7 @@ class MainSteps:
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[tuple[Callable[[], object], threading.Event]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        self._lock = forksafe.lock()
         self._thread: threading.Thread | None = None
         self._pid: int | None = None
         self._stuck: threading.Event | None = None  # a waited step that outlasted its wait, until it ends

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,12 +41,13 @@ from celery.exceptions import TaskPredicate
 from celery.signals import worker_init, worker_process_init
 from pydantic import ValidationError
 
+from .. import forksafe
 from ..models import ToolResult
 from ..tools.redact import redact_text, secret_values
 
-_install_lock = threading.Lock()
+_install_lock = forksafe.lock()
 _installed = False
-_running_lock = threading.Lock()
+_running_lock = forksafe.lock()
 _running: dict[int, frozenset[str]] = {}  # the secret argument values of each call running in this process
 _running_values: tuple[str, ...] = ()  # their union, replaced whole (read without the lock)
 _running_ids = itertools.count()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 
 import redis
 
+from .. import forksafe
 from ..breaker import Breakers
 from ..interrupt_safe import make_interrupt_safe
 from ..keys import Keys
@@ -36,7 +36,7 @@ class Runtime:
         self.registry = registry
         self.policy = policy if policy is not None else Policy.permissive()
         self.keys = Keys(settings.namespace)
-        self._lock = threading.Lock()
+        self._lock = forksafe.lock()  # held by the main process's threads too: unlocked in each pool process
         self._pid: int | None = None
         self._ledger: Ledger | None = None
         self._journal: Journal

@@ -1,0 +1,79 @@
+"""A worker tools module (tests only) of pool-process hazards.
+
+It makes every pool-process fork happen while other threads of the worker's main process hold
+the locks a pool process takes on its first call: the runtime's (its ledger client), the cancel
+watcher's and the log redaction's. That is the moment a real worker meets when its steps thread
+records the end of a pool process killed at its hard limit while Celery forks the replacement
+(tests/test_fork_safety.py).
+
+Each hold lasts ``HOLD_S`` and is taken before the fork begins (Celery's
+``worker_before_create_process`` signal, sent by the main process just before it forks).
+
+``stuck_write`` is a journaled write whose pool process is stuck before its claim, out of the soft
+time limit's reach (its journal key function blocks the soft limit's signal and sleeps past the
+hard limit): what an inherited lock, or a process stopped in the kernel, looks like from outside."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+from celery import current_app
+from celery.signals import worker_before_create_process
+
+from toolfleet import tool
+from toolfleet.worker import redaction
+
+HOLD_S = 1.0
+
+
+def _held_by_another_thread(lock) -> None:
+    taken = threading.Event()
+
+    def hold() -> None:
+        with lock:
+            taken.set()
+            threading.Event().wait(HOLD_S)
+
+    threading.Thread(target=hold, daemon=True, name="fork-hazard").start()
+    taken.wait(5.0)
+
+
+@worker_before_create_process.connect(weak=False)
+def _fork_while_held(**_) -> None:
+    runtime = getattr(current_app, "toolfleet", None)
+    if runtime is None:
+        return
+    for lock in (runtime._lock, runtime.watcher._lock, redaction._running_lock):
+        _held_by_another_thread(lock)
+
+
+@tool(access="read", resources=lambda a: [], timeout_s=2)
+def hello(who: str) -> str:
+    """Say hello.
+
+    Args:
+        who: Who to greet.
+    """
+    return f"hello {who}"
+
+
+def _stuck_key(arguments) -> str:
+    from billiard.process import current_process
+
+    if current_process().name.startswith("ForkPoolWorker"):  # not in the dispatcher, which derives it too
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])  # billiard's soft time limit
+        time.sleep(arguments["stuck_s"])
+    return f"stuck:{arguments['label']}"
+
+
+@tool(access="write", resources=lambda a: [f"stuck:{a['label']}"], timeout_s=1, idempotency_key=_stuck_key)
+def stuck_write(label: str, stuck_s: float) -> str:
+    """A journaled write whose pool process is stuck for ``stuck_s`` before its claim.
+
+    Args:
+        label: Any text (its journal key).
+        stuck_s: Seconds the pool process is stuck before it can claim the call.
+    """
+    return f"wrote {label}"
