@@ -27,7 +27,7 @@ from ..tools.validation import check_arguments
 from .guard import screen_call
 from .redaction import call_secrets, mask_known_secrets
 from .runtime import Runtime
-from .side_effects import arm_wait_s, hard_limit_for, run_guarded, timeout_hint
+from .side_effects import Since, arm_wait_s, hard_limit_for, run_guarded, timeout_hint
 from .stateful import call_handler
 from .values import safe_text, to_content_and_data, to_json
 
@@ -80,8 +80,7 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
     ledger = runtime.ledger
     hard_s = float(hard_limit_s) if hard_limit_s else hard_limit_for(runtime, env)
     with runtime.watcher.track(ctx):
-        claimed_at = time.monotonic()  # before the claim reads the breaker's failures
-        claim_sent_wall = time.time()
+        claim_sent = Since.now()  # before the claim reads the breaker's failures
         try:
             claim = ledger.claim_start(env.turn_id, env.call_id, worker, arm_wait_s=arm_wait_s(env),
                                        hard_limit_s=hard_s, submitted_at=env.submitted_at, tool=spec.name)
@@ -142,12 +141,11 @@ def execute(runtime: Runtime, envelope: dict[str, Any], worker: str, hard_limit_
         ctx.hard_deadline = time.monotonic() + hard_s  # a fencing deadline (claim + hard limit), monotonic
         ctx.fencing_token = claim.token or None
         started_at = time.time()
-        claim_took_s = max(time.monotonic() - claimed_at, time.time() - claim_sent_wall)
-        result, worked = run_guarded(runtime, spec, ctx, env, claim, _run_handler, claim_took_s)
+        result, worked = run_guarded(runtime, spec, ctx, env, claim, _run_handler, claim_sent)
     result = result.model_copy(update={"attempts": ctx.attempt})
     # a call that worked ends the tool's run of failures: one counted before its claim (which saw
     # it: Claim.failures_seen) or while it ran (heard: worker/breaker_notices.py); else nothing to reset
-    reset = worked and (claim.failures_seen or runtime.watcher.failures.failed_since(spec.name, claimed_at))
+    reset = worked and (claim.failures_seen or runtime.watcher.failures.failed_since(spec.name, claim_sent.mono))
     return _record(runtime, env, result, worker, picked_at, started_at, tool_worked=spec.name if reset else None,
                    fencing_token=ctx.fencing_token)
 

@@ -96,15 +96,15 @@ def timeout_hint(spec: ToolSpec | None) -> str:
 
 
 def run_guarded(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnvelope, claim: str,
-                run: Runner, claim_took_s: float = 0.0) -> tuple[ToolResult, bool]:
+                run: Runner, claim_sent: Since | None = None) -> tuple[ToolResult, bool]:
     """Run ``spec``'s handler for the call under the rules above; ``claim`` is what the ledger's
     ``claim_start`` answered (``ok`` or ``restarted``); ``run`` turns a handler run into a result;
-    ``claim_took_s``: seconds from before the claim was sent until now (the later of the
-    monotonic and the wall clock's counts: a paused VM may stop one of them).
+    ``claim_sent``: the moment just before the claim was sent (``None``: just now).
     Returns the result and whether the caller still owes the breaker a "the tool worked" (told
     with the result, in the same round trip: ``Ledger.record_result(tool_worked=...)``)."""
+    claim_took_s = 0.0 if claim_sent is None else claim_sent.elapsed_s()
     journal_key = runtime.journal.key(spec.name, env.idempotency_key) if spec.journal else None
-    since = _Since.ago(claim_took_s)  # since the claim was sent, or its fence last checked
+    since = Since.ago(claim_took_s)  # since the claim was sent, or its fence last checked
     if ctx.fencing_token is not None:
         token = ctx.fencing_token
 
@@ -117,7 +117,7 @@ def run_guarded(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnv
             refused = _refused_late_start(spec, ctx, claim_took_s)
             if refused is not None:
                 return refused, False
-            since = _Since.ago(0.0)
+            since = Since.now()
         ctx.fence_check = fence(journal_key)
     if claim == "restarted":
         ctx.attempt = runtime.ledger.attempts(env.turn_id, env.call_id)
@@ -135,14 +135,19 @@ def run_guarded(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnv
 
 
 @dataclasses.dataclass(frozen=True)
-class _Since:
-    """A moment, on the monotonic and the wall clock (a paused VM may stop one of them)."""
+class Since:
+    """A moment, on the monotonic and the wall clock (a paused VM may stop one of them);
+    :meth:`elapsed_s` is the later of the two clocks' counts since."""
 
     mono: float
     wall: float
 
     @classmethod
-    def ago(cls, seconds: float) -> _Since:
+    def now(cls) -> Since:
+        return cls(time.monotonic(), time.time())
+
+    @classmethod
+    def ago(cls, seconds: float) -> Since:
         return cls(time.monotonic() - seconds, time.time() - seconds)
 
     def elapsed_s(self) -> float:
@@ -150,7 +155,7 @@ class _Since:
 
 
 def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnvelope,
-               run: Runner, since: _Since | None = None) -> tuple[ToolResult, bool]:
+               run: Runner, since: Since | None = None) -> tuple[ToolResult, bool]:
     """The journal's rules around one handler run; returns the result and whether the handler ran
     and worked (see :func:`run_guarded`). ``since``: when the execution's claim was sent or its
     fence last checked; when the journal took longer than ``recheck_after_s`` since (it waited
