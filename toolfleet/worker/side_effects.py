@@ -185,11 +185,13 @@ def _journaled(runtime: Runtime, spec: ToolSpec, ctx: ToolContext, env: CallEnve
             ctx.cancelled.wait(min(BUSY_POLL_S, max(ctx.remaining_s, 0.001)))
             continue
         break
-    if since is not None and ctx.fencing_token is not None and since.elapsed_s() > recheck_after_s(runtime.settings):
-        refused = _refused_late_start(spec, ctx, since.elapsed_s())  # this execution holds the key now
-        if refused is not None:
-            journal.release(key, token)
-            return refused, False
+    if since is not None and ctx.fencing_token is not None:
+        took_s = since.elapsed_s()
+        if took_s > recheck_after_s(runtime.settings):
+            refused = _refused_late_start(spec, ctx, took_s)  # this execution holds the key now
+            if refused is not None:
+                journal.release(key, token)
+                return refused, False
     if begun.verdict == "takeover":
         settled = _probe(runtime, spec, ctx, env, run, begun.holder)
         if settled is not None:
