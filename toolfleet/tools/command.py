@@ -120,7 +120,7 @@ def run_command(
         if box.unsandboxed:
             _kill_group(proc.pid)  # what the command left running holds the pipe open
         reader.join(timeout=1.0)
-        return note + chunks.text() + limit_note(box, cgroup)
+        return note + chunks.text() + refusal_note(box, cgroup.refused() if cgroup is not None else 0)
 
     try:
         while True:
@@ -176,14 +176,9 @@ def run_command(
     return text
 
 
-def limit_note(box: sandbox.SandboxState, cgroup: sandbox.SandboxCgroup | None, before: int = 0) -> str:
-    """A line for the result when the sandbox's process limit refused process starts (more than
-    ``before`` of them) since it started; ``""`` otherwise."""
-    return refusal_note(box, (cgroup.refused() if cgroup is not None else 0) - before)
-
-
 def refusal_note(box: sandbox.SandboxState, refused: int) -> str:
-    """:func:`limit_note` for ``refused`` process starts; ``""`` for none."""
+    """A line for the result when the sandbox's process limit refused ``refused`` process starts
+    since it started; ``""`` for none."""
     if refused <= 0:
         return ""
     return (f"\n[the sandbox reached its limit of {box.limit.max_processes} processes (sandbox_max_processes): the "
