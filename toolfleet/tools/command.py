@@ -67,95 +67,91 @@ def run_command(
     box = sandbox.current()
     workspace = workspace_of(ctx)
     cgroup = box.cgroup()  # its process limit (tools/limits.py); None: RLIMIT_NPROC or none
-    info_r, info_w = (None, None) if box.unsandboxed else os.pipe()
-    try:
-        argv, env = box.command(["bash", "-c", command], workspace, info_fd=info_w)
-        argv = _bounded(argv, ctx, box)
-        note = sandbox.UNSANDBOXED_NOTE + "\n" if box.unsandboxed else ""
-        proc = subprocess.Popen(
-            argv,
-            cwd=workspace,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            pass_fds=() if info_w is None else (info_w,),
-            preexec_fn=None if box.unsandboxed else functools.partial(sandbox.sandbox_child, os.getpid(), cgroup),
-        )
-    except BaseException:
-        if cgroup is not None:
-            cgroup.close()
-        raise
-    finally:
-        if info_w is not None:
-            os.close(info_w)
-    from ..worker import reaper  # here: the worker package imports the tools
+    try:  # the cgroup is closed once its sandbox has ended, on every path (a cancel or soft limit anywhere)
+        info_r, info_w = (None, None) if box.unsandboxed else os.pipe()
+        try:
+            argv, env = box.command(["bash", "-c", command], workspace, info_fd=info_w)
+            argv = _bounded(argv, ctx, box)
+            note = sandbox.UNSANDBOXED_NOTE + "\n" if box.unsandboxed else ""
+            proc = subprocess.Popen(
+                argv,
+                cwd=workspace,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=() if info_w is None else (info_w,),
+                preexec_fn=None if box.unsandboxed else functools.partial(sandbox.sandbox_child, os.getpid(), cgroup),
+            )
+        finally:
+            if info_w is not None:
+                os.close(info_w)
+        from ..worker import reaper  # here: the worker package imports the tools
 
-    entry = reaper.register(proc.pid)  # a frozen worker's sandbox ends with its liveness (worker/reaper.py)
-    init: _SandboxInit | None = None
-    try:  # a cancel or the soft limit landing while bwrap starts must not leave its sandbox behind
-        chunks = HeadTail()  # bounded: the head and the tail of what it prints
-        reader = threading.Thread(target=_drain, args=(proc, chunks), daemon=True)
-        if info_r is not None:
-            fd, info_r = info_r, None  # _SandboxInit.read closes it, whatever happens in it
-            init = _SandboxInit.read(fd)
-        reader.start()
-        exited = _exit_watch(proc)
-    except BaseException:
-        if info_r is not None:
-            os.close(info_r)
-        if init is None and not box.unsandboxed:  # its init not reported yet: bwrap's child, if forked
-            bwrap = _children(proc.pid)  # proc is the deadline's timeout (_bounded): bwrap is its child
-            init = _SandboxInit.child_of(bwrap[0]) if bwrap else None
-        _stop_group(proc, init)
-        if init is not None:
-            init.close()
-        reaper.unregister(entry)
-        if cgroup is not None:
-            cgroup.close()
-        raise
-
-    def output() -> str:
-        if box.unsandboxed:
-            _kill_group(proc.pid)  # what the command left running holds the pipe open
-        reader.join(timeout=1.0)
-        return note + chunks.text() + refusal_note(box, cgroup.refused() if cgroup is not None else 0)
-
-    try:
-        while True:
-            if exited(min(POLL_S, max(ctx.remaining_s, 0.001))):
-                proc.wait()
-                if init is not None:
-                    init.wait_gone()  # bwrap exits before its init has finished killing the namespace
-                break
-            if ctx.cancelled.is_set():
-                _stop_group(proc, init)
-                raise CallCancelled(ctx.cancel_reason or "the turn was cancelled", output=output())
-            if ctx.remaining_s <= 0:
-                _stop_group(proc, init)
-                raise ToolTimeout(
-                    f"command ran past its time limit and was stopped: {command}",
-                    TIMEOUT_HINT,
-                    output=output(),
-                )
-    except SoftTimeLimitExceeded:
-        _stop_group(proc, init)
-        raise ToolTimeout(
-            f"command ran past its time limit and was stopped: {command}",
-            TIMEOUT_HINT,
-            output=output(),
-        ) from None
-    except CallCancelled as exc:
-        _stop_group(proc, init)
-        raise CallCancelled(str(exc), output=exc.output or output()) from None
-    finally:
-        if proc.poll() is None:
+        entry = reaper.register(proc.pid)  # a frozen worker's sandbox ends with its liveness (worker/reaper.py)
+        init: _SandboxInit | None = None
+        try:  # a cancel or the soft limit landing while bwrap starts must not leave its sandbox behind
+            chunks = HeadTail()  # bounded: the head and the tail of what it prints
+            reader = threading.Thread(target=_drain, args=(proc, chunks), daemon=True)
+            if info_r is not None:
+                fd, info_r = info_r, None  # _SandboxInit.read closes it, whatever happens in it
+                init = _SandboxInit.read(fd)
+            reader.start()
+            exited = _exit_watch(proc)
+        except BaseException:
+            if info_r is not None:
+                os.close(info_r)
+            if init is None and not box.unsandboxed:  # its init not reported yet: bwrap's child, if forked
+                bwrap = _children(proc.pid)  # proc is the deadline's timeout (_bounded): bwrap is its child
+                init = _SandboxInit.child_of(bwrap[0]) if bwrap else None
             _stop_group(proc, init)
-        reaper.unregister(entry)
-        exited.close()  # type: ignore[attr-defined]
-        if init is not None:
-            init.close()
+            if init is not None:
+                init.close()
+            reaper.unregister(entry)
+            raise
+
+        def output() -> str:
+            if box.unsandboxed:
+                _kill_group(proc.pid)  # what the command left running holds the pipe open
+            reader.join(timeout=1.0)
+            return note + chunks.text() + refusal_note(box, cgroup.refused() if cgroup is not None else 0)
+
+        try:
+            while True:
+                if exited(min(POLL_S, max(ctx.remaining_s, 0.001))):
+                    proc.wait()
+                    if init is not None:
+                        init.wait_gone()  # bwrap exits before its init has finished killing the namespace
+                    break
+                if ctx.cancelled.is_set():
+                    _stop_group(proc, init)
+                    raise CallCancelled(ctx.cancel_reason or "the turn was cancelled", output=output())
+                if ctx.remaining_s <= 0:
+                    _stop_group(proc, init)
+                    raise ToolTimeout(
+                        f"command ran past its time limit and was stopped: {command}",
+                        TIMEOUT_HINT,
+                        output=output(),
+                    )
+        except SoftTimeLimitExceeded:
+            _stop_group(proc, init)
+            raise ToolTimeout(
+                f"command ran past its time limit and was stopped: {command}",
+                TIMEOUT_HINT,
+                output=output(),
+            ) from None
+        except CallCancelled as exc:
+            _stop_group(proc, init)
+            raise CallCancelled(str(exc), output=exc.output or output()) from None
+        finally:
+            if proc.poll() is None:
+                _stop_group(proc, init)
+            reaper.unregister(entry)
+            exited.close()  # type: ignore[attr-defined]
+            if init is not None:
+                init.close()
+    finally:
         if cgroup is not None:
             cgroup.close()
     text = output()
