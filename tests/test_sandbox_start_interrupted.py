@@ -110,3 +110,21 @@ def test_a_live_shell_interrupted_while_its_sandbox_starts_leaves_nothing(real_s
         assert gone, "the shell's sandbox init outlived the interrupted start"
     finally:
         os.close(fd)
+
+
+def test_a_sandbox_that_cannot_start_leaves_no_descriptor_open(real_sandbox, tmp_path, monkeypatch):
+    """``Popen`` failing (an exec refused, no memory to fork, a cancel landing in it) leaves neither
+    end of the pipe the sandbox's init reports on open (before: the read end stayed open for the
+    pool process's life, one descriptor per failed start)."""
+    import os
+    import subprocess
+
+    def refused(*_args, **_kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(subprocess, "Popen", refused)
+    before = set(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(OSError):
+            run_command(ctx=_ctx(tmp_path), command="true")
+    assert set(os.listdir("/proc/self/fd")) - before == set()

@@ -84,6 +84,10 @@ def run_command(
                 pass_fds=() if info_w is None else (info_w,),
                 preexec_fn=None if box.unsandboxed else functools.partial(sandbox.sandbox_child, os.getpid(), cgroup),
             )
+        except BaseException:
+            if info_r is not None:
+                os.close(info_r)
+            raise
         finally:
             if info_w is not None:
                 os.close(info_w)
