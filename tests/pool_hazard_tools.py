@@ -2,9 +2,9 @@
 
 It makes every pool-process fork happen while other threads of the worker's main process hold
 the locks a pool process takes on its first call: the runtime's (its ledger client), the cancel
-watcher's and the log redaction's. That is the moment a real worker meets when its steps thread
-records the end of a pool process killed at its hard limit while Celery forks the replacement
-(tests/test_fork_safety.py).
+watcher's and the log redaction's, and with ``--metrics-port`` prometheus_client's. That is the
+moment a real worker meets when its steps thread records the end of a pool process killed at its
+hard limit while Celery forks the replacement (tests/test_fork_safety.py).
 
 Each hold lasts ``HOLD_S`` and is taken before the fork begins (Celery's
 ``worker_before_create_process`` signal, sent by the main process just before it forks).
@@ -15,6 +15,7 @@ hard limit): what an inherited lock, or a process stopped in the kernel, looks l
 
 from __future__ import annotations
 
+import inspect
 import signal
 import threading
 import time
@@ -23,6 +24,7 @@ from celery import current_app
 from celery.signals import worker_before_create_process
 
 from toolfleet import tool
+from toolfleet.observe import metrics
 from toolfleet.worker import redaction
 
 HOLD_S = 1.0
@@ -45,8 +47,20 @@ def _fork_while_held(**_) -> None:
     runtime = getattr(current_app, "toolfleet", None)
     if runtime is None:
         return
-    for lock in (runtime._lock, runtime.watcher._lock, redaction._running_lock):
+    for lock in (runtime._lock, runtime.watcher._lock, redaction._running_lock, *_metrics_locks()):
         _held_by_another_thread(lock)
+
+
+def _metrics_locks() -> list:
+    """With ``--metrics-port``: prometheus_client's one lock of every multiprocess value (the
+    catalog heartbeat and the steps thread's results take it in the main process) and the lock
+    of the results counter's labels."""
+    worker = metrics.worker_metrics()
+    if worker is None:
+        return []
+    from prometheus_client import values
+
+    return [inspect.getclosurevars(values.ValueClass.inc).nonlocals["lock"], worker.calls._lock]
 
 
 @tool(access="read", resources=lambda a: [], timeout_s=2)

@@ -12,6 +12,7 @@ import threading
 
 from toolfleet import Dispatcher, ErrorCode
 from toolfleet.policy import commands
+from toolfleet.stack import _free_port
 from toolfleet.tools.registry import default_registry
 from toolfleet.worker import redaction
 from toolfleet.worker.main_steps import MainSteps
@@ -67,6 +68,25 @@ def test_a_worker_whose_pool_forks_while_its_locks_are_held_runs_its_calls(setti
     the first pool process's call, and the call of the process forked to replace a killed one,
     both run (before: each waited on an inherited lock until its hard limit, ``TIMEOUT``)."""
     worker = start_worker(concurrency=1, tools=HAZARD_TOOLS)
+    with Dispatcher(settings, default_registry([HAZARD_TOOLS])) as dispatcher:
+        first = dispatcher.run([call("a", "hello", who="first")], workspace=str(workspace), timeout_s=30)[0]
+        assert first.ok, first.content
+        (old,) = worker.children()
+        kill_pid(old)
+        wait_until(lambda: len(worker.children()) == 1 and worker.children()[0] != old, 10, "a new pool process")
+        second = dispatcher.run([call("b", "hello", who="second")], workspace=str(workspace), timeout_s=30)[0]
+        assert second.ok, second.content
+
+
+def test_a_worker_with_metrics_whose_pool_forks_while_prometheus_locks_are_held_runs_its_calls(
+        settings, start_worker, workspace, monkeypatch):
+    """With ``--metrics-port`` the main process's catalog heartbeat and steps thread (the result of
+    a killed call) write prometheus_client's multiprocess values under its one lock, and a pool
+    process counts a call as running under it before its claim. Every fork of this worker's pool
+    happens while other threads hold it and the results counter's lock: the calls run (before:
+    the first waited on the inherited lock until its hard limit, ``NOT_EXECUTED``)."""
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    worker = start_worker(concurrency=1, tools=HAZARD_TOOLS, args=["--metrics-port", str(_free_port())])
     with Dispatcher(settings, default_registry([HAZARD_TOOLS])) as dispatcher:
         first = dispatcher.run([call("a", "hello", who="first")], workspace=str(workspace), timeout_s=30)[0]
         assert first.ok, first.content

@@ -192,6 +192,29 @@ def enable_worker_metrics(app: Any, runtime: Any, port: int, addr: str = "0.0.0.
             shutil.rmtree(path, ignore_errors=True)
 
 
+def _fresh_in_child() -> None:
+    """A forked child (a pool process) gets its own worker metrics: new metric objects and a new
+    prometheus_client value class, so neither the one lock of every multiprocess value nor a
+    metric's labels lock is inherited. The main process's catalog heartbeat and steps thread
+    (the result of a killed call) take those while the pool forks; one held then stayed held in
+    the child, whose first call waited on it (counting itself running, before its claim) until
+    its time limit (docs/guarantees.md, E15)."""
+    global _worker
+    if _worker is None:
+        return
+    try:
+        import prometheus_client.values as values
+
+        values.ValueClass = values.get_value_class()
+        _worker = WorkerMetrics()
+    except Exception:  # noqa: BLE001 - never fail a fork: the child runs on without metrics
+        _worker = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_in_child)
+
+
 def heartbeat(worker: str, at: float) -> None:
     """A catalog heartbeat was published (worker/catalog.py)."""
     if _worker is not None:
