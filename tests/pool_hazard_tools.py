@@ -25,6 +25,7 @@ from celery.signals import worker_before_create_process
 
 from toolfleet import tool
 from toolfleet.observe import metrics
+from toolfleet.worker import execute as execute_module
 from toolfleet.worker import redaction
 
 HOLD_S = 1.0
@@ -89,5 +90,41 @@ def stuck_write(label: str, stuck_s: float) -> str:
     Args:
         label: Any text (its journal key).
         stuck_s: Seconds the pool process is stuck before it can claim the call.
+    """
+    return f"wrote {label}"
+
+
+
+_held_up: set[str] = set()  # labels whose pool process was held up once already
+
+
+def _held_up_screen(screen):
+    """The worker's policy check (before the claim), held up ``stuck_s`` once per label and pool
+    process for ``slow_to_start_write``, within the soft time limit's reach: what a slow Redis
+    (the remembered rules, the cancel listener's start) or a lock held a while looks like."""
+
+    def held_up(runtime, env, spec, worker):
+        from billiard.process import current_process
+
+        label = env.arguments.get("label", "")
+        if (env.name == "slow_to_start_write" and label not in _held_up
+                and current_process().name.startswith("ForkPoolWorker")):
+            _held_up.add(label)
+            time.sleep(env.arguments["stuck_s"])  # the soft time limit ends it
+        return screen(runtime, env, spec, worker)
+
+    return held_up
+
+
+execute_module.screen_call = _held_up_screen(execute_module.screen_call)
+
+
+@tool(access="write", resources=lambda a: [f"slow:{a['label']}"], timeout_s=1)
+def slow_to_start_write(label: str, stuck_s: float) -> str:
+    """A write whose pool process is held up for ``stuck_s`` before its claim (once per label).
+
+    Args:
+        label: Any text.
+        stuck_s: Seconds the pool process is held up before it can claim the call.
     """
     return f"wrote {label}"

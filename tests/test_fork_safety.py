@@ -111,3 +111,17 @@ def test_a_call_killed_at_its_hard_limit_before_it_started_is_not_executed(setti
         assert "stuck before it could start the call" in result.content
         after = dispatcher.run([call("h", "hello", who="after")], workspace=str(workspace), timeout_s=30)[0]
         assert after.ok, after.content
+
+
+def test_a_call_whose_soft_limit_lands_before_its_claim_is_not_executed(settings, start_worker, workspace):
+    """A pool process held up before its claim (here: its journal key function) past the call's
+    soft time limit: the call never started, so it is ``NOT_EXECUTED``, not ``TIMEOUT`` "ran past
+    its time limit and was stopped" (attempts 0), which says it ran. The worker's next call runs."""
+    start_worker(concurrency=1, tools=HAZARD_TOOLS)
+    with Dispatcher(settings, default_registry([HAZARD_TOOLS])) as dispatcher:
+        result = dispatcher.run([call("s", "slow_to_start_write", label="x", stuck_s=6)], workspace=str(workspace),
+                                timeout_s=30)[0]
+        assert result.code is ErrorCode.NOT_EXECUTED, result.content
+        assert result.attempts == 0
+        after = dispatcher.run([call("h", "hello", who="after")], workspace=str(workspace), timeout_s=30)[0]
+        assert after.ok, after.content

@@ -44,7 +44,7 @@ from .authenticity import message_problem, report_drop
 from .catalog import connect_catalog
 from .events import BatchedTaskEvents
 from .execute import RUNNING_COPY_MESSAGE, SUPERSEDED_MESSAGE, execute
-from .lost_ends import abandoned, finalize, killed, note_stale_death, recorded, spec_of
+from .lost_ends import abandoned, finalize, killed, note_stale_death, record_unstarted, recorded, spec_of
 from .main_steps import MAIN_WAIT_S, MainSteps
 from .pool import POOL_CLASS
 from .reaper import connect_reaper
@@ -264,12 +264,17 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
             with running(self.request, envelope):  # its span and the running gauge (observe/results.py)
                 result = execute(runtime, envelope, worker=self.request.hostname or "worker", hard_limit_s=hard_s)
         except SoftTimeLimitExceeded:
-            # The soft limit landed outside the handler (while a result was being built or
-            # recorded): the call still gets its one result; a recorded one is kept (first wins).
+            # The soft limit landed outside the handler (before the claim, or while a result was
+            # being built or recorded): the call still gets its one result; a recorded one is kept
+            # (first wins). NOT_EXECUTED where no claim began the call (one atomic step), else TIMEOUT.
             abandoned(runtime, {"envelope": envelope}, broken=False)
-            finalize(runtime, {"envelope": envelope}, ErrorCode.TIMEOUT,
-                      "the call ran past its time limit and was stopped",
-                      timeout_hint(spec_of(runtime, {"envelope": envelope})), pid=os.getpid())
+            if not record_unstarted(
+                    runtime, {"envelope": envelope},
+                    "the call's time limit passed before the worker's pool process could start it; it did not run",
+                    "nothing happened; ask again if the call is still wanted"):
+                finalize(runtime, {"envelope": envelope}, ErrorCode.TIMEOUT,
+                          "the call ran past its time limit and was stopped",
+                          timeout_hint(spec_of(runtime, {"envelope": envelope})), pid=os.getpid())
             result = recorded(runtime, envelope)
             if result is None:
                 return {}

@@ -59,12 +59,14 @@ def killed(runtime: Runtime, kwargs: dict[str, Any], pid: int | None, code: Erro
     process was stuck before it could start it), in one atomic step with the claim, so a claim
     that lands first makes the end ``code`` as before, and one that lands after is refused."""
     abandoned(runtime, kwargs, broken=broken, pid=pid)
-    if unstarted is not None and _record_unstarted(runtime, kwargs, *unstarted):
+    if unstarted is not None and record_unstarted(runtime, kwargs, *unstarted):
         return
     finalize(runtime, kwargs, code, message, hint, pid=pid)
 
 
-def _record_unstarted(runtime: Runtime, kwargs: dict[str, Any], message: str, hint: str) -> bool:
+def record_unstarted(runtime: Runtime, kwargs: dict[str, Any], message: str, hint: str) -> bool:
+    """Record the call's ``NOT_EXECUTED`` (``message``, ``hint``) if no claim began it, in one
+    atomic step with the claim; returns whether it was recorded."""
     try:
         env = CallEnvelope.model_validate(kwargs.get("envelope", {}))
     except Exception:
@@ -72,7 +74,7 @@ def _record_unstarted(runtime: Runtime, kwargs: dict[str, Any], message: str, hi
     result = ToolResult.failure(env.call_id, env.name, ErrorCode.NOT_EXECUTED, message, hint)
     if not runtime.ledger.record_result(env.turn_id, result, unless_started=True):
         return False
-    log.warning("call %s of turn %s: its pool process was killed before it started the call; recorded "
+    log.warning("call %s of turn %s: its pool process was stopped before it started the call; recorded "
                 "NOT_EXECUTED", env.call_id, env.turn_id)
     result_recorded(env, result)
     return True
