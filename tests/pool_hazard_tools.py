@@ -78,6 +78,8 @@ def _stuck_key(arguments) -> str:
     from billiard.process import current_process
 
     if current_process().name.startswith("ForkPoolWorker"):  # not in the dispatcher, which derives it too
+        if arguments.get("marker"):
+            open(arguments["marker"], "w").close()  # the test's sign that the process is stuck now
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])  # billiard's soft time limit
         time.sleep(arguments["stuck_s"])
     return f"stuck:{arguments['label']}"
@@ -90,6 +92,18 @@ def stuck_write(label: str, stuck_s: float) -> str:
     Args:
         label: Any text (its journal key).
         stuck_s: Seconds the pool process is stuck before it can claim the call.
+    """
+    return f"wrote {label}"
+
+
+@tool(access="write", resources=lambda a: [f"stuck:{a['label']}"], timeout_s=30, idempotency_key=_stuck_key)
+def stuck_long_write(label: str, stuck_s: float, marker: str) -> str:
+    """``stuck_write`` with a time limit of 30 s, which creates the file ``marker`` once stuck.
+
+    Args:
+        label: Any text (its journal key).
+        stuck_s: Seconds the pool process is stuck before it can claim the call.
+        marker: A file created when the pool process is stuck.
     """
     return f"wrote {label}"
 

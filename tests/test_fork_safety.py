@@ -125,3 +125,23 @@ def test_a_call_whose_soft_limit_lands_before_its_claim_is_not_executed(settings
         assert result.attempts == 0
         after = dispatcher.run([call("h", "hello", who="after")], workspace=str(workspace), timeout_s=30)[0]
         assert after.ok, after.content
+
+
+def test_a_call_whose_pool_process_is_terminated_before_its_claim_is_not_executed(settings, start_worker,
+                                                                                    workspace, tmp_path):
+    """An operator's revoke with terminate (Flower's "Terminate", ``celery control revoke -t``)
+    kills a pool process stuck before its claim: the call never started, so it is
+    ``NOT_EXECUTED``, not ``CANCELLED`` "stopped when its turn was cancelled", whose hint says it may
+    have done part of its work (its turn was not even cancelled). The worker's next call runs."""
+    marker = tmp_path / "stuck"
+    start_worker(concurrency=1, tools=HAZARD_TOOLS)
+    with Dispatcher(settings, default_registry([HAZARD_TOOLS])) as dispatcher:
+        turn = dispatcher.submit([call("s", "stuck_long_write", label="t", stuck_s=60, marker=str(marker))],
+                                 workspace=str(workspace))
+        wait_until(marker.exists, 30, "the pool process stuck before its claim")
+        dispatcher.app.control.revoke(f"{turn.turn_id}:s", terminate=True, signal="SIGKILL")
+        result = turn.results(timeout_s=30)[0]
+        assert result.code is ErrorCode.NOT_EXECUTED, result.content
+        assert "terminated" in result.content and result.attempts == 0  # the revoke's end, not the hard limit's
+        after = dispatcher.run([call("h", "hello", who="after")], workspace=str(workspace), timeout_s=30)[0]
+        assert after.ok, after.content

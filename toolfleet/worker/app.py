@@ -245,7 +245,9 @@ def create_app(settings: Settings, registry: Registry | None = None, policy: Pol
                 kwargs, pid = self.kwargs, self.worker_pid
                 steps.run(lambda: killed(
                     runtime, kwargs, pid, ErrorCode.CANCELLED, "the call was stopped when its turn was cancelled",
-                    "the call may have done part of its work; check before repeating it", broken=False))
+                    "the call may have done part of its work; check before repeating it", broken=False, unstarted=(
+                        "the worker's pool process was terminated (a revoke) before it could start the call; "
+                        "the call did not run", "nothing happened; ask again if the call is still wanted")))
 
     # shared=False: Celery registers a shared task on every app created later in the process, which
     # would run this app's closure (its runtime, its namespace) for another app's calls.
