@@ -142,3 +142,32 @@ def slow_to_start_write(label: str, stuck_s: float) -> str:
         stuck_s: Seconds the pool process is held up before it can claim the call.
     """
     return f"wrote {label}"
+
+
+_key_held_up: set[str] = set()  # labels whose key function was held up once already in this process
+
+
+def _held_up_key(arguments) -> str:
+    from billiard.process import current_process
+
+    label = arguments["label"]
+    if arguments["stuck_s"] and label not in _key_held_up and current_process().name.startswith("ForkPoolWorker"):
+        _key_held_up.add(label)
+        time.sleep(arguments["stuck_s"])  # the soft time limit ends it
+    return f"keyed:{label}"
+
+
+@tool(access="write", resources=lambda a: [f"keyed:{a['label']}"], timeout_s=1, idempotency_key=_held_up_key)
+def keyed_write(label: str, stuck_s: float, path: str) -> str:
+    """A journaled write keyed by ``label`` (a second call of a label replays the first's result):
+    appends a line to the file ``path`` each time it really runs. Its key function is held up
+    ``stuck_s`` (once per label and pool process), within the soft time limit's reach.
+
+    Args:
+        label: The write's journal key.
+        stuck_s: Seconds the key function is held up (0: not).
+        path: A file the write appends a line to.
+    """
+    with open(path, "a") as file:
+        file.write(f"{label}\n")
+    return f"wrote {label}"

@@ -145,3 +145,21 @@ def test_a_call_whose_pool_process_is_terminated_before_its_claim_is_not_execute
         assert "terminated" in result.content and result.attempts == 0  # the revoke's end, not the hard limit's
         after = dispatcher.run([call("h", "hello", who="after")], workspace=str(workspace), timeout_s=30)[0]
         assert after.ok, after.content
+
+
+def test_a_soft_limit_in_a_journal_key_function_does_not_run_the_write_under_another_key(
+        settings, start_worker, workspace, tmp_path):
+    """A journaled write's key function (run before the claim) held up past the soft time limit:
+    the limit's exception was taken for a broken key function and the call ran under the fallback
+    key ``turn:call``, so the journal did not see the earlier write of the same key and it was done
+    twice. Now the call is not run (``NOT_EXECUTED``) and the write is done once."""
+    done = tmp_path / "writes"
+    start_worker(concurrency=1, tools=HAZARD_TOOLS)
+    with Dispatcher(settings, default_registry([HAZARD_TOOLS])) as dispatcher:
+        first = dispatcher.run([call("w1", "keyed_write", label="k", stuck_s=0, path=str(done))],
+                               workspace=str(workspace), timeout_s=30)[0]
+        assert first.ok, first.content
+        again = dispatcher.run([call("w2", "keyed_write", label="k", stuck_s=6, path=str(done))],
+                               workspace=str(workspace), timeout_s=30)[0]
+        assert done.read_text() == "k\n", "the write was done twice"
+        assert again.code is ErrorCode.NOT_EXECUTED, again.content

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_type_hints
 
 import docstring_parser
+from billiard.exceptions import SoftTimeLimitExceeded
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import ConfigDict, Field, create_model
@@ -148,6 +149,8 @@ class ToolSpec:
         if self.idempotency_key is not None:
             try:
                 derived = str(self.idempotency_key(arguments))
+            except SoftTimeLimitExceeded:  # the call's time limit, not a broken key: under the fallback key
+                raise  # a write done before under its own key would run again (worker/execute.py: not run)
             except Exception:  # a broken key function must not break the call: fall back per call
                 derived = ""
             if derived:
