@@ -54,6 +54,19 @@ def _fork_and_try(locks, then=lambda: None) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
+def _first_and_replacement_run(worker, settings, workspace) -> None:
+    """A call runs on the worker's first pool process, and another on the one forked to replace it
+    once it is killed (the moment of the CI failure: a fork right after a death)."""
+    with Dispatcher(settings, default_registry([HAZARD_TOOLS])) as dispatcher:
+        first = dispatcher.run([call("a", "hello", who="first")], workspace=str(workspace), timeout_s=30)[0]
+        assert first.ok, first.content
+        (old,) = worker.children()
+        kill_pid(old)
+        wait_until(lambda: len(worker.children()) == 1 and worker.children()[0] != old, 10, "a new pool process")
+        second = dispatcher.run([call("b", "hello", who="second")], workspace=str(workspace), timeout_s=30)[0]
+        assert second.ok, second.content
+
+
 def test_a_child_forked_while_threads_hold_the_worker_locks_gets_them_unlocked(settings) -> None:
     runtime = Runtime(settings, make_registry())
     runtime.ledger  # noqa: B018 - the main process's client exists, as in a worker that recorded a kill
@@ -64,18 +77,11 @@ def test_a_child_forked_while_threads_hold_the_worker_locks_gets_them_unlocked(s
 
 def test_a_worker_whose_pool_forks_while_its_locks_are_held_runs_its_calls(settings, start_worker, workspace):
     """Every fork of this worker's pool happens while other threads of its main process hold the
-    runtime's, the cancel watcher's and the log redaction's locks (tests.pool_hazard_tools.py):
+    runtime's, the cancel watcher's and the log redaction's locks (tests/pool_hazard_tools.py):
     the first pool process's call, and the call of the process forked to replace a killed one,
     both run (before: each waited on an inherited lock until its hard limit, ``TIMEOUT``)."""
     worker = start_worker(concurrency=1, tools=HAZARD_TOOLS)
-    with Dispatcher(settings, default_registry([HAZARD_TOOLS])) as dispatcher:
-        first = dispatcher.run([call("a", "hello", who="first")], workspace=str(workspace), timeout_s=30)[0]
-        assert first.ok, first.content
-        (old,) = worker.children()
-        kill_pid(old)
-        wait_until(lambda: len(worker.children()) == 1 and worker.children()[0] != old, 10, "a new pool process")
-        second = dispatcher.run([call("b", "hello", who="second")], workspace=str(workspace), timeout_s=30)[0]
-        assert second.ok, second.content
+    _first_and_replacement_run(worker, settings, workspace)
 
 
 def test_a_worker_with_metrics_whose_pool_forks_while_prometheus_locks_are_held_runs_its_calls(
@@ -87,14 +93,7 @@ def test_a_worker_with_metrics_whose_pool_forks_while_prometheus_locks_are_held_
     the first waited on the inherited lock until its hard limit, ``NOT_EXECUTED``)."""
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     worker = start_worker(concurrency=1, tools=HAZARD_TOOLS, args=["--metrics-port", str(_free_port())])
-    with Dispatcher(settings, default_registry([HAZARD_TOOLS])) as dispatcher:
-        first = dispatcher.run([call("a", "hello", who="first")], workspace=str(workspace), timeout_s=30)[0]
-        assert first.ok, first.content
-        (old,) = worker.children()
-        kill_pid(old)
-        wait_until(lambda: len(worker.children()) == 1 and worker.children()[0] != old, 10, "a new pool process")
-        second = dispatcher.run([call("b", "hello", who="second")], workspace=str(workspace), timeout_s=30)[0]
-        assert second.ok, second.content
+    _first_and_replacement_run(worker, settings, workspace)
 
 
 def test_a_call_killed_at_its_hard_limit_before_it_started_is_not_executed(settings, start_worker, workspace):
