@@ -10,6 +10,8 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
+
 from toolfleet.tools import sandbox
 
 from .faults import call
@@ -106,3 +108,40 @@ def test_sandboxes_do_not_share_the_workers_session_keyring(start_worker, dispat
                             workspace=str(b), timeout_s=60)
     assert "absent" in read.content and "tenant-a" not in read.content, read
     assert libc.syscall(keyctl, 10, ctypes.c_int(-3), b"user", b"tf-note", 0) < 0  # nor in the worker's
+
+
+PLANTED_BASH = {
+    # a FIFO: the worker opened it (O_RDONLY) to copy the shell into the sandbox, and waited for a writer
+    # forever, holding the lock every new session of the worker takes
+    "fifo": "mkfifo .venv/bin/bash && chmod 755 .venv/bin/bash && echo planted",
+    # a program of the workspace's: it became the session's shell (the channel's reader, non-dumpable)
+    "script": "printf '#!/bin/sh\\necho planted-shell\\n' > .venv/bin/bash && chmod 755 .venv/bin/bash && echo planted",
+}
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTED_BASH))
+def test_a_bash_planted_on_the_workers_path_is_never_the_live_shell(start_worker, settings, workspace, monkeypatch,
+                                                                    plant):
+    """The live shell's ``bash`` is read by the worker, outside the sandbox (copied to an execute-only
+    file in it): it comes from root's directories, like the deadline's ``timeout``. Before, the
+    worker took the first ``bash`` on its ``PATH``: with a workspace's ``.venv/bin`` there, a FIFO a
+    command planted hung the worker's session host (every later session of every tenant), and a
+    program planted there became the next session's shell."""
+    from toolfleet import Dispatcher
+    from toolfleet.tools.registry import default_registry
+
+    from .conftest import TEST_TOOLS
+
+    shell_tools = "toolfleet.tools.shell_session"
+    venv_bin = workspace / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    monkeypatch.setenv("PATH", f"{venv_bin}:{os.environ['PATH']}")
+    fast = settings.model_copy(update={"heartbeat_s": 1.0})
+    start_worker(concurrency=1, args=["--tools", shell_tools], settings=fast)
+    with Dispatcher(fast, default_registry([TEST_TOOLS, shell_tools])) as live:
+        [planted] = live.run([call("plant", "run_command", command=PLANTED_BASH[plant])], workspace=str(workspace),
+                             timeout_s=60)
+        assert planted.ok and "planted" in planted.content, planted
+        [first] = live.run([call("s", "shell", command="echo from-the-shell", timeout_s=10)],
+                           workspace=str(workspace), session_id=f"planted-{plant}", timeout_s=30)
+        assert first.ok and first.content == "from-the-shell\n", first

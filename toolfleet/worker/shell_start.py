@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import os
 import queue
-import shutil
 import signal
 import socket
 import subprocess
@@ -42,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..tools.sandbox import SandboxCgroup, sandbox_child
+from ..tools.sandbox import SandboxCgroup, host_binary, sandbox_child
 from .sandbox_lease import LeaseFile
 
 SHELL_PATH = "/dev/.toolfleet-shell"  # on the sandbox's own /dev (a tmpfs of bwrap's), never the host's
@@ -82,7 +81,8 @@ def popen(box: Any, workspace: Path, spawn: Callable[[Callable[[], Any]], Any], 
         if box.unsandboxed:
             argv, env = box.command(["bash", *SHELL_ARGS], workspace)
         else:
-            bash = shutil.which("bash", path=os.environ.get("PATH") or None) or "/bin/bash"
+            # read here, outside the sandbox: from root's directories, never a PATH entry a sandbox can write
+            bash = host_binary("bash") or "/bin/bash"
             bash_fd = os.open(bash, os.O_RDONLY | os.O_CLOEXEC)  # bwrap copies it to an execute-only file
             argv, env = box.command(_from_fd(stdin.fileno()), workspace, info_fd=info_w,
                                     mounts=["--perms", "0111", "--ro-bind-data", str(bash_fd), SHELL_PATH])
