@@ -14,7 +14,8 @@ result per call, model order, approvals by call id. What it adds is the asyncio 
   (``task.cancel()``, ``asyncio.timeout``, ``wait_for``, a ``TaskGroup`` failing), the turn is
   cancelled (:meth:`Turn.cancel`: calls not started never start, running calls are stopped, finished
   calls keep their results) and ``CancelledError`` propagates as asyncio expects. A cancel during
-  ``submit`` cancels the turn as soon as its submission returns. Pass ``cancel_turn=False`` to a
+  ``submit`` cancels the turn as soon as its submission returns. The cancel does not wait for Redis
+  on the loop's thread (:meth:`Turn.cancel_soon`). Pass ``cancel_turn=False`` to a
   wait to only stop waiting. Source: docs/design.md, "Cancellation and time" and "Around the loop people
   already run"; docs/guarantees.md row AIO1.
 - The waiter threads end when the turn is done; after a cancel that is within ``cancel_grace_s``
@@ -90,10 +91,12 @@ async def _in_thread(fn: Callable[[], T], *, on_cancel: Callable[[], None] | Non
         raise
 
 
-async def _start(fn: Callable[[], T], undo: Callable[[T], None], *, name: str) -> T:
+async def _start(fn: Callable[[], T], undo: Callable[[T], None], *, name: str,
+                 undo_soon: Callable[[T], None] | None = None) -> T:
     """Run the blocking ``fn`` (which starts something: a turn, a stream) in a thread and await it.
-    When the awaiting task is cancelled, ``undo`` gets what ``fn`` started, at once if it is there,
-    else the moment ``fn`` returns it."""
+    When the awaiting task is cancelled, ``undo`` gets what ``fn`` started the moment ``fn`` returns
+    it (in ``fn``'s thread), or ``undo_soon`` (default ``undo``) at once if it is there: in the
+    loop's thread, so it must not wait for Redis."""
     lock = threading.Lock()
     state: dict[str, Any] = {}
 
@@ -111,7 +114,7 @@ async def _start(fn: Callable[[], T], undo: Callable[[T], None], *, name: str) -
             state["cancelled"] = True
             started = "value" in state
         if started:
-            undo(state["value"])
+            (undo_soon or undo)(state["value"])
 
     return await _in_thread(run, on_cancel=on_cancel, name=name)
 
@@ -165,7 +168,7 @@ class AsyncTurn:
     def _canceller(self, cancel_turn: bool) -> Callable[[], None] | None:
         if not cancel_turn:
             return None
-        return lambda: self.turn.cancel("the awaiting asyncio task was cancelled")
+        return lambda: self.turn.cancel_soon("the awaiting asyncio task was cancelled")
 
     async def results(self, timeout_s: float | None = None, *, cancel_turn: bool = True) -> list[ToolResult]:
         """Every call's result, in model order (:meth:`Turn.results`). Raises ``TimeoutError``
@@ -220,7 +223,7 @@ class AsyncTurn:
                 yield item
         finally:
             if not finished and cancel_turn:  # cancelled, or the consumer left early
-                _quietly(lambda: self.turn.cancel("the awaiting asyncio task stopped consuming the results"))
+                _quietly(lambda: self.turn.cancel_soon("the awaiting asyncio task stopped consuming the results"))
 
     async def approve(self, call_id: str, *, by: str | None = None, remember: str | bool = False) -> Rule | None:
         """Approve the held call ``call_id`` (:meth:`Turn.approve`; raises
@@ -254,7 +257,7 @@ class AsyncTurnStream:
         """Open the turn (a few Redis round trips, in a thread). Idempotent."""
         if self._stream is None:
             def undo(stream: Any) -> None:
-                stream.turn.cancel("the awaiting asyncio task was cancelled while the stream opened")
+                stream.turn.cancel_soon("the awaiting asyncio task was cancelled while the stream opened")
                 stream.close()
 
             self._stream = await _start(lambda: self._dispatcher.open_stream(format=self._format, **self._options),
@@ -268,7 +271,7 @@ class AsyncTurnStream:
         try:
             return await asyncio.to_thread(self._stream.feed, event)
         except asyncio.CancelledError:
-            _quietly(lambda: self._stream.turn.cancel("the awaiting asyncio task was cancelled"))
+            _quietly(lambda: self._stream.turn.cancel_soon("the awaiting asyncio task was cancelled"))
             raise
 
     async def close(self) -> AsyncTurn:
@@ -285,7 +288,7 @@ class AsyncTurnStream:
         if exc_type is not None and self._stream is not None:
             why = "the awaiting asyncio task was cancelled" if issubclass(exc_type, asyncio.CancelledError) \
                 else f"the stream was left by an exception: {exc_type.__name__}"
-            _quietly(lambda: self._stream.turn.cancel(why))
+            _quietly(lambda: self._stream.turn.cancel_soon(why))
         if self._stream is not None:
             await _in_thread(self._stream.close, name="toolfleet-aio-close")  # its thread starts now, so
             # the close happens even if this task is cancelled again (asyncio.run cancels leftovers)
@@ -302,7 +305,8 @@ class AsyncDispatcher:
         self.dispatcher = dispatcher if dispatcher is not None else Dispatcher(settings, registry, policy)
 
     async def _submitting(self, fn: Callable[[], Turn]) -> AsyncTurn:
-        turn = await _start(fn, lambda t: t.cancel("the awaiting asyncio task was cancelled during submission"),
+        why = "the awaiting asyncio task was cancelled during submission"
+        turn = await _start(fn, lambda t: t.cancel(why), undo_soon=lambda t: t.cancel_soon(why),
                             name="toolfleet-aio-submit")
         return AsyncTurn(turn)
 

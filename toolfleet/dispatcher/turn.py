@@ -290,6 +290,13 @@ class Turn(TurnIntake, TurnApprovals, TurnDriver):
             self._obs.cancel(reason)
         self.send_pending_cancel()
 
+    def cancel_soon(self, reason: str = "cancelled by caller") -> None:
+        """:meth:`cancel` without waiting for Redis, for a thread that must not block (the asyncio
+        API's event loop): the turn is cancelled here at once (nothing more of it is sent) and the
+        cancel goes to Redis on a thread of its own; one Redis does not take is sent by the turn's
+        driver until it does (:meth:`send_pending_cancel`). Raises nothing."""
+        self._cancel_within(reason, 0.0)
+
     def _mark_cancelled(self, reason: str) -> None:
         with self._lock:
             if self._cancelled_at is None:
