@@ -15,6 +15,7 @@ import time
 
 from toolfleet import ErrorCode, Settings, ToolCall
 from toolfleet.aio import AsyncDispatcher
+from toolfleet.dispatcher.client import CLOSE_WAIT_S
 
 from .conftest import FLEET_KEY, make_registry
 from .faults import wait_started, wait_until
@@ -84,3 +85,51 @@ def test_a_timeout_around_awaited_turns_while_redis_is_paused_keeps_the_loop_run
     for [result] in finals[1:]:
         assert result.code is ErrorCode.NOT_EXECUTED, result
     assert tally_file.read_text().split() == ["a"]  # nothing of the cancelled turns ran later
+
+
+def test_leaving_an_async_dispatcher_block_while_redis_is_paused_keeps_the_loop_running(private_redis, namespace,
+                                                                                        start_worker, workspace):
+    """``async with AsyncDispatcher(...)`` ends by closing the dispatcher, which gives its turns'
+    cancels and drivers up to ``cancel_grace_s`` + ``CLOSE_WAIT_S`` (E1): that wait ran on the
+    loop's thread, stopping every other task of the loop for as long (3.5 s here)."""
+    server = private_redis(persistent=True)
+    settings = Settings(redis_url=server.url, namespace=namespace, cancel_grace_s=0.5, kill_grace_s=1.0,
+                        heartbeat_s=0.5, fleet_key=FLEET_KEY)
+    start_worker(settings=settings, concurrency=1)
+    tally_file = workspace / "tally.txt"
+
+    async def main():
+        gaps = [0.0]
+
+        async def ticker():
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.05)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        async with AsyncDispatcher(settings, make_registry()) as fleet:
+            turns = [await fleet.submit([tally("a", "a", seconds=20)], workspace=str(workspace))]
+            wait_started(fleet.dispatcher, turns[0].turn_id, "a")
+            wait_until(lambda: tally_file.exists() and tally_file.read_text().split() == ["a"], 30,
+                       "call a's handler to run")
+            turns.append(await fleet.submit([tally("q", "q")], workspace=str(workspace)))
+            ticking = asyncio.create_task(ticker())
+            await asyncio.sleep(0.2)
+            os.kill(server.proc.pid, signal.SIGSTOP)
+            began = time.monotonic()
+        try:
+            closed_s = time.monotonic() - began
+            await asyncio.sleep(0.2)
+            longest_gap = max(gaps)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        ticking.cancel()
+        return closed_s, longest_gap, [turn.turn for turn in turns]
+
+    closed_s, longest_gap, turns = asyncio.run(main())
+    print(f"\nthe block was left after {closed_s:.2f} s; longest stop of the loop {longest_gap:.2f} s")
+    assert closed_s < settings.cancel_grace_s + CLOSE_WAIT_S + 1.0, closed_s
+    assert longest_gap < 1.0, longest_gap
+    assert all(turn.cancelled for turn in turns)

@@ -348,10 +348,15 @@ class AsyncDispatcher:
         return await asyncio.to_thread(self.dispatcher.deny, turn_id, call_id, reason, **options)
 
     def close(self) -> None:
+        """:meth:`Dispatcher.close`, blocking (up to ``cancel_grace_s`` + 3 s); leaving ``async with``
+        closes on a thread instead."""
         self.dispatcher.close()
 
     async def __aenter__(self) -> AsyncDispatcher:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.close()
+        # close() waits for its turns' cancels and drivers (up to cancel_grace_s + CLOSE_WAIT_S, E1):
+        # in a thread, so the loop's other tasks run meanwhile; it starts now, so the close happens
+        # even if this task is cancelled again
+        await _in_thread(self.close, name="toolfleet-aio-close")
