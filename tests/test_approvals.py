@@ -230,3 +230,27 @@ def test_a_streamed_turn_holds_its_asks_and_dispatches_the_rest_early(settings, 
     planned = [e for e in trail if e.type == "planned"]
     assert [c["id"] for e in planned for c in e.data["calls"]] == ["call_st1", "call_st2"]
     assert [c["verdict"] for e in planned for c in e.data["calls"]] == ["allow", "ask"]
+
+
+def test_approvals_with_redis_gone_raise_broker_unavailable(private_redis, namespace, start_worker, workspace,
+                                                            policy_file):
+    """Dispatcher.pending / approve / deny and Turn.approve / deny with Redis gone raise
+    BrokerUnavailable naming the URL, as every other call of the API does: pending() and the
+    first read of approve() and deny() let redis-py's ConnectionError out."""
+    from toolfleet import BrokerUnavailable, Settings
+
+    from .conftest import FLEET_KEY
+
+    server = private_redis(persistent=False)
+    settings = Settings(redis_url=server.url, namespace=namespace, fleet_key=FLEET_KEY)
+    start_worker(settings=settings, args=["--policy", str(policy_file)])
+    with Dispatcher(settings, make_registry(), Policy.load(policy_file)) as d:
+        turn = d.submit([call("c1", "append_line", 0, path="effects/held.txt", line="x")], workspace=str(workspace))
+        assert [p.call_id for p in turn.wait_settled(WAIT_S)] == ["c1"]
+        server.kill()
+        for step in [lambda: d.pending(turn.turn_id), lambda: d.approve(turn.turn_id, "c1"),
+                     lambda: d.deny(turn.turn_id, "c1"), lambda: turn.approve("c1"), lambda: turn.deny("c1")]:
+            with pytest.raises(BrokerUnavailable, match=str(server.port)):
+                step()
+        server.start()
+        turn.cancel()

@@ -125,7 +125,8 @@ class Approvals:
         pipe.hkeys(k.turn_decisions(turn_id))
         pipe.hkeys(k.turn_results(turn_id))
         pipe.exists(k.turn_calls(turn_id))
-        held, decided, finished, exists = pipe.execute()
+        with self.ledger._translated():
+            held, decided, finished, exists = pipe.execute()
         if not exists:
             raise TurnNotFound(f"no turn {turn_id!r} in namespace {k.ns!r}")
         done = set(decided) | set(finished)
@@ -134,7 +135,8 @@ class Approvals:
 
     def decision(self, turn_id: str, call_id: str) -> str | None:
         """``approved``, ``denied`` or ``None`` (no decision yet). Used by workers."""
-        raw = self.redis.hget(self.keys.turn_decisions(turn_id), call_id)
+        with self.ledger._translated():
+            raw = self.redis.hget(self.keys.turn_decisions(turn_id), call_id)
         return None if raw is None else json.loads(raw).get("decision")
 
     def approve(
@@ -198,7 +200,8 @@ class Approvals:
         raise NotPending(message, reason=status)
 
     def _held(self, turn_id: str, call_id: str) -> PendingCall | None:
-        raw = self.redis.hget(self.keys.turn_pending(turn_id), call_id)
+        with self.ledger._translated():
+            raw = self.redis.hget(self.keys.turn_pending(turn_id), call_id)
         return None if raw is None else PendingCall.from_json(raw)
 
     @staticmethod
