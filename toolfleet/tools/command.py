@@ -73,6 +73,7 @@ def run_command(
             argv, env = box.command(["bash", "-c", command], workspace, info_fd=info_w)
             argv = _bounded(argv, ctx, box)
             note = sandbox.UNSANDBOXED_NOTE + "\n" if box.unsandboxed else ""
+            ctx.check_fence()  # right before the effect: a stale execution (frozen, answered) starts nothing
             proc = subprocess.Popen(
                 argv,
                 cwd=workspace,

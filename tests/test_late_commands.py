@@ -1,0 +1,56 @@
+"""Gray failure inside ``run_command`` (guarantees F3, F7): its pool process frozen after the
+handler started and before the command's sandbox starts (a GC pause, a VM stall), the whole worker
+frozen with it, resumed after its caller was told ``WORKER_LOST`` / ``OUTCOME_UNKNOWN``. The
+command used to run then, on the thaw: ``run_command`` is a built-in write that never called
+``ctx.check_fence()`` before its effect (the docs say the built-in writes do), so nothing refused
+the stale execution, and its write landed after the answer (with a freeze past the call's
+deadline, after the turn's locks were let go, and within the 0.5 s the sandbox's own deadline
+leaves a command started past it). It is now fenced right before the sandbox starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolfleet import Dispatcher, ErrorCode
+from toolfleet.tools.registry import default_registry
+
+from .faults import call, freeze, thaw, wait_until
+from .fencing_trials import fencing_settings
+
+MODULES = ["tests.tools_for_late_commands"]
+
+
+@pytest.fixture
+def settings(settings):
+    return fencing_settings(settings)  # heartbeat 0.3 s (liveness bound 2.2 s)
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_command_never_starts_after_its_caller_was_told_its_worker_was_lost(settings, start_worker, workspace,
+                                                                              tmp_path, monkeypatch):
+    monkeypatch.setenv("TOOLFLEET_TEST_LATE_CMD_DIR", str(tmp_path))
+    worker = start_worker(tools=MODULES[0], concurrency=1)
+    with Dispatcher(settings, default_registry(MODULES)) as dispatcher:
+        turn = dispatcher.submit([call("c", "run_command", command="echo late >> late.txt")],
+                                 workspace=str(workspace))
+        wait_until((tmp_path / "starting-c").exists, 30, "run_command's handler to start")
+        [pid] = worker.children()
+        wait_until(lambda: _stopped(pid), 10, "the pool process stopped before the sandbox starts")
+        freeze(worker)  # the main process too: its heartbeats stop
+        try:
+            [answer] = turn.results(timeout_s=30)  # at the liveness bound: no other worker serves it
+        finally:
+            thaw(worker)
+        # the pool takes the next message only once the frozen execution ended: join on it
+        [after] = dispatcher.run([call("e", "late_cmd_echo", text="after")], timeout_s=30)
+    assert answer.code in (ErrorCode.WORKER_LOST, ErrorCode.OUTCOME_UNKNOWN), answer
+    assert after.ok, after
+    assert not (workspace / "late.txt").exists(), "the command ran after its caller was told its worker was lost"
