@@ -5,7 +5,8 @@ command used to run then, on the thaw: ``run_command`` is a built-in write that 
 ``ctx.check_fence()`` before its effect (the docs say the built-in writes do), so nothing refused
 the stale execution, and its write landed after the answer (with a freeze past the call's
 deadline, after the turn's locks were let go, and within the 0.5 s the sandbox's own deadline
-leaves a command started past it). It is now fenced right before the sandbox starts."""
+leaves a command started past it). It is now fenced right before the sandbox starts; a hosted
+MCP server's write likewise, right before the call goes to the server."""
 
 from __future__ import annotations
 
@@ -54,3 +55,32 @@ def test_a_command_never_starts_after_its_caller_was_told_its_worker_was_lost(se
     assert answer.code in (ErrorCode.WORKER_LOST, ErrorCode.OUTCOME_UNKNOWN), answer
     assert after.ok, after
     assert not (workspace / "late.txt").exists(), "the command ran after its caller was told its worker was lost"
+
+
+def test_a_hosted_mcp_write_never_reaches_its_server_after_its_caller_was_told_its_worker_was_lost(
+        settings, start_worker, tmp_path, monkeypatch):
+    """The same for a write of an MCP server the worker hosts (``--mcp``): the call went to the
+    server on the thaw, which appended its line after the caller's answer."""
+    pytest.importorskip("mcp")
+    from toolfleet.integrations.mcp_host import with_live_tools
+
+    from .test_mcp_host import call as mcp_call
+    from .test_mcp_host import marker, tiny
+
+    monkeypatch.setenv("TOOLFLEET_TEST_LATE_CMD_DIR", str(tmp_path))
+    worker = start_worker(tools=MODULES[0], concurrency=1, args=["--mcp", tiny(marker())])
+    target = tmp_path / "notes.txt"
+    with Dispatcher(settings, with_live_tools(default_registry(MODULES), settings)) as dispatcher:
+        turn = dispatcher.submit([mcp_call("n", "tiny__note", path=str(target), text="late")])
+        wait_until((tmp_path / "starting-mcp-tiny").exists, 60, "the MCP call's handler to start")
+        wait_until(lambda: any(_stopped(pid) for pid in worker.children()), 10,
+                   "the pool process stopped before the call")
+        freeze(worker)
+        try:
+            [answer] = turn.results(timeout_s=30)
+        finally:
+            thaw(worker)
+        [after] = dispatcher.run([call("e", "late_cmd_echo", text="after")], timeout_s=60)
+    assert answer.code in (ErrorCode.WORKER_LOST, ErrorCode.OUTCOME_UNKNOWN), answer
+    assert after.ok, after
+    assert not target.exists(), "the MCP server wrote after its caller was told its worker was lost"

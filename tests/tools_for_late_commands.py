@@ -1,7 +1,8 @@
 """Tools for tests/test_late_commands.py: ``run_command``'s pool process stops itself (SIGSTOP)
-inside the handler, right before the command's sandbox starts: a GC pause, a VM stall between the
-handler's start and its effect. Only in a worker started with ``TOOLFLEET_TEST_LATE_CMD_DIR`` set
-(a folder: the handler leaves ``starting-<call id>`` there before it stops)."""
+inside the handler, right before the command's sandbox starts, and a hosted MCP tool's right
+before the call goes to its server: a GC pause, a VM stall between the handler's start and its
+effect. Only in a worker started with ``TOOLFLEET_TEST_LATE_CMD_DIR`` set (a folder: the handler
+leaves ``starting-<call id>``, or ``starting-mcp-<server>``, there before it stops)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,33 @@ from toolfleet.tools.spec import tool
 _bounded = command._bounded
 
 
-def _stop_then_bound(argv, ctx, box):  # type: ignore[no-untyped-def]
+def _stop(call_id: str) -> None:
     folder = os.environ.get("TOOLFLEET_TEST_LATE_CMD_DIR")
     if folder:
-        (Path(folder) / f"starting-{ctx.call_id}").touch()
+        (Path(folder) / f"starting-{call_id}").touch()
         os.kill(os.getpid(), signal.SIGSTOP)  # resumed by the test's SIGCONT
+
+
+def _stop_then_bound(argv, ctx, box):  # type: ignore[no-untyped-def]
+    _stop(ctx.call_id)
     return _bounded(argv, ctx, box)
 
 
 command._bounded = _stop_then_bound
+
+try:
+    from toolfleet.integrations import mcp_host
+except ImportError:  # no MCP SDK: the MCP test is skipped
+    mcp_host = None  # type: ignore[assignment]
+if mcp_host is not None:
+    _hosted = mcp_host.hosted
+
+    def _stop_then_hosted(name, argv):  # type: ignore[no-untyped-def]
+        host = _hosted(name, argv)  # the server found (or started) for the call, which goes to it next
+        _stop(f"mcp-{name}")
+        return host
+
+    mcp_host.hosted = _stop_then_hosted
 
 
 @tool(access="read", timeout_s=30)

@@ -322,6 +322,8 @@ def spec_for(server: str, argv: list[str], tool: Any, timeout_s: float = 60.0) -
 
     def handler(_toolfleet_ctx: ToolContext, **arguments: Any) -> Any:
         host = hosted(server, argv)
+        if not read:  # right before the effect: a stale execution (frozen, answered) sends the server nothing
+            _toolfleet_ctx.check_fence()
         return _content(host.call(mcp_name, arguments, timeout_s + PING_TIMEOUT_S + START_TIMEOUT_S, _toolfleet_ctx))
 
     return tool_from_schema(f"{server}{SEPARATOR}{mcp_name}", tool.input_schema or {"type": "object"},
