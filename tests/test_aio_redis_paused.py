@@ -133,3 +133,40 @@ def test_leaving_an_async_dispatcher_block_while_redis_is_paused_keeps_the_loop_
     assert closed_s < settings.cancel_grace_s + CLOSE_WAIT_S + 1.0, closed_s
     assert longest_gap < 1.0, longest_gap
     assert all(turn.cancelled for turn in turns)
+
+
+def test_async_turn_cancel_while_redis_is_paused_returns_at_once_and_is_not_lost(private_redis, namespace,
+                                                                                  start_worker, workspace):
+    """``AsyncTurn.cancel()`` (documented as returning at once) sent the cancel on the loop's thread
+    and waited for Redis: 5 s of a stopped loop with Redis paused, then BrokerUnavailable."""
+    server = private_redis(persistent=True)
+    settings = Settings(redis_url=server.url, namespace=namespace, cancel_grace_s=0.5, kill_grace_s=1.0,
+                        heartbeat_s=0.5, fleet_key=FLEET_KEY)
+    start_worker(settings=settings, concurrency=1)
+    fleet = AsyncDispatcher(settings, make_registry())
+    tally_file = workspace / "tally.txt"
+
+    async def main():
+        busy = await fleet.submit([tally("a", "a", seconds=3)], workspace=str(workspace))
+        wait_started(fleet.dispatcher, busy.turn_id, "a")
+        queued = await fleet.submit([tally("q", "q")], workspace=str(workspace))
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            began = time.monotonic()
+            queued.cancel()
+            cancel_s = time.monotonic() - began
+            await asyncio.sleep(0.5)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        return cancel_s, await queued.results(60), await busy.results(60), queued
+
+    try:
+        cancel_s, [result], [first], queued = asyncio.run(main())
+        cancelled = fleet.dispatcher.ledger.is_cancelled(queued.turn_id)
+    finally:
+        fleet.close()
+    assert cancel_s < 0.5, cancel_s
+    assert cancelled, "the cancel never reached Redis"
+    assert result.code is ErrorCode.NOT_EXECUTED, result
+    assert first.ok, first
+    assert tally_file.read_text().split() == ["a"]

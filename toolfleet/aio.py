@@ -162,8 +162,10 @@ class AsyncTurn:
         return self.turn.result(call_id)
 
     def cancel(self, reason: str = "cancelled by caller") -> None:
-        """Cancel the turn (:meth:`Turn.cancel`); returns at once."""
-        self.turn.cancel(reason)
+        """Cancel the turn (:meth:`Turn.cancel`); returns at once, without waiting for Redis on the
+        loop's thread (:meth:`Turn.cancel_soon`: a cancel Redis does not take is sent on by the
+        turn's driver until it does)."""
+        self.turn.cancel_soon(reason)
 
     def _canceller(self, cancel_turn: bool) -> Callable[[], None] | None:
         if not cancel_turn:
