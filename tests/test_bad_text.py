@@ -3,17 +3,19 @@ stopped before anything is sent, and no turn leaves a thread behind or a loop th
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 import pytest
 
 from toolfleet import BrokerUnavailable, ErrorCode, ToolCall
+from toolfleet.dispatcher.wire import MAX_CALL_ID_CHARS
 from toolfleet.errors import BatchRejected, ToolfleetError
 
 from .faults import call
 
-BAD_IDS = ["call_\ud800", "call\x00nul", "call\nline", "x" * 257,
+BAD_IDS = ["call_\ud800", "call\x00nul", "call\nline", "x" * (MAX_CALL_ID_CHARS + 1),
            # credential-shaped ids would be Celery task ids, unmasked in Flower and the audit trail
            "ghp_" + "Zb3" * 12, "sk-ant-api03-" + "A1b2" * 10]
 
@@ -51,6 +53,33 @@ def test_a_bad_turn_id_is_refused_before_anything_is_written(dispatcher, bad_id)
     assert bad_id.strip("x") == "" or bad_id[:8] not in str(caught.value)
     key = Keys(dispatcher.settings.namespace).turn_calls(bad_id.encode("utf-8", "surrogatepass").decode("latin-1"))
     assert not dispatcher.ledger.redis.exists(key)
+
+
+def gateway_call_id(n: int) -> str:
+    """A call id as LiteLLM writes it in front of Gemini 3 (BerriAI/litellm#16895): the model's
+    thought signature, standard base64, after ``__thought__`` (about 950 characters there, "multiple
+    KB" in other reports); Gemini refuses the next request unless the id comes back unchanged."""
+    import base64
+
+    signature = base64.b64encode(bytes((n * 7 + i * 31) % 256 for i in range(2400))).decode()
+    return f"call_{n:024x}__thought__{signature}"
+
+
+def test_a_gateways_long_call_ids_run_and_their_results_pair_with_them(dispatcher, worker, workspace):
+    """A batch whose ids carry a Gemini thought signature (LiteLLM's Chat Completions, 3,240
+    characters here) was refused whole, ``bad_call_id`` "longer than 256": no call of any such
+    response ever ran. Its calls run and each result goes back under its own id, unchanged."""
+    ids = [gateway_call_id(0), gateway_call_id(1)]
+    response = {"id": "r", "object": "chat.completion", "model": "gemini-3-pro-preview", "choices": [
+        {"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": None, "tool_calls": [
+            {"id": cid, "type": "function",
+             "function": {"name": "wait_read", "arguments": json.dumps({"label": label})}}
+            for cid, label in zip(ids, "ab", strict=True)]}}]}
+    turn = dispatcher.submit_response(response, workspace=str(workspace))
+    results = turn.results(60)
+    assert [r.call_id for r in results] == ids and all(r.ok for r in results), [r.content for r in results]
+    assert [m["tool_call_id"] for m in turn.messages()] == ids
+    assert [c["id"] for c in turn.assistant_messages()[0]["tool_calls"]] == ids
 
 
 def test_stream_valid_call_then_surrogate_id_ends_with_results(dispatcher, worker, workspace):

@@ -34,7 +34,12 @@ from ..tools.validation import check_call
 
 log = logging.getLogger(__name__)
 
-MAX_CALL_ID_CHARS = 256
+MAX_CALL_ID_CHARS = 16_384
+"""The longest call (or turn) id taken. Gateways write more than an id into it: LiteLLM in front of
+Gemini 3 appends the model's thought signature, ``call_<hex>__thought__<base64>`` (BerriAI/litellm#16895;
+about 950 characters, "multiple KB" in other reports), which must come back unchanged or Gemini
+refuses the next request; a limit of 256 refused every batch of those. The bound stays, as a guard
+against a payload that is not an id at all."""
 
 
 def encodable(text: str) -> bool:
