@@ -143,6 +143,51 @@ def test_case_5_null_or_missing_arguments_run_as_empty_and_go_back_as_a_string(a
     check_messages("openai_chat", repaired.messages)
 
 
+@pytest.mark.parametrize("arguments", ["", " \n"])
+def test_case_5_empty_arguments_run_as_empty_and_go_back_as_an_empty_object(arguments):
+    """OpenAI-compatible servers (vLLM, Ollama: pipecat-ai/pipecat#4060) write the call of a tool
+    without parameters as ``arguments: ""`` (streamed: null or empty fragments). It runs as ``{}``
+    but went back in the assistant message as ``""``, which servers reading the history's arguments
+    as JSON refuse (Claude behind OpenAI-compatible gateways, labring/FastGPT#4754; Databricks,
+    agno-agi/agno#9229; vLLM before it read empty text as ``{}``). It goes back as ``"{}"``, how it
+    ran, whole or streamed, in Chat and Responses, and repair_history writes it so."""
+    tc = {"id": "c1", "type": "function", "function": {"name": "list_dir", "arguments": arguments}}
+    chat = {"choices": [{"index": 0, "finish_reason": "tool_calls",
+                         "message": {"role": "assistant", "content": None, "tool_calls": [tc]}}]}
+    def chunk(delta: dict, finish: str | None = None) -> dict:
+        return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    chunks = [chunk({"role": "assistant", "tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                                                          "function": {"name": "list_dir", "arguments": None}}]}),
+              chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}),
+              chunk({}, "tool_calls")]
+    item = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "list_dir", "arguments": arguments,
+            "status": "completed"}
+    responses_events = [
+        {"type": "response.output_item.added", "output_index": 0, "item": {**item, "status": "in_progress"}},
+        {"type": "response.function_call_arguments.done", "output_index": 0, "item_id": "fc_1",
+         "arguments": arguments},
+        {"type": "response.output_item.done", "output_index": 0, "item": item}]
+    for format, payload in (("chat", chat), ("openai_chat_stream", chunks)):
+        (call,) = get_adapter(format).parse(payload)
+        assert parse_arguments(call) == {}
+        assert rebuilt(format, payload)[0]["tool_calls"][0]["function"]["arguments"] == "{}"
+    for format, payload in (("responses", {"output": [item]}), ("openai_responses_stream", responses_events)):
+        (call,) = get_adapter(format).parse(payload)
+        assert parse_arguments(call) == {}
+        assert rebuilt(format, payload)[0]["arguments"] == "{}"
+    chat_history = [{"role": "user", "content": "x"}, chat["choices"][0]["message"],
+                    {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    responses_history = [{"role": "user", "content": "x"}, item,
+                         {"type": "function_call_output", "call_id": "c1", "output": "ok"}]
+    for format, history, written in (("openai_chat", chat_history, lambda m: m[1]["tool_calls"][0]["function"]),
+                                     ("openai_responses", responses_history, lambda m: m[1])):
+        repaired = repair_history(history, format)
+        assert [r.kind for r in repaired.repairs] == ["arguments_normalized"]
+        assert written(repaired.messages)["arguments"] == "{}"
+        check_messages(format, repaired.messages)
+
+
 def nested(depth: int, leaf=1):
     value = leaf
     for _ in range(depth):

@@ -28,7 +28,8 @@ immediately after"). A run that was interrupted, or a history edited by hand, le
 - ``empty_text_removed`` (Anthropic): a text block with no text but white space is dropped (the API
   refuses one: "text content blocks must be non-empty");
 - ``arguments_normalized`` (Chat, Responses): a call's ``arguments`` that are not a JSON string
-  (``null``, an object) are written as one (``null`` as ``"{}"``), as the APIs require;
+  (``null``, an object) or are empty text are written as one (``null`` and ``""`` as ``"{}"``, how
+  the call ran), as the APIs require;
 - ``empty_tool_calls_removed`` (Chat): an empty ``tool_calls`` list is dropped (OpenAI refuses one:
   "Invalid 'messages[1].tool_calls': empty array");
 - ``empty_message_removed``: a message left with no content by the above is removed.
@@ -154,20 +155,32 @@ def _normalize_arguments(items: list[Any], name: str, repairs: list[Repair]) -> 
             calls = []
             for call in item["tool_calls"]:
                 function = call.get("function") or {}
-                if call.get("type") != "custom" and not isinstance(function.get("arguments"), str):
+                if call.get("type") != "custom" and not _json_text(function.get("arguments")):
                     repairs.append(Repair("arguments_normalized", str(call.get("id")), position,
-                                          "its arguments were not a JSON string; written as one"))
+                                          _normalized_why(function.get("arguments"))))
                     written = arguments_for_wire(function.get("arguments"))
                     call = {**call, "function": {**function, "arguments": written}}
                 calls.append(call)  # a custom call (``custom: {name, input}``) has no arguments: as it is
             item = {**item, "tool_calls": calls}
-        elif name == "openai_responses" and item.get("type") == "function_call" and not isinstance(
-                item.get("arguments"), str):
+        elif name == "openai_responses" and item.get("type") == "function_call" and not _json_text(
+                item.get("arguments")):
             repairs.append(Repair("arguments_normalized", str(item.get("call_id")), position,
-                                  "its arguments were not a JSON string; written as one"))
+                                  _normalized_why(item.get("arguments"))))
             item = {**item, "arguments": arguments_for_wire(item.get("arguments"))}
         out.append(item)
     return out
+
+
+def _json_text(arguments: Any) -> bool:
+    """Whether a call's ``arguments`` go back as they are: text, and not empty (empty text ran as
+    ``{}`` and is written so: :func:`.adapters.wire.arguments_for_wire`)."""
+    return isinstance(arguments, str) and bool(arguments.strip())
+
+
+def _normalized_why(arguments: Any) -> str:
+    if isinstance(arguments, str):
+        return 'its arguments were empty text (run as {}); written as "{}"'
+    return "its arguments were not a JSON string; written as one"
 
 
 def _anthropic_text(items: list[Any], repairs: list[Repair]) -> list[Any]:
