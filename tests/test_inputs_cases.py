@@ -143,14 +143,17 @@ def test_case_5_null_or_missing_arguments_run_as_empty_and_go_back_as_a_string(a
     check_messages("openai_chat", repaired.messages)
 
 
-@pytest.mark.parametrize("arguments", ["", " \n"])
+@pytest.mark.parametrize("arguments", ["", " \n", "null"])
 def test_case_5_empty_arguments_run_as_empty_and_go_back_as_an_empty_object(arguments):
     """OpenAI-compatible servers (vLLM, Ollama: pipecat-ai/pipecat#4060) write the call of a tool
     without parameters as ``arguments: ""`` (streamed: null or empty fragments). It runs as ``{}``
     but went back in the assistant message as ``""``, which servers reading the history's arguments
     as JSON refuse (Claude behind OpenAI-compatible gateways, labring/FastGPT#4754; Databricks,
     agno-agi/agno#9229; vLLM before it read empty text as ``{}``). It goes back as ``"{}"``, how it
-    ran, whole or streamed, in Chat and Responses, and repair_history writes it so."""
+    ran, whole or streamed, in Chat and Responses, and repair_history writes it so. Groq writes such a
+    call as ``"null"`` (langchain-ai/langchain#33896): it runs as ``{}`` too (it was INVALID_ARGUMENT)
+    and goes back as ``"{}"`` (Gemini refuses ``"null"``: "Expected a valid JSON object",
+    langroid/langroid#988)."""
     tc = {"id": "c1", "type": "function", "function": {"name": "list_dir", "arguments": arguments}}
     chat = {"choices": [{"index": 0, "finish_reason": "tool_calls",
                          "message": {"role": "assistant", "content": None, "tool_calls": [tc]}}]}

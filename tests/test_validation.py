@@ -158,3 +158,17 @@ def test_empty_arguments_mean_no_arguments(registry):
     assert parse_arguments(ToolCall(id="a", name="list_dir", arguments="")) == {}
     assert check(registry, "list_dir", "")[1] == {}
     assert check(registry, "list_dir", "  \n")[1] == {}
+
+
+def test_json_null_arguments_mean_no_arguments(registry):
+    """Groq writes the call of a tool without parameters as ``arguments: "null"``
+    (langchain-ai/langchain#33896, "it sends arguments: 'null' (JSON null)"): it was INVALID_ARGUMENT
+    "must be a JSON object, not null", a call the model wrote right and could not write otherwise.
+    JSON null means no arguments, as empty text and a missing field do; a tool with required
+    parameters then says which are missing. Any other non-object is still refused."""
+    assert parse_arguments(ToolCall(id="a", name="list_dir", arguments="null")) == {}
+    assert check(registry, "list_dir", " null\n")[1] == {}
+    missing = check(registry, "read_file", "null")
+    assert missing.code == ErrorCode.INVALID_ARGUMENT and "path" in missing.content
+    for raw in ('"null"', "[null]", "0", "false"):
+        assert check(registry, "list_dir", raw).code == ErrorCode.INVALID_ARGUMENT, raw

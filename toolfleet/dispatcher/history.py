@@ -28,8 +28,8 @@ immediately after"). A run that was interrupted, or a history edited by hand, le
 - ``empty_text_removed`` (Anthropic): a text block with no text but white space is dropped (the API
   refuses one: "text content blocks must be non-empty");
 - ``arguments_normalized`` (Chat, Responses): a call's ``arguments`` that are not a JSON string
-  (``null``, an object) or are empty text are written as one (``null`` and ``""`` as ``"{}"``, how
-  the call ran), as the APIs require;
+  (``null``, an object) or are empty text or the text ``null`` are written as one (those as
+  ``"{}"``, how the call ran), as the APIs require;
 - ``empty_tool_calls_removed`` (Chat): an empty ``tool_calls`` list is dropped (OpenAI refuses one:
   "Invalid 'messages[1].tool_calls': empty array");
 - ``empty_message_removed``: a message left with no content by the above is removed.
@@ -172,14 +172,14 @@ def _normalize_arguments(items: list[Any], name: str, repairs: list[Repair]) -> 
 
 
 def _json_text(arguments: Any) -> bool:
-    """Whether a call's ``arguments`` go back as they are: text, and not empty (empty text ran as
-    ``{}`` and is written so: :func:`.adapters.wire.arguments_for_wire`)."""
-    return isinstance(arguments, str) and bool(arguments.strip())
+    """Whether a call's ``arguments`` go back as they are: text, neither empty nor ``null`` (those
+    ran as ``{}`` and are written so: :func:`.adapters.wire.arguments_for_wire`)."""
+    return isinstance(arguments, str) and arguments.strip() not in ("", "null")
 
 
 def _normalized_why(arguments: Any) -> str:
     if isinstance(arguments, str):
-        return 'its arguments were empty text (run as {}); written as "{}"'
+        return 'its arguments were empty text or null (run as {}); written as "{}"'
     return "its arguments were not a JSON string; written as one"
 
 

@@ -53,12 +53,15 @@ def parse_arguments(call: ToolCall) -> dict[str, Any] | ToolResult:
 
     ``""`` (or only white space) means ``{}``: OpenAI sends it for a tool called without
     arguments, and an Anthropic ``tool_use`` streamed with no ``input_json_delta`` means ``{}``.
-    JSON is read strictly (RFC 8259): no ``NaN``/``Infinity``, no key given twice.
+    So does JSON ``null``: Groq writes such a call as ``arguments: "null"``
+    (langchain-ai/langchain#33896), which the model cannot write otherwise; any other JSON that is
+    not an object is refused. JSON is read strictly (RFC 8259): no ``NaN``/``Infinity``, no key
+    given twice.
     """
     raw = call.arguments
     if isinstance(raw, dict):
         return _readable(call, raw)
-    if not raw.strip():
+    if raw.strip() in ("", "null"):
         return {}
     if raw == NOT_JSON_ARGUMENTS:  # an object built in Python that JSON cannot carry (models.ToolCall)
         return _invalid(call, "the arguments hold what JSON cannot carry (a key that is not a string, a set, bytes, "

@@ -170,13 +170,14 @@ def dumps(value: Any) -> str | None:
 
 def arguments_for_wire(value: Any) -> str:
     """Chat and Responses ``arguments`` as the APIs take them: a JSON string. Text goes back as the
-    model wrote it (pairs joined, lone surrogates escaped); missing (``null``) or empty (``""``,
-    white space only: what vLLM and Ollama write for a tool without parameters) as ``"{}"``, how the
-    call was run, since servers that read the history's arguments as JSON refuse empty text
-    (Claude behind OpenAI-compatible gateways, labring/FastGPT#4754; Databricks, agno-agi/agno#9229);
-    an object as its JSON text."""
+    model wrote it (pairs joined, lone surrogates escaped); missing (``null``), empty (``""``,
+    white space only: what vLLM and Ollama write for a tool without parameters) or the JSON text
+    ``null`` (Groq's) as ``"{}"``, how the call was run, since servers that read the history's
+    arguments as a JSON object refuse those (Claude behind OpenAI-compatible gateways,
+    labring/FastGPT#4754; Databricks, agno-agi/agno#9229; Gemini, langroid/langroid#988); an object
+    as its JSON text."""
     if isinstance(value, str):
-        return escape_surrogates(value) if value.strip() else "{}"
+        return escape_surrogates(value) if value.strip() not in ("", "null") else "{}"
     if value is None:
         return "{}"
     return dumps(value) or "{}"
