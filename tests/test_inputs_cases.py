@@ -353,6 +353,25 @@ def test_sse_lines_are_read_as_events(tmp_path):
     assert _read_payload(path) == [{"a": 1}]
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".sse"])
+def test_recorded_events_whose_text_holds_unicode_line_separators_are_read_whole(tmp_path, suffix):
+    """JSON strings may hold U+2028, U+2029 and U+0085 unescaped (servers writing UTF-8 as
+    ``json.dumps(..., ensure_ascii=False)`` or ``JSON.stringify`` do; text copied from web pages and
+    PDFs carries them). Lines were split with ``str.splitlines``, which breaks at those too, so a
+    recorded stream of such text was refused as "not JSON" and nothing ran. Events are one a line
+    as JSON Lines and server-sent events define lines: ending at CR, LF or CRLF only."""
+    from toolfleet.cli_run import _read_payload
+
+    text = "para\u2028graph\u2029end \x85 mojibake"
+    events = [{"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}}]},
+              {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+    lines = [json.dumps(e, ensure_ascii=False) for e in events]
+    body = "\n".join(lines) + "\n" if suffix == ".jsonl" else "".join(f"data: {line}\r\n\r\n" for line in lines)
+    path = tmp_path / f"stream{suffix}"
+    path.write_bytes((body + ("" if suffix == ".jsonl" else "data: [DONE]\r\n\r\n")).encode("utf-8"))
+    assert _read_payload(path) == events
+
+
 def test_a_recorded_stream_that_cannot_be_read_is_refused_before_anything_runs(dispatcher, settings, tmp_path):
     """submit_response reads a whole recorded stream first: call_A, complete before the bad event,
     never becomes a turn."""

@@ -9,6 +9,7 @@ the dispatcher and the adapters are imported inside the command, so ``toolfleet 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
@@ -207,7 +208,7 @@ def _read_payload(path: Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         _fail(ToolfleetError(f"cannot read {path}: {exc}"), 2)
-    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if _event_text(line) is not None]
+    lines = [(n, line) for n, line in enumerate(_LINE_END.split(text), 1) if _event_text(line) is not None]
     line_no = 0
     try:
         if path.suffix == ".jsonl" or text.lstrip().startswith(("data:", ":", "event:")):
@@ -229,6 +230,12 @@ def _read_payload(path: Path) -> Any:
         what = "nests too deep" if isinstance(exc, RecursionError) else f"is not JSON ({exc})"
         _fail(ToolfleetError(f"cannot read {path}{where}: it {what}; expected a provider response saved as "
                              "JSON (chat completion, Responses or Anthropic message) or a .jsonl stream"), 2)
+
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+"""Where a line of a recorded stream ends, as JSON Lines and server-sent events define it: CR, LF or
+CRLF only. ``str.splitlines`` also breaks at U+2028, U+2029 and U+0085, which a JSON string may
+hold unescaped (text the model wrote), and cut such an event in two ("not JSON")."""
 
 
 def _event_text(line: str) -> str | None:
