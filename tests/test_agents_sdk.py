@@ -152,3 +152,22 @@ def test_calls_held_for_approval_wait_for_the_answer_by_call_id(settings, worker
         assert outputs["r"] == "read a" and outputs["w"] == "wrote k" and outputs["rk"] == "read k"
         assert outputs["w2"].startswith("Error [PERMISSION_DENIED]")
         assert fleet.completed.index("w") < fleet.completed.index("rk")
+
+
+def test_without_hooks_a_call_id_seen_in_an_earlier_run_runs_again(dispatcher, worker):
+    """One FleetTools serving run after run (built once, as its tools are): providers behind the
+    SDK's Chat Completions model reuse call ids across conversations (``call_0`` in every response:
+    Gemini through LiteLLM, llama.cpp, Mistral's short ids). Without hooks the second run's
+    ``call_0`` was answered with the first run's result (its batch was kept by call id): it never
+    ran, and the model read another call's text."""
+    with FleetTools(dispatcher, names=["wait_read"]) as fleet:
+        seen = []
+        for label in ("x", "y"):
+            model = ScriptedModel([fcall("call_0", "wait_read", label=label)],
+                                  lambda items: [message(json.dumps(_outputs(items)))])
+            agent = Agent(name="fleet", model=model, tools=fleet.tools)
+            result = asyncio.run(asyncio.wait_for(
+                Runner.run(agent, "go", run_config=RunConfig(tracing_disabled=True)), 120))  # no hooks
+            seen.append(json.loads(result.final_output))
+        assert seen == [{"call_0": "read x"}, {"call_0": "read y"}]
+        assert len(fleet.turns) == 2

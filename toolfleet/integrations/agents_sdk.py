@@ -192,6 +192,10 @@ class FleetTools:
         task cancels the call's turn."""
         with self._lock:
             batch = self._batches.get(call_id) if call_id else None
+            if batch is not None and call_id in batch.invoked:
+                # invoked before: this is another call under a reused id (``call_0`` in every
+                # conversation of some providers), never the old call's result
+                batch = None
         call_id = call_id or f"call_{uuid.uuid4().hex}"
         cancelled = "the agent run was cancelled"
         try:
