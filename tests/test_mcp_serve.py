@@ -124,3 +124,47 @@ def test_an_mcp_client_over_streamable_http_runs_calls_on_the_fleet(settings, wo
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_an_idempotent_write_is_not_announced_as_only_additive():
+    """MCP's ``destructiveHint: false`` says a tool "performs only additive updates", and clients let
+    such tools run without asking (auto-approval policies). Idempotent is another question (a delete
+    or an overwrite is idempotent and destroys what was there): an idempotent write was served with
+    ``destructiveHint: false``. The fleet cannot tell a write only adds, so every write says it may
+    destroy; a read says nothing of it (meaningful only for writes)."""
+    from toolfleet import tool
+    from toolfleet.integrations.mcp_server import mcp_tool
+
+    @tool(access="write", resources=lambda a: [f"file:{a['path']}"], idempotent=True)
+    def remove_file(path: str) -> str:
+        """Delete a file (deleting it again changes nothing).
+
+        Args:
+            path: The file.
+        """
+        return path
+
+    @tool(access="write", resources=lambda a: [])
+    def append_note(text: str) -> str:
+        """Append a note.
+
+        Args:
+            text: The note.
+        """
+        return text
+
+    @tool(access="read", resources=lambda a: [])
+    def look(path: str) -> str:
+        """Read a file.
+
+        Args:
+            path: The file.
+        """
+        return path
+
+    removing = mcp_tool(remove_file).annotations
+    assert removing.read_only_hint is False and removing.idempotent_hint is True
+    assert removing.destructive_hint is True
+    assert mcp_tool(append_note).annotations.destructive_hint is True
+    looking = mcp_tool(look).annotations
+    assert looking.read_only_hint is True and looking.destructive_hint is None

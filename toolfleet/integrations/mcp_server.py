@@ -5,7 +5,9 @@ fleet's registry, known only at run time, so the decorator-based ``MCPServer`` d
 stdio or streamable HTTP.
 
 - ``tools/list``: one MCP ``Tool`` per fleet tool: its JSON Schema as ``inputSchema``, annotations from the
-  spec (``readOnlyHint`` for reads, ``idempotentHint``, ``destructiveHint`` for non-idempotent writes).
+  spec (``readOnlyHint`` for reads, ``idempotentHint``, ``destructiveHint`` for every write: the fleet cannot
+  tell a write only adds, and an idempotent one may overwrite or delete; ``false`` would say "only additive
+  updates", which clients may let run without asking).
 - ``tools/call``: one fleet turn of one call (an id ``mcp-<hex>``), in the server's workspace; the result's
   ``content`` is the one text block the client reads, ``isError`` when its status is ``error`` (the text
   starts with ``Error [CODE]``), its ``data`` as ``structuredContent`` when it is an object. Calls the
@@ -36,7 +38,7 @@ def mcp_tool(spec: Any) -> types.Tool:
     return types.Tool(
         name=spec.name, description=spec.description or spec.name, input_schema=spec.parameters,
         annotations=types.ToolAnnotations(read_only_hint=read, idempotent_hint=bool(spec.idempotent),
-                                          destructive_hint=None if read else not spec.idempotent),
+                                          destructive_hint=None if read else True),
     )
 
 
