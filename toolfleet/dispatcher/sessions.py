@@ -61,15 +61,18 @@ def open_session(store: SessionStore, registry: Registry, session_id: str | None
 
 def initial_value(name: str, decl: SessionState, given: Any) -> Any:
     """The value to store for a state given at open. With the state's own type (the tools
-    imported): ``given`` itself, or its JSON form validated into the type. Known only from the
-    workers' catalog (type ``object``): the JSON form of ``given`` (an instance is dumped by its own
+    imported): ``given`` itself when it is an instance of the type's class, else ``given`` validated
+    into the type (its JSON form; for a type that is not a class, ``set[str]``, an instance too).
+    Known only from the workers' catalog (type ``object``): the JSON form of ``given`` (an instance is dumped by its own
     class: a pydantic model's ``model_dump(mode="json")``, a dataclass's pydantic adapter, so a
     :data:`~toolfleet.tools.state.JsonRandom` field keeps its generator), checked against the
     published ``json_schema`` when there is one. Raises :class:`ToolfleetError` naming the state
     and the path of what is wrong, or saying to pass the JSON form (or the tools' registry)."""
     if decl.type is not object:
-        if isinstance(given, decl.type if isinstance(decl.type, type) else object):
+        if isinstance(decl.type, type) and isinstance(given, decl.type):
             return given
+        # anything else (a type that is not a class, ``set[str]`` or ``list[Todo]``, included: every value
+        # would pass for one of those) is validated into the type: its JSON form, or an instance as it is
         try:
             schema = decl.adapter.json_schema()
         except Exception:  # noqa: BLE001 - no schema: nothing to say of its fields
