@@ -171,3 +171,21 @@ def test_without_hooks_a_call_id_seen_in_an_earlier_run_runs_again(dispatcher, w
             seen.append(json.loads(result.final_output))
         assert seen == [{"call_0": "read x"}, {"call_0": "read y"}]
         assert len(fleet.turns) == 2
+
+
+def test_a_long_lived_fleet_tools_keeps_no_turn_of_answered_calls(dispatcher, worker, monkeypatch):
+    """One FleetTools serving run after run (a server): each call without hooks opened a turn kept
+    by call id in ``_batches`` and never dropped, so every turn stayed in memory for good. An answered
+    call's entry goes (with hooks or without), and ``turns`` keeps only the latest ones."""
+    monkeypatch.setattr("toolfleet.integrations.agents_sdk._KEPT_TURNS", 2)
+    with FleetTools(dispatcher, names=["wait_read"]) as fleet:
+        for run, hooks in enumerate((None, None, fleet.hooks)):
+            model = ScriptedModel([fcall(f"a{run}", "wait_read", label="x")],
+                                  [fcall(f"b{run}", "wait_read", label="y")],
+                                  lambda items: [message(json.dumps(_outputs(items), sort_keys=True))])
+            agent = Agent(name="fleet", model=model, tools=fleet.tools)
+            result = asyncio.run(asyncio.wait_for(
+                Runner.run(agent, "go", hooks=hooks, run_config=RunConfig(tracing_disabled=True)), 120))
+            assert json.loads(result.final_output) == {f"a{run}": "read x", f"b{run}": "read y"}
+            assert fleet._batches == {}
+        assert [[c.id for c in t.calls] for t in fleet.turns] == [["a2"], ["b2"]]

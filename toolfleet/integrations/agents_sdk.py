@@ -37,6 +37,7 @@ import asyncio
 import concurrent.futures
 import threading
 import uuid
+from collections import deque
 from collections.abc import Iterable, Sequence
 from contextlib import suppress
 from typing import Any
@@ -52,11 +53,13 @@ from ..aio import _in_thread, _quietly, _start
 from ..errors import ToolfleetError
 from ..models import ErrorCode, ToolCall, ToolResult
 
+_KEPT_TURNS = 100  # FleetTools.turns: the latest fleet turns opened (a long-lived server opens them without end)
+
 
 class _Batch:
     """One fleet turn and a future per call id, set by one thread reading ``turn.as_completed``."""
 
-    def __init__(self, turn: Any, calls: Sequence[ToolCall], timeout_s: float, completed: list[str],
+    def __init__(self, turn: Any, calls: Sequence[ToolCall], timeout_s: float, completed: deque[str],
                  final_wait_s: float = 0.0) -> None:
         self.turn = turn
         self.final_wait_s = final_wait_s  # after a give-up's cancel: how long the final results may take
@@ -138,8 +141,10 @@ class FleetTools:
         self.hooks = _FleetHooks(self)
         self._batches: dict[str, _Batch] = {}  # call id -> the turn it belongs to
         self._lock = threading.Lock()
-        self.turns: list[Any] = []  # every fleet turn opened, in order (for inspection and tests)
-        self.completed: list[str] = []  # call ids in the order their results came in
+        # the latest fleet turns opened, in order, and the call ids of their results in the order they
+        # came in (for inspection and tests); older ones are let go
+        self.turns: deque[Any] = deque(maxlen=_KEPT_TURNS)
+        self.completed: deque[str] = deque(maxlen=_KEPT_TURNS * 20)
 
     def _function_tool(self, spec: Any, strict: bool) -> FunctionTool:
         async def invoke(ctx: Any, arguments: str) -> str:
@@ -217,6 +222,13 @@ class FleetTools:
             raise
         except (ToolfleetError, TimeoutError) as exc:
             return _failure(ToolCall(id=call_id, name=name, arguments=arguments), exc).content
+        finally:
+            # the call is answered (or given up): its entry goes, or a long-lived FleetTools serving
+            # runs without hooks would keep every turn by call id; a call id seen again is a new call
+            if batch is not None:
+                with self._lock:
+                    if self._batches.get(call_id) is batch:
+                        del self._batches[call_id]
         return result.content
 
     def _cancel_leftovers(self, reason: str) -> None:
