@@ -405,3 +405,29 @@ def test_open_takes_the_json_form_of_a_state_typed_set_or_list_of_models(setting
         assert d.sessions.load(todos, sid).value == [Todo(title="x", done=True)]
         with pytest.raises(ToolfleetError, match="not a valid"):
             d.open_session("other", state={"todos": [{"done": True}]})
+
+
+def test_a_state_redis_could_not_load_or_save_says_whether_the_handler_ran(
+        sdispatcher: Dispatcher, start_worker, tmp_path, monkeypatch) -> None:
+    """Redis failing the load of a session's state (the handler never ran) or its save (the handler
+    ran, its changes were not kept) was EXECUTION_ERROR "ConnectionError: ..." with the hint "fix the
+    arguments": neither said whether the call ran, and the model was told to change a right call."""
+    monkeypatch.setenv("TOOLFLEET_TEST_STATE_FAULTS", str(tmp_path))
+    start_worker(concurrency=1, args=[*WORKER_ARGS, "--tools", "tests.tools_for_state_faults"])
+    sid = sdispatcher.open_session()
+    assert run(sdispatcher, sid, ("bump", {}), turn="a")[0].content == "count=1"
+
+    (tmp_path / "load").touch()
+    not_run = run(sdispatcher, sid, ("bump", {}), turn="b")[0]
+    assert not (tmp_path / "load").exists()
+    assert not_run.code is ErrorCode.EXECUTION_ERROR, not_run
+    assert "did not run" in not_run.content and "ConnectionError" in not_run.content, not_run.content
+    assert "fix the arguments" not in not_run.content
+
+    (tmp_path / "save").touch()
+    not_kept = run(sdispatcher, sid, ("bump", {}), turn="c")[0]
+    assert not (tmp_path / "save").exists()
+    assert not_kept.code is ErrorCode.EXECUTION_ERROR, not_kept
+    assert "the call ran" in not_kept.content and "may not have been kept" in not_kept.content, not_kept.content
+    assert "fix the arguments" not in not_kept.content
+    assert run(sdispatcher, sid, ("bump", {}), turn="d")[0].content == "count=2"  # neither change was kept

@@ -311,7 +311,8 @@ class SessionStore:
     def load(self, state: SessionState, session_id: str | None) -> Loaded:
         """The state of ``session_id`` (its ``initial()`` at version 0 if the session was opened
         without it and never saved it). Raises :class:`ToolFailure` when there is no session id,
-        the session is not open, or a state the session lists has expired (its key is gone)."""
+        the session is not open, a state the session lists has expired (its key is gone), or Redis
+        fails the read."""
         if not session_id:
             raise ToolFailure(f"this tool keeps session state ({state.name!r}) and the turn has no session id; "
                               "it did not run",
@@ -320,7 +321,12 @@ class SessionStore:
         pipe = self.redis.pipeline(transaction=False)  # one round trip
         pipe.hmget(self.meta_key(session_id), "opened_at", "states", "epoch")
         pipe.hmget(self.state_key(session_id, state.name), "data", "version")
-        (opened, names, epoch), (raw, version) = pipe.execute()
+        try:
+            (opened, names, epoch), (raw, version) = pipe.execute()
+        except redis.RedisError as exc:  # connection lost, timeout, READONLY: nothing ran yet
+            raise ToolFailure(f"the session state {state.name!r} could not be read from Redis "
+                              f"({type(exc).__name__}: {exc}); the call did not run",
+                              "try the call again; Redis may answer again") from exc
         epoch = epoch.decode() if isinstance(epoch, bytes) else (epoch or "")
         if opened is None:
             raise ToolFailure(f"session {session_id!r} is not open (never opened, closed, or expired); the call did "
@@ -338,11 +344,19 @@ class SessionStore:
         """Store ``value`` if the state is still at ``loaded.version`` (one round trip: a Lua
         script); returns the new version.
         Raises :class:`ToolFailure` when it is too big, the session is gone, or another
-        execution saved in between (nothing is stored then)."""
+        execution saved in between (nothing is stored then), or Redis fails the save."""
         raw = state.dump(value)
-        result = int(self._save(keys=[self.state_key(session_id, state.name), self.meta_key(session_id)],
-                                args=[loaded.version, raw, self.default_ttl_s, time.time(), state.name,
-                                      self.state_key(session_id, ""), loaded.epoch]))
+        try:
+            result = int(self._save(keys=[self.state_key(session_id, state.name), self.meta_key(session_id)],
+                                    args=[loaded.version, raw, self.default_ttl_s, time.time(), state.name,
+                                          self.state_key(session_id, ""), loaded.epoch]))
+        except redis.RedisError as exc:
+            # refused (READONLY, OOM): nothing stored; the connection lost or timed out: the script may
+            # have run before the answer was lost
+            kept = "were not kept" if isinstance(exc, redis.ResponseError) else "may not have been kept"
+            raise ToolFailure(f"the call ran, but saving the session state {state.name!r} failed on Redis "
+                              f"({type(exc).__name__}: {exc}); its changes to {state.name!r} {kept}",
+                              "check the state (and any other effect of the call) before repeating it") from exc
         if result == -1:
             raise ToolFailure(f"session {session_id!r} was closed or expired (or opened again) while the call ran; "
                               f"its changes to {state.name!r} were not kept", "open the session again")
