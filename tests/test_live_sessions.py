@@ -306,3 +306,18 @@ def test_a_session_closed_while_its_command_runs_answers_session_lost(start_work
     assert wait_gone(seconds, 5.0) == []
     [after] = sh(live, workspace, "closed-mid", 'echo "[${KEEP:-unset}]"')
     assert after.ok and after.content == "[unset]\n", after.content
+
+
+def test_replacing_a_session_ends_its_live_shell_too(start_worker, fast, live, workspace):
+    """``open_session(id, replace=True)`` starts the session's next life, as closing and opening it
+    does: its stored states were replaced, while its live shell lived on into the new life with the
+    old one's cwd, environment and background processes."""
+    start_worker(args=ARGS, settings=fast)
+    first = marker()
+    live.open_session("replacing-1")
+    [old] = sh(live, workspace, "replacing-1", f"sleep {first} & export LEFT_BEHIND=old-state; cd /tmp")
+    assert old.ok and processes_with(first)
+    assert live.open_session("replacing-1", replace=True) == "replacing-1"
+    [fresh] = sh(live, workspace, "replacing-1", 'echo "[${LEFT_BEHIND:-unset}]"; pwd')
+    assert fresh.ok and fresh.content == f"[unset]\n{workspace}\n", fresh.content
+    assert wait_gone(first, 5.0) == []

@@ -92,10 +92,17 @@ class Dispatcher:
         as ``session_id`` to the turns of the conversation. See
         :func:`toolfleet.dispatcher.sessions.open_session` (what is raised and when);
         ``ttl_s`` (default ``settings.result_ttl_s``): the session expires that long after it was
-        opened or last saved."""
+        opened or last saved. ``replace`` starts the session's next life as :meth:`close_session`
+        and opening it would: its live shell, if it has one, is ended too."""
         from .sessions import open_session
 
-        return open_session(self.sessions, self.registry, session_id, state=state, ttl_s=ttl_s, replace=replace)
+        opened = open_session(self.sessions, self.registry, session_id, state=state, ttl_s=ttl_s, replace=replace)
+        if replace:  # the old life's shell (cwd, environment, processes) is not the new life's
+            try:
+                close_live_session(self.settings, opened)
+            except redis.RedisError as exc:
+                raise BrokerUnavailable(self.settings.ledger, str(exc)) from exc
+        return opened
 
     def close_session(self, session_id: str) -> bool:
         """Close a session: its stored states are deleted at once, and its live shell (the ``shell``
