@@ -183,6 +183,24 @@ def test_metrics_of_worker_and_dispatcher_count_what_the_results_say(dispatcher,
         metrics.disable_dispatcher_metrics()
 
 
+def test_a_given_metrics_directory_is_emptied_of_old_values_but_never_removed(dispatcher, start_worker, workspace,
+                                                                            tmp_path: Path, monkeypatch):
+    """PROMETHEUS_MULTIPROC_DIR given (under the temporary directory, as most are: /tmp/prometheus):
+    the worker empties it of an earlier run's values at start, and at its end leaves it, and what
+    else it holds, where it was (only a directory the worker made for itself is removed)."""
+    given = tmp_path / "prometheus"
+    given.mkdir()
+    (given / "gunicorn_app.txt").write_text("another program's file")
+    (given / "counter_1.db").write_bytes(b"an earlier run's values")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(given))
+    w = start_worker(args=["--metrics-port", str(_free_port())])
+    assert not (given / "counter_1.db").exists()  # emptied at start
+    turn = dispatcher.submit([call("m1", "wait_read", label="a")], workspace=str(workspace))
+    assert [r.status for r in turn.results(timeout_s=30)] == ["ok"]
+    w.stop()
+    assert given.is_dir() and (given / "gunicorn_app.txt").read_text() == "another program's file"
+
+
 def test_result_log_is_one_json_line_per_call_without_arguments_or_output(dispatcher, start_worker, workspace,
                                                                           tmp_path: Path, monkeypatch):
     log_file = tmp_path / "results.jsonl"

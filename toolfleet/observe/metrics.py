@@ -154,6 +154,7 @@ def enable_worker_metrics(app: Any, runtime: Any, port: int, addr: str = "0.0.0.
     global _worker
     from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
 
+    made = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")  # a fresh directory of our own: removed at the end
     path = prepare_multiprocess_dir()
     _worker = WorkerMetrics()
     served: dict[str, Any] = {}
@@ -188,7 +189,8 @@ def enable_worker_metrics(app: Any, runtime: Any, port: int, addr: str = "0.0.0.
     def _stop(**_: Any) -> None:
         if "server" in served:
             served["server"].shutdown()
-        if not os.environ.get("TOOLFLEET_KEEP_METRICS_DIR") and path.startswith(tempfile.gettempdir()):
+        # only the directory made here: a given one (often under /tmp too) may hold other programs' files
+        if made and not os.environ.get("TOOLFLEET_KEEP_METRICS_DIR"):
             shutil.rmtree(path, ignore_errors=True)
 
 
