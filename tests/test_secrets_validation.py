@@ -92,6 +92,27 @@ def test_a_json_syntax_error_does_not_quote_a_secret_cut_from_its_name(settings,
     assert MYSQL_PW not in trail_text(settings, turn_id)
 
 
+@pytest.mark.parametrize("raw", [
+    '{"retries": 2, "dsn": "' + DSN_SECRET + '"',  # cut short: the closing brace never came
+    '{"dsn": "' + DSN_SECRET + '", "retries": 2,}',  # a trailing comma
+    "{'dsn': '" + DSN_SECRET + "', 'retries': 2}",  # single quotes, as Python writes a dict
+    '{"dsn": "' + DSN_SECRET + '" "retries": 2}',  # a comma missing
+    '{"dsn": "' + DSN_SECRET[:9] + '\n' + DSN_SECRET[9:] + '"}',  # a raw new line inside the string
+    '{"dsn": "' + DSN_SECRET[:9] + '\\u0041' + DSN_SECRET[9:] + '"',  # cut short, an escape inside
+    json.dumps(json.dumps({"dsn": DSN_SECRET, "retries": 2})),  # encoded twice: a JSON string holding JSON
+])
+def test_a_declared_sensitive_value_in_malformed_json_is_never_quoted(settings, workspace, raw):
+    # the arguments are no JSON, so no value is known to be the sensitive parameter's: it was
+    # quoted in the syntax error's context (message, ledger, audit `finished`) and written whole
+    # in the `planned` entry, where a secret-named parameter's value is masked by its name
+    turn_id, result = run_one(settings, workspace, ToolCall(id="db", name="connect_db", arguments=raw, index=0))
+    assert result.code is not None and result.code.value == "INVALID_ARGUMENT"
+    assert "JSON" in result.error.message
+    for piece in (DSN_SECRET, DSN_SECRET[:9], DSN_SECRET[9:]):
+        assert piece not in result.content, result.content
+        assert piece not in trail_text(settings, turn_id)
+
+
 def test_an_unknown_tool_name_is_masked_before_it_is_shortened(settings, workspace):
     # a weak model puts the command in the name field; the name is cut to 64 characters (head and
     # tail) before it is masked, so the tail of the password is quoted without its name

@@ -21,7 +21,7 @@ from ..policy.config import Policy
 from ..policy.engine import Verdict, evaluate
 from ..policy.loops import LoopCheck, LoopDetector
 from ..policy.rules import Rule, RuleStore
-from ..tools.redact import redact_text, redact_value, secret_values
+from ..tools.redact import redact_text, redact_value, secret_values, sensitive_values_in_text
 from ..tools.registry import Registry
 from ..tools.spec import ToolSpec
 from ..tools.state import SessionStore, loop_epochs
@@ -176,8 +176,11 @@ class Guard:
             spec, arguments = outcome
             return shown_arguments(arguments, spec.sensitive)
         spec = self.registry.get(call.name)
-        parsed = parse_arguments(call)
+        sensitive = spec.sensitive if spec else ()
+        parsed = parse_arguments(call, sensitive)
         if isinstance(parsed, dict):
-            return shown_arguments(parsed, spec.sensitive if spec else ())
-        return redact_text(call.arguments) if isinstance(call.arguments, str) else redact_value(call.arguments)
+            return shown_arguments(parsed, sensitive)
+        if isinstance(call.arguments, str):  # not JSON: the sensitive values as the text gives them
+            return redact_text(call.arguments, sensitive_values_in_text(call.arguments, sensitive))
+        return redact_value(call.arguments)
 

@@ -23,6 +23,7 @@ hidden whole. Long text keeps its head and tail and says how long it was.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -45,7 +46,8 @@ OWN_SECRET_MIN_CHARS = 8  # shorter values are not masked everywhere (a password
 _OWN: tuple[str, ...] = ()  # this process's own secrets: masked in every text, whatever its shape
 
 __all__ = ["GIVEN_MAX_CHARS", "MASK", "MAX_DEPTH", "TOO_DEEP", "is_secret_name", "kind_of", "mask_text",
-           "redact_arguments", "redact_text", "redact_value", "register_own_secrets", "secret_values", "shorten",
+           "redact_arguments", "redact_text", "redact_value", "register_own_secrets", "secret_values",
+           "sensitive_values_in_text", "shorten",
            "show_given"]
 
 
@@ -227,6 +229,46 @@ def secret_values(arguments: Any, sensitive: Iterable[str] = ()) -> set[str]:
         elif secret and isinstance(node, (int, float)) and not isinstance(node, bool):
             found.add(str(node))
     return found
+
+
+# a JSON string (its end may be missing: text cut short), a bracket or another word, after a name's colon
+_TEXT_VALUE = re.compile(r"""(["'])((?:\\.|(?!\1)[^\\])*)\1?|([\[{])|([^\s,}\]]+)""")
+_TEXT_ITEM = re.compile(r"""(["'])((?:\\.|(?!\1)[^\\])*)\1?|([^\s,:\[\]{}"']+)""")
+
+
+def sensitive_values_in_text(text: str, sensitive: Iterable[str]) -> set[str]:
+    """The values that arguments written as text which is not JSON (cut short, single-quoted, a
+    comma missing) give the declared ``sensitive`` parameters: what follows ``"name":`` (or
+    ``'name':``, ``name:``), a string as written and unescaped, a bare word, or every string and
+    word of an array or object up to its closing bracket. :func:`secret_values` cannot find them:
+    nothing says which value is whose until the text is read as JSON."""
+    found: set[str] = set()
+    for name in dict.fromkeys(n for n in sensitive if isinstance(n, str) and n):
+        for head in re.finditer(r"(?<![\w-])\\?[\"']?" + re.escape(name) + r"\\?[\"']?[ \t\r\n]*:[ \t\r\n]*", text):
+            value = _TEXT_VALUE.match(text, head.end())
+            if value is None:
+                continue
+            if value.group(3) is None:
+                found.update(_unescaped(value.group(2)) if value.group(1) else {value.group(4)})
+                continue
+            depth, end = 0, len(text)  # the array or object, up to its closing bracket (or the end)
+            for i in range(value.start(), len(text)):
+                depth += text[i] in "[{"
+                depth -= text[i] in "]}"
+                if depth == 0:
+                    end = i
+                    break
+            for item in _TEXT_ITEM.finditer(text, value.end(), end):
+                found.update(_unescaped(item.group(2)) if item.group(1) else {item.group(3)})
+    return {value for value in found if value}
+
+
+def _unescaped(written: str) -> set[str]:
+    """A JSON string's text as written and, when it reads, as it means (escapes resolved)."""
+    try:
+        return {written, json.loads(f'"{written}"')}
+    except ValueError:
+        return {written}
 
 
 def redact_arguments(arguments: dict[str, Any], sensitive: Iterable[str] = ()) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..models import NOT_JSON_ARGUMENTS, ErrorCode, ToolCall, ToolResult
-from .redact import MASK, kind_of, mask_text, shorten
+from .redact import MASK, kind_of, mask_text, sensitive_values_in_text, shorten
 from .registry import Registry
 from .spec import ToolSpec
 from .violations import violations
@@ -41,15 +41,17 @@ def check_call(registry: Registry, call: ToolCall) -> tuple[ToolSpec, dict[str, 
     spec = registry.get(call.name)
     if spec is None:
         return unknown_tool(call, registry.names())
-    arguments = parse_arguments(call)
+    arguments = parse_arguments(call, spec.sensitive)
     if isinstance(arguments, ToolResult):
         return arguments
     problem = check_arguments(spec, call.id, arguments)
     return problem if problem is not None else (spec, arguments)
 
 
-def parse_arguments(call: ToolCall) -> dict[str, Any] | ToolResult:
-    """The call's arguments as an object, or its ``INVALID_ARGUMENT`` result.
+def parse_arguments(call: ToolCall, sensitive: Iterable[str] = ()) -> dict[str, Any] | ToolResult:
+    """The call's arguments as an object, or its ``INVALID_ARGUMENT`` result (``sensitive``: the
+    tool's declared sensitive parameters, whose values a message quoting text that is not JSON
+    masks: :func:`~.redact.sensitive_values_in_text`).
 
     ``""`` (or only white space) means ``{}``: OpenAI sends it for a tool called without
     arguments, and an Anthropic ``tool_use`` streamed with no ``input_json_delta`` means ``{}``.
@@ -68,11 +70,14 @@ def parse_arguments(call: ToolCall) -> dict[str, Any] | ToolResult:
                         "an object held twice or holding itself); nothing ran",
                         "send the arguments as one JSON object of strings, numbers, booleans, null, arrays and "
                         "objects.")
+    def known() -> set[str]:  # only a message quoting the text needs them (a scan per name)
+        return sensitive_values_in_text(raw, sensitive)
+
     try:
         value = json.loads(raw, parse_constant=_refuse_constant, object_pairs_hook=_no_duplicate_keys,
                            parse_int=_integer)
     except json.JSONDecodeError as exc:
-        return _invalid(call, *_where_parsing_stopped(raw, exc))
+        return _invalid(call, *_where_parsing_stopped(raw, exc, known()))
     except _StrictJSONError as exc:
         return _invalid(call, f"arguments are not strict JSON: {exc}",
                         "send every parameter once, with plain JSON values (no NaN or Infinity).")
@@ -82,13 +87,13 @@ def parse_arguments(call: ToolCall) -> dict[str, Any] | ToolResult:
     if isinstance(value, str) and value.strip().startswith("{"):
         return _invalid(
             call,
-            f"arguments are a JSON string that holds JSON ({shorten(mask_text(raw))}), not a JSON object",
+            f"arguments are a JSON string that holds JSON ({shorten(mask_text(raw, known()))}), not a JSON object",
             "send the object itself, not encoded a second time as a string.",
         )
     if not isinstance(value, dict):
         return _invalid(
             call,
-            f"arguments must be a JSON object, not {kind_of(value)}; given {shorten(mask_text(raw))}",
+            f"arguments must be a JSON object, not {kind_of(value)}; given {shorten(mask_text(raw, known()))}",
             'wrap them in an object keyed by parameter name, e.g. {"path": "README.md"}.',
         )
     return _readable(call, value)
@@ -199,8 +204,8 @@ def _invalid(call: ToolCall, message: str, hint: str) -> ToolResult:
     return ToolResult.failure(call.id, call.name, ErrorCode.INVALID_ARGUMENT, message, hint)
 
 
-def _where_parsing_stopped(raw: str, exc: json.JSONDecodeError) -> tuple[str, str]:
-    shown, after = around(raw, exc.pos, CONTEXT_CHARS, AFTER_CHARS)
+def _where_parsing_stopped(raw: str, exc: json.JSONDecodeError, known: Iterable[str] = ()) -> tuple[str, str]:
+    shown, after = around(raw, exc.pos, CONTEXT_CHARS, AFTER_CHARS, known)
     where = f"line {exc.lineno} column {exc.colno} (character {exc.pos} of {len(raw)})"
     if exc.pos >= len(raw.rstrip()):
         unclosed = _unclosed(raw)
@@ -217,7 +222,8 @@ def _where_parsing_stopped(raw: str, exc: json.JSONDecodeError) -> tuple[str, st
     return message, "send one valid JSON object, e.g. {\"name\": \"value\"}, with commas between members."
 
 
-def around(text: str, pos: int, before: int = CONTEXT_CHARS, after: int = AFTER_CHARS) -> tuple[str, str]:
+def around(text: str, pos: int, before: int = CONTEXT_CHARS, after: int = AFTER_CHARS,
+           known: Iterable[str] = ()) -> tuple[str, str]:
     """The ``before`` characters of ``text`` up to ``pos`` (``…`` first when more came before) and
     the ``after`` characters from it, secrets masked in the WHOLE text first, then cut: a piece cut
     out first may no longer hold the name or program that makes a secret recognisable
@@ -226,9 +232,10 @@ def around(text: str, pos: int, before: int = CONTEXT_CHARS, after: int = AFTER_
     Everything shown is a piece of ``mask_text(text)``: the text up to ``pos`` is masked on its own
     (its end is where the masked whole text goes on); when that differs from the start of the masked
     whole text (a secret runs across ``pos``, or what follows makes one recognisable), only their
-    common start is shown, then ``***``."""
-    head = mask_text(text[:pos])
-    whole = mask_text(text)
+    common start is shown, then ``***``. ``known``: values masked wherever they appear too."""
+    known = tuple(known)
+    head = mask_text(text[:pos], known)
+    whole = mask_text(text, known)
     if whole.startswith(head):
         shown, rest = head, whole[len(head):]
     else:
