@@ -68,6 +68,19 @@ def test_a_bad_url_is_still_shown_with_its_password_masked_and_a_plain_value_as_
     assert "(got 'abc')" in _error_text(heartbeat_s="abc")
 
 
+def test_the_settings_repr_masks_the_passwords_of_their_urls():
+    """``repr(settings)`` (a log line ``"using %r"``, a test's assertion, an error tracker's frame
+    locals) showed the fleet key as ``**********`` but each URL whole, its password included."""
+    shown = Settings(redis_url=f"redis://:{REDIS_PW}@10.0.0.5:6379/0",
+                     broker_url=f"amqp://app:{REDIS_PW}@10.0.0.6:5672//",
+                     ledger_url=f"rediss://10.0.0.7:6380/1?password={REDIS_PW}&ssl_cert_reqs=none",
+                     fleet_key="k" * 40)
+    for text in (repr(shown), str(shown)):
+        assert REDIS_PW not in text and "k" * 40 not in text, text
+        assert "10.0.0.5:6379/0" in text and "app:**@10.0.0.6:5672" in text and "ssl_cert_reqs=none" in text
+    assert shown.redis_url == f"redis://:{REDIS_PW}@10.0.0.5:6379/0"  # the value itself is whole
+
+
 def test_a_password_given_as_a_query_parameter_is_never_shown_either():
     """redis-py takes ``?password=`` too: not in an invalid-setting error, ``shown_url`` (also for a URL
     kombu cannot parse), the ``--redis-url`` a follow-up hint prints, and masked by the process's own secrets."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -188,6 +188,16 @@ class Settings(BaseModel):
                 raise ValueError(f"a fleet key must have at least {MIN_KEY_CHARS} characters "
                                  "(`toolfleet keygen` makes one)")
         return value
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, object]]:
+        """``repr`` (and ``str``) show each URL with its password masked (``redis://:**@host``,
+        ``?password=**``), as the keys show ``**********``: a settings object gets logged, quoted by
+        a test's assertion, captured with an error tracker's frame locals."""
+        from .errors import shown_url_with_query
+
+        for name, value in super().__repr_args__():
+            shown = isinstance(name, str) and name.endswith("_url") and isinstance(value, str)
+            yield name, shown_url_with_query(value) if shown else value
 
     @property
     def fleet_keys(self) -> FleetKeys | None:
