@@ -105,6 +105,32 @@ def test_one_trace_per_turn_with_call_spans_continued_on_the_workers(dispatcher,
     assert [e["name"] for e in remote["c1"]["events"]] == ["toolfleet.cancelled"]
 
 
+def test_an_async_turn_is_a_child_of_the_awaiting_task_s_span(dispatcher, worker, workspace, spans):
+    """AsyncDispatcher submits from a thread of its own: the turn span's parent must still be the
+    span current where the turn is awaited (an async agent framework's step), as with the
+    synchronous Dispatcher, and the worker's run continues that trace."""
+    import asyncio
+
+    from toolfleet.aio import AsyncDispatcher
+
+    provider, exporter = spans
+    agent = provider.get_tracer("agent")
+
+    async def step():
+        with agent.start_as_current_span("agent.step") as span:
+            turn = await AsyncDispatcher(dispatcher=dispatcher).submit(
+                [call("a1", "wait_read", label="a"), call("nope", "no_such_tool")], workspace=str(workspace))
+            results = await turn.results(30)
+            return span, turn, results
+
+    span, turn, results = asyncio.run(step())
+    assert [r.status for r in results] == ["ok", "error"]
+    _ended(turn.turn)
+    [turn_span] = [s for s in exporter.get_finished_spans() if s.name == "toolfleet.turn"]
+    assert turn_span.parent is not None and turn_span.parent.span_id == span.get_span_context().span_id
+    assert turn_span.context.trace_id == span.get_span_context().trace_id
+
+
 def test_time_limit_is_a_span_event(dispatcher, worker, workspace, spans):
     _, exporter = spans
     turn = dispatcher.submit([call("slow", "quick_read", label="x", seconds=5)], workspace=str(workspace))

@@ -37,6 +37,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -60,9 +61,13 @@ _END = object()
 async def _in_thread(fn: Callable[[], T], *, on_cancel: Callable[[], None] | None = None,
                      name: str = "toolfleet-aio") -> T:
     """Run the blocking ``fn`` in a daemon thread and await its outcome. When the awaiting task is
-    cancelled, ``on_cancel`` runs (in the loop's thread, before ``CancelledError`` propagates)."""
+    cancelled, ``on_cancel`` runs (in the loop's thread, before ``CancelledError`` propagates).
+    ``fn`` runs in a copy of the awaiting task's context variables, as with ``asyncio.to_thread``:
+    a new thread starts with none, and a turn takes the caller's current span (OpenTelemetry's
+    context) as its trace's parent."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
+    context = contextvars.copy_context()
 
     def settle(value: Any, exc: BaseException | None) -> None:
         if future.done():
@@ -74,7 +79,7 @@ async def _in_thread(fn: Callable[[], T], *, on_cancel: Callable[[], None] | Non
 
     def target() -> None:
         try:
-            value, exc = fn(), None
+            value, exc = context.run(fn), None
         except BaseException as error:  # noqa: BLE001 - handed to the awaiting task as is
             value, exc = None, error
         try:
