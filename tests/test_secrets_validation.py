@@ -290,3 +290,16 @@ def test_a_session_states_differences_and_validation_errors_mask_before_they_cut
     except ValidationError as exc:
         text = validation_text(exc)
     assert "retries" in text and PASSWORD[:6] not in text and PASSWORD[-6:] not in text, text
+
+
+def test_reading_sensitive_values_from_text_is_linear():
+    """Arrays opened under the sensitive name again and again, never closed: each was read to the
+    end of the text (quadratic: minutes for 160 KB); a name inside an array read whole is skipped."""
+    import time
+
+    from toolfleet.tools.redact import sensitive_values_in_text
+
+    text = '{"dsn": "' + DSN_SECRET + '", ' + '"dsn": [' * 20_000
+    began = time.monotonic()
+    found = sensitive_values_in_text(text, ["dsn"])
+    assert time.monotonic() - began < 5.0 and DSN_SECRET in found

@@ -244,8 +244,9 @@ def sensitive_values_in_text(text: str, sensitive: Iterable[str]) -> set[str]:
     nothing says which value is whose until the text is read as JSON."""
     found: set[str] = set()
     for name in dict.fromkeys(n for n in sensitive if isinstance(n, str) and n):
+        done = 0  # the end of the last array or object read whole: a name inside it was read with it
         for head in re.finditer(r"(?<![\w-])\\?[\"']?" + re.escape(name) + r"\\?[\"']?[ \t\r\n]*:[ \t\r\n]*", text):
-            value = _TEXT_VALUE.match(text, head.end())
+            value = None if head.start() < done else _TEXT_VALUE.match(text, head.end())
             if value is None:
                 continue
             if value.group(3) is None:
@@ -260,6 +261,7 @@ def sensitive_values_in_text(text: str, sensitive: Iterable[str]) -> set[str]:
                     break
             for item in _TEXT_ITEM.finditer(text, value.end(), end):
                 found.update(_unescaped(item.group(2)) if item.group(1) else {item.group(3)})
+            done = end
     return {value for value in found if value}
 
 
