@@ -88,6 +88,23 @@ def test_a_tool_logging_its_password_argument_is_masked_in_the_worker_log(settin
     assert PASSWORD not in log, [line for line in log.splitlines() if PASSWORD in line]
 
 
+def test_a_password_a_tool_quotes_url_encoded_is_masked_in_its_error(settings, start_worker, workspace):
+    """A tool quoting the URL it built (requests' ``HTTPError``: ``... for url: https://...?p=...``)
+    quotes its secret argument percent-encoded (``/`` as ``%2F``, a space as ``+``): the call's
+    secret values were masked only as written, in JSON and as ``repr`` writes them."""
+    from urllib.parse import quote, quote_plus
+
+    password = "Pw/No+Shape 77&x"
+    start_worker(tools=TOOLS)
+    with Dispatcher(settings, default_registry([TOOLS])) as d:
+        turn = d.submit([call("rep", "fetch_report", 0, user="alice", password=password)], workspace=str(workspace))
+        [result] = turn.results(WAIT_S)
+    assert result.error is not None and "reports.example.com/login?u=alice&p=***" in result.error.message, result
+    stored = namespace_dump(settings)
+    for form in (password, quote_plus(password), quote(password), quote(password, safe="")):
+        assert form not in result.content and form not in stored, form
+
+
 def logged(message: str, *args: object) -> str:
     """``message % args`` as the worker's log redaction leaves it."""
     record = logging.LogRecord("t", logging.WARNING, __file__, 1, message, args, None)

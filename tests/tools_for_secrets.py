@@ -44,3 +44,18 @@ def http_request(url: str, headers: list[dict] | None = None, env: list[dict] | 
         env: Environment variables, each {"name": ..., "value": ...}.
     """
     return f"sent to {url} with {len(headers or [])} header(s)"
+
+
+@tool(access="read", resources=lambda a: [])
+def fetch_report(user: str, password: str) -> str:
+    """Fetch a report behind a login (refused: the error quotes the URL it built, as
+    requests' ``HTTPError`` does, the password URL-encoded in its query).
+
+    Args:
+        user: Who logs in.
+        password: Their password.
+    """
+    from urllib.parse import urlencode
+
+    raise ToolFailure(f"401 Client Error: Unauthorized for url: https://reports.example.com/login?"
+                      f"{urlencode({'u': user, 'p': password})}", "check the user and password")

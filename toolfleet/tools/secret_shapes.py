@@ -50,6 +50,7 @@ import re
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 from .secret_programs import MASK, mask_program_secrets
 
@@ -354,10 +355,14 @@ def _named_values(line: str) -> str:
 
 def quoted_forms(value: str) -> set[str]:
     """``value`` and the forms a tool quotes it in: inside a JSON string (``json.dumps``, ASCII or
-    not) and a Python ``repr`` (a backslash doubled, ``\n`` escaped, ``ä`` as ``\u00e4``): a tool's
+    not), a Python ``repr`` (a backslash doubled, ``\n`` escaped, ``ä`` as ``\u00e4``) and percent-encoded
+    (``quote``, ``quote_plus``: a URL's query, a form body): a tool's
     ``raise ValueError(f"refused {args!r}")`` showed a sensitive value so escaped, which the exact
     value did not match (a breaker's find)."""
-    forms = {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1], repr(value)[1:-1]}
+    forms = {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1], repr(value)[1:-1],
+             # percent-encoded, as a URL or form body a tool built and quotes (requests' HTTPError)
+             quote(value, errors="surrogatepass"), quote(value, safe="", errors="surrogatepass"),
+             quote_plus(value, errors="surrogatepass")}
     return {form for form in forms if len(form) >= 3}
 
 
