@@ -82,6 +82,33 @@ def test_a_gateways_long_call_ids_run_and_their_results_pair_with_them(dispatche
     assert [c["id"] for c in turn.assistant_messages()[0]["tool_calls"]] == ids
 
 
+def padded_gateway_call_id(n: int, tail: bytes) -> str:
+    """A gateway call id whose thought signature's base64 ends in padding (its length not a
+    multiple of 3): ``tail`` picks its last characters (``b"\\0\\0\\x1a?"``: ``...AAAaPw==``)."""
+    import base64
+
+    signature = base64.b64encode(bytes((n * 7 + i * 31) % 256 for i in range(696)) + tail).decode()
+    return f"call_{n:024x}__thought__{signature}"
+
+
+def test_a_gateway_id_whose_signature_ends_like_a_password_assignment_runs(dispatcher, worker, workspace):
+    """About one random thought signature in 500 ends ``...Pw==`` (camel-case ``Pw``, the
+    password name, then ``=``, then the padding ``=`` as its "value"), so the credential-shape check
+    refused the batch whole (``bad_call_id``): none of that response's calls ran. Padding is no
+    secret: the ids run, unchanged."""
+    ids = [padded_gateway_call_id(0, b"\0\0\x1a?"), gateway_call_id(1)]
+    assert ids[0].endswith("aPw==")
+    response = {"id": "r", "object": "chat.completion", "model": "gemini-3-pro-preview", "choices": [
+        {"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": None, "tool_calls": [
+            {"id": cid, "type": "function",
+             "function": {"name": "wait_read", "arguments": json.dumps({"label": label})}}
+            for cid, label in zip(ids, "ab", strict=True)]}}]}
+    turn = dispatcher.submit_response(response, workspace=str(workspace))
+    results = turn.results(60)
+    assert [r.call_id for r in results] == ids and all(r.ok for r in results), [r.content for r in results]
+    assert [m["tool_call_id"] for m in turn.messages()] == ids
+
+
 def test_stream_valid_call_then_surrogate_id_ends_with_results(dispatcher, worker, workspace):
     """A valid call, then a call whose id holds a lone surrogate: the stream is refused at that
     call, and the turn still ends (the valid call has its result) instead of timing out."""
