@@ -239,3 +239,34 @@ def test_worker_refuses_an_unknown_sandbox_setting(settings, option):
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
     assert proc.returncode == 1 and "invalid setting" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_sandboxs_own_deadline_counts_the_time_its_fence_check_took(workspace, monkeypatch):
+    """run_command's sandbox runs under ``timeout -s KILL`` set to end it SELF_KILL_AFTER_S past the
+    call's time limit (what holds when the worker is frozen). The fence check right before the
+    sandbox starts is a Redis round trip, retried while Redis does not answer: the deadline was
+    read before it, so a check that took 1.2 s gave the sandbox 1.2 s more than its bound past the
+    call's limit (a frozen worker's command then acted after the turn's locks were let go)."""
+    from toolfleet.tools import command
+
+    if sandbox.current().unsandboxed:
+        pytest.skip("no sandbox here")
+    started: list[tuple[float, list[str]]] = []
+    real_popen = subprocess.Popen
+
+    def popen(argv, *args, **kwargs):
+        started.append((time.monotonic(), list(argv)))
+        return real_popen(argv, *args, **kwargs)
+
+    def slow_check() -> str | None:  # Redis answered late: this execution still holds its call
+        time.sleep(1.2)
+        return None
+
+    monkeypatch.setattr(command.subprocess, "Popen", popen)
+    ctx = ToolContext(call_id="c", turn_id="t", tool_name="run_command", workspace=workspace,
+                      deadline=time.monotonic() + 5, fence_check=slow_check)
+    assert run_command(ctx=ctx, command="true") == ""
+    [(at, argv)] = started
+    assert argv[:3] == [sandbox.deadline_binary(), "-s", "KILL"], argv
+    ends_at = at + float(argv[3])
+    assert ends_at <= ctx.deadline + command.SELF_KILL_AFTER_S + 0.05, ends_at - ctx.deadline

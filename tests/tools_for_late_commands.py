@@ -10,10 +10,10 @@ import os
 import signal
 from pathlib import Path
 
-from toolfleet.tools import command
+from toolfleet.tools.context import ToolContext
 from toolfleet.tools.spec import tool
 
-_bounded = command._bounded
+_check_fence = ToolContext.check_fence
 
 
 def _stop(call_id: str) -> None:
@@ -23,12 +23,13 @@ def _stop(call_id: str) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)  # resumed by the test's SIGCONT
 
 
-def _stop_then_bound(argv, ctx, box):  # type: ignore[no-untyped-def]
-    _stop(ctx.call_id)
-    return _bounded(argv, ctx, box)
+def _stop_then_check_fence(ctx):  # type: ignore[no-untyped-def]
+    if ctx.tool_name == "run_command":  # its sandbox's argv built; the sandbox starts right after the check
+        _stop(ctx.call_id)
+    return _check_fence(ctx)
 
 
-command._bounded = _stop_then_bound
+ToolContext.check_fence = _stop_then_check_fence
 
 try:
     from toolfleet.integrations import mcp_host

@@ -71,9 +71,9 @@ def run_command(
         info_r, info_w = (None, None) if box.unsandboxed else os.pipe()
         try:
             argv, env = box.command(["bash", "-c", command], workspace, info_fd=info_w)
-            argv = _bounded(argv, ctx, box)
             note = sandbox.UNSANDBOXED_NOTE + "\n" if box.unsandboxed else ""
             ctx.check_fence()  # right before the effect: a stale execution (frozen, answered) starts nothing
+            argv = _bounded(argv, ctx, box)  # after the check: the time it took counts against the deadline
             proc = subprocess.Popen(
                 argv,
                 cwd=workspace,
