@@ -84,3 +84,42 @@ def test_a_hosted_mcp_write_never_reaches_its_server_after_its_caller_was_told_i
     assert answer.code in (ErrorCode.WORKER_LOST, ErrorCode.OUTCOME_UNKNOWN), answer
     assert after.ok, after
     assert not target.exists(), "the MCP server wrote after its caller was told its worker was lost"
+
+
+def test_a_command_whose_fence_redis_could_not_confirm_says_it_did_not_run(private_redis, namespace, start_worker,
+                                                                           tmp_path, workspace, monkeypatch):
+    """run_command's fence check, right before its sandbox starts, finds the ledger's Redis gone
+    past the worker's retries (30 s): the command is not started (fail closed). That answer is the
+    call's (the execution still held it), and nothing of the command ran: it says so,
+    ``NOT_EXECUTED``, as a slow claim's refused recheck does. It was ``OUTCOME_UNKNOWN`` "the call
+    may have done part of its work before that step; check the real state", for a command that
+    never started."""
+    import os
+    import signal
+
+    from toolfleet import Settings
+
+    from .conftest import FLEET_KEY
+
+    monkeypatch.setenv("TOOLFLEET_TEST_LATE_CMD_DIR", str(tmp_path))
+    broker, ledger_server = private_redis(persistent=False), private_redis(persistent=True)
+    settings = Settings(redis_url=broker.url, ledger_url=ledger_server.url, namespace=namespace,
+                        cancel_grace_s=0.5, kill_grace_s=5.0, fleet_key=FLEET_KEY)
+    worker = start_worker(settings=settings, tools=MODULES[0], concurrency=1, log_path=tmp_path / "worker.log")
+    with Dispatcher(settings, default_registry(MODULES)) as dispatcher:
+        turn = dispatcher.submit([call("c", "run_command", command="echo late >> late.txt", timeout_s=120)],
+                                 workspace=str(workspace))
+        wait_until((tmp_path / "starting-c").exists, 30, "run_command's handler to start")
+        [pid] = worker.children()
+        wait_until(lambda: _stopped(pid), 10, "the pool process stopped before its fence check")
+        ledger_server.kill()
+        try:
+            os.kill(pid, signal.SIGCONT)  # the check now finds no Redis
+            wait_until(lambda: "could not confirm the fencing token" in worker.log_text(), 60, "the start refused")
+        finally:
+            ledger_server.start()
+        [answer] = turn.results(timeout_s=60)
+    assert not (workspace / "late.txt").exists(), "the command ran"
+    assert answer.code is ErrorCode.NOT_EXECUTED, answer
+    assert "could not be reached" in answer.content and "not started" in answer.content, answer
+    assert "part of its work" not in answer.error.hint, answer
