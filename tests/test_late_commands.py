@@ -123,3 +123,44 @@ def test_a_command_whose_fence_redis_could_not_confirm_says_it_did_not_run(priva
     assert answer.code is ErrorCode.NOT_EXECUTED, answer
     assert "could not be reached" in answer.content and "not started" in answer.content, answer
     assert "part of its work" not in answer.error.hint, answer
+
+
+def test_a_hosted_mcp_write_whose_fence_redis_could_not_confirm_says_it_did_not_run(
+        private_redis, namespace, start_worker, tmp_path, monkeypatch):
+    """The same for a hosted MCP server's write: its fence check, right before the call goes to
+    the server, finds the ledger's Redis gone past the worker's retries; the server is sent nothing,
+    and the answer says so (``NOT_EXECUTED``; it was ``OUTCOME_UNKNOWN``, "may have done part of its
+    work")."""
+    pytest.importorskip("mcp")
+    import os
+    import signal
+
+    from toolfleet import Settings
+    from toolfleet.integrations.mcp_host import with_live_tools
+
+    from .conftest import FLEET_KEY
+    from .test_mcp_host import call as mcp_call
+    from .test_mcp_host import marker, tiny
+
+    monkeypatch.setenv("TOOLFLEET_TEST_LATE_CMD_DIR", str(tmp_path))
+    broker, ledger_server = private_redis(persistent=False), private_redis(persistent=True)
+    settings = Settings(redis_url=broker.url, ledger_url=ledger_server.url, namespace=namespace,
+                        cancel_grace_s=0.5, kill_grace_s=5.0, fleet_key=FLEET_KEY)
+    worker = start_worker(settings=settings, tools=MODULES[0], concurrency=1, args=["--mcp", tiny(marker())],
+                          log_path=tmp_path / "worker.log")
+    target = tmp_path / "notes.txt"
+    with Dispatcher(settings, with_live_tools(default_registry(MODULES), settings)) as dispatcher:
+        turn = dispatcher.submit([mcp_call("n", "tiny__note", path=str(target), text="late")])
+        wait_until((tmp_path / "starting-mcp-tiny").exists, 60, "the MCP call's handler to start")
+        wait_until(lambda: any(_stopped(pid) for pid in worker.children()), 10, "the pool process stopped")
+        [pid] = [pid for pid in worker.children() if _stopped(pid)]
+        ledger_server.kill()
+        try:
+            os.kill(pid, signal.SIGCONT)  # the check now finds no Redis
+            wait_until(lambda: "could not confirm the fencing token" in worker.log_text(), 60, "the call refused")
+        finally:
+            ledger_server.start()
+        [answer] = turn.results(timeout_s=60)
+    assert not target.exists(), "the MCP server wrote"
+    assert answer.code is ErrorCode.NOT_EXECUTED, answer
+    assert "could not be reached" in answer.content and "not started" in answer.content, answer

@@ -44,7 +44,7 @@ from typing import Any
 
 from ..errors import CallCancelled, ConfigurationError, ToolFailure
 from ..tools import sandbox
-from ..tools.context import ToolContext
+from ..tools.context import ToolContext, check_fence_before_start
 from ..tools.registry import Registry
 from ..tools.spec import GROUP_SEPARATOR as SEPARATOR
 from ..tools.spec import ToolSpec, tool_from_schema
@@ -323,7 +323,7 @@ def spec_for(server: str, argv: list[str], tool: Any, timeout_s: float = 60.0) -
     def handler(_toolfleet_ctx: ToolContext, **arguments: Any) -> Any:
         host = hosted(server, argv)
         if not read:  # right before the effect: a stale execution (frozen, answered) sends the server nothing
-            _toolfleet_ctx.check_fence()
+            check_fence_before_start(_toolfleet_ctx, "the call to the MCP server")
         return _content(host.call(mcp_name, arguments, timeout_s + PING_TIMEOUT_S + START_TIMEOUT_S, _toolfleet_ctx))
 
     return tool_from_schema(f"{server}{SEPARATOR}{mcp_name}", tool.input_schema or {"type": "object"},

@@ -24,9 +24,9 @@ from typing import Annotated
 from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import Field
 
-from ..errors import CallCancelled, StaleFence, ToolFailure, ToolTimeout
+from ..errors import CallCancelled, ToolFailure, ToolTimeout
 from . import sandbox
-from .context import ToolContext
+from .context import ToolContext, check_fence_before_start
 from .output import HeadTail
 from .spec import tool
 from .workspace import workspace_of
@@ -72,7 +72,7 @@ def run_command(
         try:
             argv, env = box.command(["bash", "-c", command], workspace, info_fd=info_w)
             note = sandbox.UNSANDBOXED_NOTE + "\n" if box.unsandboxed else ""
-            _check_fence_before_start(ctx)  # right before the effect: a stale execution starts nothing
+            check_fence_before_start(ctx, "the command")  # right before the effect: a stale execution starts nothing
             argv = _bounded(argv, ctx, box)  # after the check: the time it took counts against the deadline
             proc = subprocess.Popen(
                 argv,
@@ -344,22 +344,6 @@ def _children(pid: int) -> list[int]:
                 for child in open(f"/proc/{pid}/task/{task}/children").read().split()]
     except (OSError, ValueError):
         return []
-
-
-def _check_fence_before_start(ctx: ToolContext) -> None:
-    """``ctx.check_fence()`` before the sandbox starts. Refused because Redis could not be reached
-    (fail closed: this execution may still hold the call, and this be its answer), it says that
-    nothing ran, ``NOT_EXECUTED``, as a slow claim's refused recheck does: no part of the command
-    ran, which ``StaleFence``'s ``OUTCOME_UNKNOWN`` ("may have done part of its work") denied."""
-    try:
-        ctx.check_fence()
-    except StaleFence:
-        if not ctx.fence_unconfirmed:
-            raise  # a stale execution: only a late note, the caller's answer stands
-        raise ToolFailure(f"the command was not started: Redis could not be reached to confirm that this "
-                          f"execution still held its call ({ctx.fenced}); it did not run",
-                          "nothing happened; ask again once the fleet's Redis answers",
-                          code="NOT_EXECUTED") from None
 
 
 def _bounded(argv: list[str], ctx: ToolContext, box: sandbox.SandboxState) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from redis import RedisError
 
-from ..errors import BrokerUnavailable, CallCancelled, StaleFence
+from ..errors import BrokerUnavailable, CallCancelled, StaleFence, ToolFailure
 
 log = logging.getLogger(__name__)
 # check_fence's reason when Redis could not be asked: the execution may well still hold its call
@@ -135,3 +135,19 @@ class ToolContext:
         """Set the cancel signal (called by the worker when the turn is cancelled)."""
         self.cancel_reason = reason
         self.cancelled.set()
+
+
+def check_fence_before_start(ctx: ToolContext, what: str) -> None:
+    """:meth:`ToolContext.check_fence` right before an effect that is the handler's first (a
+    command's sandbox, a hosted MCP server's call). Refused because Redis could not be reached
+    (fail closed: this execution may still hold the call, and this be its answer), it says that
+    nothing ran, ``NOT_EXECUTED``, as a slow claim's refused recheck does; ``StaleFence``'s
+    ``OUTCOME_UNKNOWN`` said the call "may have done part of its work" when none of it had run."""
+    try:
+        ctx.check_fence()
+    except StaleFence:
+        if not ctx.fence_unconfirmed:
+            raise  # a stale execution: only a late note, the caller's answer stands
+        raise ToolFailure(f"{what} was not started: Redis could not be reached to confirm that this execution "
+                          f"still held its call ({ctx.fenced}); it did not run",
+                          "nothing happened; ask again once the fleet's Redis answers", code="NOT_EXECUTED") from None
