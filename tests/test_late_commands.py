@@ -164,3 +164,29 @@ def test_a_hosted_mcp_write_whose_fence_redis_could_not_confirm_says_it_did_not_
     assert not target.exists(), "the MCP server wrote"
     assert answer.code is ErrorCode.NOT_EXECUTED, answer
     assert "could not be reached" in answer.content and "not started" in answer.content, answer
+
+
+def test_a_command_whose_turn_was_cancelled_before_its_start_says_it_did_not_run(settings, start_worker, workspace,
+                                                                                 tmp_path, monkeypatch):
+    """The turn cancelled while run_command's pool process stood right before its fence check: the
+    check refuses the start and the answer is ``CANCELLED``. It said "it was stopped", hint "the
+    call may have done part of its work; check before repeating it", for a command that never
+    started; it says it did not run, as a cancelled slow claim's recheck does."""
+    import os
+    import signal
+
+    monkeypatch.setenv("TOOLFLEET_TEST_LATE_CMD_DIR", str(tmp_path))
+    worker = start_worker(tools=MODULES[0], concurrency=1)
+    with Dispatcher(settings, default_registry(MODULES)) as dispatcher:
+        turn = dispatcher.submit([call("c", "run_command", command="echo late >> late.txt")],
+                                 workspace=str(workspace))
+        wait_until((tmp_path / "starting-c").exists, 30, "run_command's handler to start")
+        [pid] = worker.children()
+        wait_until(lambda: _stopped(pid), 10, "the pool process stopped before its fence check")
+        dispatcher.cancel(turn.turn_id, "the user changed their mind")
+        os.kill(pid, signal.SIGCONT)
+        [answer] = turn.results(timeout_s=30)
+    assert not (workspace / "late.txt").exists(), "the command ran"
+    assert answer.code is ErrorCode.CANCELLED, answer
+    assert "did not run" in answer.content and "stopped" not in answer.content, answer
+    assert "part of its work" not in answer.error.hint, answer

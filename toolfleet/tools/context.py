@@ -142,9 +142,14 @@ def check_fence_before_start(ctx: ToolContext, what: str) -> None:
     command's sandbox, a hosted MCP server's call). Refused because Redis could not be reached
     (fail closed: this execution may still hold the call, and this be its answer), it says that
     nothing ran, ``NOT_EXECUTED``, as a slow claim's refused recheck does; ``StaleFence``'s
-    ``OUTCOME_UNKNOWN`` said the call "may have done part of its work" when none of it had run."""
+    ``OUTCOME_UNKNOWN`` said the call "may have done part of its work" when none of it had run.
+    Refused because the turn was cancelled, it is ``CANCELLED`` saying so, not the handler's
+    "it was stopped; the call may have done part of its work"."""
     try:
         ctx.check_fence()
+    except CallCancelled:
+        raise ToolFailure(f"the turn was cancelled before {what} started; it did not run",
+                          "nothing happened; ask again if the call is still wanted", code="CANCELLED") from None
     except StaleFence:
         if not ctx.fence_unconfirmed:
             raise  # a stale execution: only a late note, the caller's answer stands
