@@ -43,7 +43,7 @@ from .locks import ResourceLocks
 from .streaming import TurnStream
 from .submit import Submitter
 from .turn import Turn, check_ids
-from .wire import call_id_problem, clean_call, encodable
+from .wire import call_id_problem, clean_call, encodable, tool_calls
 
 log = logging.getLogger(__name__)
 # close(): after cancelling its live turns, how long (beyond cancel_grace_s) their drivers get to record
@@ -178,9 +178,14 @@ class Dispatcher:
                 return turn.start()
         raise ToolfleetError("this dispatcher was closed while the turn opened; it did not start")
 
-    def submit(self, calls: Sequence[ToolCall], *, failed: Mapping[str, ToolResult] | None = None,
-               **options: Any) -> Turn:
+    def submit(self, calls: Sequence[ToolCall | Mapping[str, Any]], *,
+               failed: Mapping[str, ToolResult] | None = None, **options: Any) -> Turn:
         """Start running ``calls`` (model order) and return the turn's handle at once.
+
+        ``calls``: :class:`~toolfleet.models.ToolCall` objects, or dicts in their shape
+        (``{"id": "c1", "name": "read_file", "arguments": {"path": "README.md"}}``; ``arguments``
+        a JSON text or an object); anything else raises ``TypeError`` saying what to pass. A
+        provider's whole response goes to :meth:`submit_response` instead.
 
         ``failed`` maps call ids to error results decided by the caller: those calls get them (under
         their own id and name) and do not run; ids of no call are ignored. ``options`` are those of
@@ -189,6 +194,7 @@ class Dispatcher:
         the URL) if Redis or the broker does not answer: then nothing of the batch runs, even the
         calls already sent.
         """
+        calls = tool_calls(calls)
         check_ids(calls)
         turn = self.open_turn(armed=False, _calls=calls, **options)
         try:
@@ -258,7 +264,8 @@ class Dispatcher:
         """The ``tools`` list of a request in ``format`` (``chat``, ``responses``, ``anthropic``)."""
         return get_adapter(format).tools(self.registry)
 
-    def run(self, calls: Sequence[ToolCall], *, timeout_s: float | None = None, **options: Any) -> list[ToolResult]:
+    def run(self, calls: Sequence[ToolCall | Mapping[str, Any]], *, timeout_s: float | None = None,
+            **options: Any) -> list[ToolResult]:
         """Submit and wait: every call's result, in model order. When ``timeout_s`` passes first the
         turn is cancelled and ``TimeoutError`` raised (giving up ends the turn: :meth:`Turn.results`)."""
         return self.submit(calls, **options).results(timeout_s)

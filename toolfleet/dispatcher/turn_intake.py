@@ -29,7 +29,7 @@ from ..tools.spec import ToolSpec
 from ..tools.state import session_resources
 from .plan import PlanItem
 from .turn_driver import _WAKE
-from .wire import call_id_problem, checked_call, clean_call
+from .wire import call_id_problem, checked_call, clean_call, tool_calls
 
 if TYPE_CHECKING:
     from .turn import Turn
@@ -51,7 +51,7 @@ class TurnIntake:
 
     def add_calls(
         self,
-        calls: Sequence[ToolCall],
+        calls: Sequence[ToolCall | Mapping[str, Any]],
         *,
         failed: Mapping[str, ToolResult] | None = None,
         raise_errors: bool = False,
@@ -69,7 +69,7 @@ class TurnIntake:
         :class:`BrokerUnavailable` if Redis does not answer (and, with ``raise_errors``, if the
         broker refuses a call; otherwise that call gets a ``TOOL_UNAVAILABLE`` result).
         """
-        calls = [clean_call(call) for call in calls]
+        calls = [clean_call(call) for call in tool_calls(calls)]
         failed = failed or {}
         check_ids(calls)
         checked = [_answer_of(call, failed.get(call.id)) or checked_call(self._registry, call) for call in calls]

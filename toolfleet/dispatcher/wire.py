@@ -23,6 +23,7 @@ import json
 import logging
 import traceback
 import unicodedata
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..models import ErrorCode, ToolCall, ToolResult
@@ -68,6 +69,29 @@ def call_id_problem(call_id: Any, what: str = "call id") -> str | None:
         return (f"a {what} of {len(call_id)} characters has the shape of a credential (docs/secrets.md); "
                 f"{what}s travel unmasked in task ids, so it is refused (not shown here)")
     return None
+
+
+def tool_calls(calls: Iterable[Any]) -> list[ToolCall]:
+    """``calls`` as :class:`ToolCall` objects, in order: a ``ToolCall`` as it is, a mapping in its
+    shape (``{"id", "name", "arguments"}``: ``arguments`` a JSON text or an object; ``index``
+    defaults to the call's position) validated into one. Raises ``TypeError`` naming what to pass
+    for anything else (a dict passed where a ``ToolCall`` is expected failed deep inside with
+    ``AttributeError: 'dict' object has no attribute 'id'``), pydantic's ``ValidationError`` (a
+    ``ValueError``) for a mapping that is not a call (no ``id`` or ``name``)."""
+    if isinstance(calls, (str, bytes, Mapping)):
+        raise TypeError(f"calls must be a list of ToolCall (or of dicts with id, name and arguments), not "
+                        f"{type(calls).__name__}; a provider's response goes to submit_response")
+    taken: list[ToolCall] = []
+    for position, call in enumerate(calls):
+        if isinstance(call, ToolCall):
+            taken.append(call)
+        elif isinstance(call, Mapping):
+            taken.append(ToolCall.model_validate({"index": position, **call}))
+        else:
+            raise TypeError(f"call at position {position} is a {type(call).__name__}, not a ToolCall: pass "
+                            "ToolCall(id=..., name=..., arguments=...) or a dict with those keys (a provider's "
+                            "response goes to submit_response)")
+    return taken
 
 
 def clean_call(call: ToolCall) -> ToolCall:
