@@ -242,15 +242,22 @@ class Availability:
             return {tool: sorted(workers) for tool, workers in self._other_key.items() if tool in self._served}
 
     def _say_shared_with_other_keys(self) -> None:
-        """Log once per worker that shares a served tool's queue and holds another key (lock held)."""
+        """Log once per worker that shares a served tool's queue and holds another key (lock held),
+        naming every such tool of it (a newcomer's find: the one named was the first shared, often a
+        built-in tool the batch did not call, not the tool whose calls were slow)."""
+        shared: dict[str, list[str]] = {}
         for tool, workers in self._other_key.items():
             for worker in workers:
                 if tool in self._served and worker not in self._warned_other_key:
-                    self._warned_other_key.add(worker)
-                    log.warning("live worker %s of namespace %r holds another fleet key and takes from the queues "
-                                "of tools this dispatcher sends (%s): it drops each call it takes, which is sent "
-                                "again seconds later; restart it with the fleet's key (docs/signing.md)",
-                                worker, self.settings.namespace, tool)
+                    shared.setdefault(worker, []).append(tool)
+        for worker, tools in shared.items():
+            self._warned_other_key.add(worker)
+            tools = sorted(set(tools))
+            named = ", ".join(tools[:8]) + (f" and {len(tools) - 8} more" if len(tools) > 8 else "")
+            log.warning("live worker %s of namespace %r holds another fleet key and takes from the queues "
+                        "of tools this dispatcher sends (%s): it drops each call it takes, which is sent "
+                        "again seconds later; restart it with the fleet's key (docs/signing.md)",
+                        worker, self.settings.namespace, named)
 
     def ever_served(self, name: str) -> bool:
         """Whether this dispatcher has seen a live worker serve ``name`` (then a missing catalog
