@@ -53,6 +53,8 @@ def test_up_at_a_local_redis_url_then_run_at_once_then_up_again_on_the_same_flow
         assert f"started a private redis-server at {url}" in up.stdout  # point 1: at the URL's port
         assert json.loads((tmp_path / "home" / "stack.json").read_text())["redis_url"] == url
         assert "run_command" in up.stdout and "read_file" in up.stdout  # says what the workers serve
+        # the stop command it prints works as printed: this stack's home is not the default one
+        assert f"stop it with TOOLFLEET_HOME={tmp_path / 'home'} toolfleet down" in " ".join(up.stdout.split())
         # point 11: at once, with REDIS_URL still set (point 1: every command reading it finds the stack)
         run = cli("run", str(ROOT / "examples/cases/openai_chat/01_parallel_reads.json"), "-w", str(workspace),
                   "--json", env=env)

@@ -6,13 +6,17 @@ registers the commands on the CLI's ``app``.
 
 from __future__ import annotations
 
+import os
+import shlex
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from . import stack
 from .cli import NamespaceOpt, ToolsOpt, _fail, app, out
 from .errors import ToolfleetError
+from .stack_state import home
 
 
 @app.command()
@@ -45,8 +49,11 @@ def up(
     except ToolfleetError as exc:
         _fail(exc)
     if detach:
+        # a stack of another home is stopped only with that home set (a newcomer's find: the demo's
+        # `up` said plain `toolfleet down`, which found no stack and left its 5 processes running)
+        where = "" if "TOOLFLEET_HOME" not in os.environ else f"TOOLFLEET_HOME={shlex.quote(str(home()))} "
         out.print(f"stack is ready in the background (namespace {state['namespace']}); stop it with "
-                  "[bold]toolfleet down[/]")
+                  f"[bold]{escape(where)}toolfleet down[/]")
         return
     out.print("stack is running; press Ctrl-C to stop it")
     try:
