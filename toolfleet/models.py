@@ -40,6 +40,15 @@ class _Frozen(BaseModel):
 NOT_JSON_ARGUMENTS = "<arguments that cannot be written as JSON>"
 
 
+def means_no_arguments(text: str) -> bool:
+    """Whether argument text means ``{}``: empty or white space only (OpenAI for a tool called
+    without arguments, vLLM and Ollama; an Anthropic ``tool_use`` streamed with no
+    ``input_json_delta``) or the JSON text ``null`` (Groq, langchain-ai/langchain#33896). Such a
+    call runs as ``{}`` (:func:`~toolfleet.tools.validation.parse_arguments`) and goes back in the
+    history as ``"{}"`` (``arguments_for_wire``, ``repair_history``)."""
+    return text.strip() in ("", "null")
+
+
 class ToolCall(_Frozen):
     """One call the model proposed, in the provider-neutral shape.
 

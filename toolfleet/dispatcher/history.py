@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import BatchRejected
+from ..models import means_no_arguments
 from .adapters import as_dict, get_adapter
 from .adapters.anthropic import result_block
 from .adapters.client_tools import CLIENT_CALLS
@@ -174,7 +175,7 @@ def _normalize_arguments(items: list[Any], name: str, repairs: list[Repair]) -> 
 def _json_text(arguments: Any) -> bool:
     """Whether a call's ``arguments`` go back as they are: text, neither empty nor ``null`` (those
     ran as ``{}`` and are written so: :func:`.adapters.wire.arguments_for_wire`)."""
-    return isinstance(arguments, str) and arguments.strip() not in ("", "null")
+    return isinstance(arguments, str) and not means_no_arguments(arguments)
 
 
 def _normalized_why(arguments: Any) -> str:

@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from ..models import NOT_JSON_ARGUMENTS, ErrorCode, ToolCall, ToolResult
+from ..models import NOT_JSON_ARGUMENTS, ErrorCode, ToolCall, ToolResult, means_no_arguments
 from .redact import MASK, kind_of, mask_text, sensitive_values_in_text, shorten
 from .registry import Registry
 from .spec import ToolSpec
@@ -63,7 +63,7 @@ def parse_arguments(call: ToolCall, sensitive: Iterable[str] = ()) -> dict[str, 
     raw = call.arguments
     if isinstance(raw, dict):
         return _readable(call, raw)
-    if raw.strip() in ("", "null"):
+    if means_no_arguments(raw):
         return {}
     if raw == NOT_JSON_ARGUMENTS:  # an object built in Python that JSON cannot carry (models.ToolCall)
         return _invalid(call, "the arguments hold what JSON cannot carry (a key that is not a string, a set, bytes, "

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...errors import BatchRejected
-from ...models import NOT_JSON_ARGUMENTS, plain_json
+from ...models import NOT_JSON_ARGUMENTS, means_no_arguments, plain_json
 from ...tools.redact import redact_text
 from ...tools.validation import MAX_NESTING
 
@@ -177,7 +177,7 @@ def arguments_for_wire(value: Any) -> str:
     labring/FastGPT#4754; Databricks, agno-agi/agno#9229; Gemini, langroid/langroid#988); an object
     as its JSON text."""
     if isinstance(value, str):
-        return escape_surrogates(value) if value.strip() not in ("", "null") else "{}"
+        return "{}" if means_no_arguments(value) else escape_surrogates(value)
     if value is None:
         return "{}"
     return dumps(value) or "{}"
