@@ -245,15 +245,15 @@ class Availability:
         """Log once per worker that shares a served tool's queue and holds another key (lock held),
         naming every such tool of it (a newcomer's find: the one named was the first shared, often a
         built-in tool the batch did not call, not the tool whose calls were slow)."""
-        shared: dict[str, list[str]] = {}
+        shared: dict[str, set[str]] = {}
         for tool, workers in self._other_key.items():
             for worker in workers:
                 if tool in self._served and worker not in self._warned_other_key:
-                    shared.setdefault(worker, []).append(tool)
+                    shared.setdefault(worker, set()).add(tool)
         for worker, tools in shared.items():
             self._warned_other_key.add(worker)
-            tools = sorted(set(tools))
-            named = ", ".join(tools[:8]) + (f" and {len(tools) - 8} more" if len(tools) > 8 else "")
+            listed = sorted(tools)
+            named = ", ".join(listed[:8]) + (f" and {len(listed) - 8} more" if len(listed) > 8 else "")
             log.warning("live worker %s of namespace %r holds another fleet key and takes from the queues "
                         "of tools this dispatcher sends (%s): it drops each call it takes, which is sent "
                         "again seconds later; restart it with the fleet's key (docs/signing.md)",

@@ -98,10 +98,7 @@ class Dispatcher:
 
         opened = open_session(self.sessions, self.registry, session_id, state=state, ttl_s=ttl_s, replace=replace)
         if replace:  # the old life's shell (cwd, environment, processes) is not the new life's
-            try:
-                close_live_session(self.settings, opened)
-            except redis.RedisError as exc:
-                raise BrokerUnavailable(self.settings.ledger, str(exc)) from exc
+            self._close_live_shell(opened)
         return opened
 
     def close_session(self, session_id: str) -> bool:
@@ -110,11 +107,15 @@ class Dispatcher:
         within ``min(heartbeat_s / 2, 1 s)`` (docs/guarantees.md L4). True if it had either. Raises
         :class:`~toolfleet.errors.BrokerUnavailable` if Redis does not answer."""
         stored = self.sessions.close(session_id)
+        return self._close_live_shell(session_id) or stored
+
+    def _close_live_shell(self, session_id: str) -> bool:
+        """End the session's live shell, if it has one (:func:`.affinity.close_live_session`);
+        True if it had one. Raises :class:`BrokerUnavailable` when Redis fails."""
         try:
-            live = close_live_session(self.settings, session_id) is not None
+            return close_live_session(self.settings, session_id) is not None
         except redis.RedisError as exc:
             raise BrokerUnavailable(self.settings.ledger, str(exc)) from exc
-        return stored or live
 
     def open_turn(
         self,
