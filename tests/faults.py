@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from toolfleet import Dispatcher, ToolCall
@@ -63,3 +64,20 @@ def freeze(worker) -> None:
 
 def thaw(worker) -> None:
     os.killpg(worker.proc.pid, signal.SIGCONT)
+
+
+def stopped(pid: int) -> bool:
+    """The process is stopped (SIGSTOP): state ``T`` in /proc."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
+
+
+def pool_stopped_at(worker, marker: Path, where: str, timeout_s: float = 30) -> int:
+    """The pid of ``worker``'s one pool process once it wrote ``marker`` and stopped itself there
+    (a test tool's SIGSTOP at a chosen step; ``where`` names the step in a timeout's message)."""
+    wait_until(marker.exists, timeout_s, f"the pool process to reach {where}")
+    [pid] = worker.children()
+    wait_until(lambda: stopped(pid), 10, f"the pool process stopped {where}")
+    return pid

@@ -28,12 +28,30 @@ def tally(cid: str, text: str, seconds: float = 0.0) -> ToolCall:
     return ToolCall(id=cid, name="tally", arguments=json.dumps({"text": text, "seconds": seconds}))
 
 
-def test_a_timeout_around_awaited_turns_while_redis_is_paused_keeps_the_loop_running(private_redis, namespace,
-                                                                                     start_worker, workspace):
+def _paused_fleet(private_redis, namespace, start_worker):
+    """A private redis-server (to be paused with SIGSTOP) and a one-process worker on it: the server
+    and the settings."""
     server = private_redis(persistent=True)
     settings = Settings(redis_url=server.url, namespace=namespace, cancel_grace_s=0.5, kill_grace_s=1.0,
                         heartbeat_s=0.5, fleet_key=FLEET_KEY)
     start_worker(settings=settings, concurrency=1)
+    return server, settings
+
+
+async def _ticker(gaps: list[float]) -> None:
+    """Append to ``gaps`` how long the loop went between its ticks (50 ms asked): a blocked loop
+    shows as a long gap."""
+    last = time.monotonic()
+    while True:
+        await asyncio.sleep(0.05)
+        now = time.monotonic()
+        gaps.append(now - last)
+        last = now
+
+
+def test_a_timeout_around_awaited_turns_while_redis_is_paused_keeps_the_loop_running(private_redis, namespace,
+                                                                                     start_worker, workspace):
+    server, settings = _paused_fleet(private_redis, namespace, start_worker)
     fleet = AsyncDispatcher(settings, make_registry())
     tally_file = workspace / "tally.txt"
 
@@ -44,16 +62,7 @@ def test_a_timeout_around_awaited_turns_while_redis_is_paused_keeps_the_loop_run
                    "call a's handler to run")
         turns += [await fleet.submit([tally(f"q{i}", f"q{i}")], workspace=str(workspace)) for i in range(1, TURNS)]
         gaps = [0.0]
-
-        async def ticker():  # how long the loop goes without running its other tasks
-            last = time.monotonic()
-            while True:
-                await asyncio.sleep(0.05)
-                now = time.monotonic()
-                gaps.append(now - last)
-                last = now
-
-        ticking = asyncio.create_task(ticker())
+        ticking = asyncio.create_task(_ticker(gaps))
         await asyncio.sleep(0.2)
         os.kill(server.proc.pid, signal.SIGSTOP)
         try:
@@ -92,22 +101,11 @@ def test_leaving_an_async_dispatcher_block_while_redis_is_paused_keeps_the_loop_
     """``async with AsyncDispatcher(...)`` ends by closing the dispatcher, which gives its turns'
     cancels and drivers up to ``cancel_grace_s`` + ``CLOSE_WAIT_S`` (E1): that wait ran on the
     loop's thread, stopping every other task of the loop for as long (3.5 s here)."""
-    server = private_redis(persistent=True)
-    settings = Settings(redis_url=server.url, namespace=namespace, cancel_grace_s=0.5, kill_grace_s=1.0,
-                        heartbeat_s=0.5, fleet_key=FLEET_KEY)
-    start_worker(settings=settings, concurrency=1)
+    server, settings = _paused_fleet(private_redis, namespace, start_worker)
     tally_file = workspace / "tally.txt"
 
     async def main():
         gaps = [0.0]
-
-        async def ticker():
-            last = time.monotonic()
-            while True:
-                await asyncio.sleep(0.05)
-                now = time.monotonic()
-                gaps.append(now - last)
-                last = now
 
         async with AsyncDispatcher(settings, make_registry()) as fleet:
             turns = [await fleet.submit([tally("a", "a", seconds=20)], workspace=str(workspace))]
@@ -115,7 +113,7 @@ def test_leaving_an_async_dispatcher_block_while_redis_is_paused_keeps_the_loop_
             wait_until(lambda: tally_file.exists() and tally_file.read_text().split() == ["a"], 30,
                        "call a's handler to run")
             turns.append(await fleet.submit([tally("q", "q")], workspace=str(workspace)))
-            ticking = asyncio.create_task(ticker())
+            ticking = asyncio.create_task(_ticker(gaps))
             await asyncio.sleep(0.2)
             os.kill(server.proc.pid, signal.SIGSTOP)
             began = time.monotonic()
@@ -139,10 +137,7 @@ def test_async_turn_cancel_while_redis_is_paused_returns_at_once_and_is_not_lost
                                                                                   start_worker, workspace):
     """``AsyncTurn.cancel()`` (documented as returning at once) sent the cancel on the loop's thread
     and waited for Redis: 5 s of a stopped loop with Redis paused, then BrokerUnavailable."""
-    server = private_redis(persistent=True)
-    settings = Settings(redis_url=server.url, namespace=namespace, cancel_grace_s=0.5, kill_grace_s=1.0,
-                        heartbeat_s=0.5, fleet_key=FLEET_KEY)
-    start_worker(settings=settings, concurrency=1)
+    server, settings = _paused_fleet(private_redis, namespace, start_worker)
     fleet = AsyncDispatcher(settings, make_registry())
     tally_file = workspace / "tally.txt"
 

@@ -55,14 +55,25 @@ def test_a_bad_turn_id_is_refused_before_anything_is_written(dispatcher, bad_id)
     assert not dispatcher.ledger.redis.exists(key)
 
 
-def gateway_call_id(n: int) -> str:
+def gateway_call_id(n: int, size: int = 2400, tail: bytes = b"") -> str:
     """A call id as LiteLLM writes it in front of Gemini 3 (BerriAI/litellm#16895): the model's
     thought signature, standard base64, after ``__thought__`` (about 950 characters there, "multiple
-    KB" in other reports); Gemini refuses the next request unless the id comes back unchanged."""
+    KB" in other reports); Gemini refuses the next request unless the id comes back unchanged.
+    ``tail``: the signature's last bytes (they pick the base64's last characters)."""
     import base64
 
-    signature = base64.b64encode(bytes((n * 7 + i * 31) % 256 for i in range(2400))).decode()
+    signature = base64.b64encode(bytes((n * 7 + i * 31) % 256 for i in range(size)) + tail).decode()
     return f"call_{n:024x}__thought__{signature}"
+
+
+def gateway_chat_turn(dispatcher, workspace, ids: list[str]):
+    """A Gemini Chat Completions response through LiteLLM: one ``wait_read`` call per id, submitted."""
+    response = {"id": "r", "object": "chat.completion", "model": "gemini-3-pro-preview", "choices": [
+        {"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": None, "tool_calls": [
+            {"id": cid, "type": "function",
+             "function": {"name": "wait_read", "arguments": json.dumps({"label": f"l{n}"})}}
+            for n, cid in enumerate(ids)]}}]}
+    return dispatcher.submit_response(response, workspace=str(workspace))
 
 
 def test_a_gateways_long_call_ids_run_and_their_results_pair_with_them(dispatcher, worker, workspace):
@@ -70,25 +81,11 @@ def test_a_gateways_long_call_ids_run_and_their_results_pair_with_them(dispatche
     characters here) was refused whole, ``bad_call_id`` "longer than 256": no call of any such
     response ever ran. Its calls run and each result goes back under its own id, unchanged."""
     ids = [gateway_call_id(0), gateway_call_id(1)]
-    response = {"id": "r", "object": "chat.completion", "model": "gemini-3-pro-preview", "choices": [
-        {"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": None, "tool_calls": [
-            {"id": cid, "type": "function",
-             "function": {"name": "wait_read", "arguments": json.dumps({"label": label})}}
-            for cid, label in zip(ids, "ab", strict=True)]}}]}
-    turn = dispatcher.submit_response(response, workspace=str(workspace))
+    turn = gateway_chat_turn(dispatcher, workspace, ids)
     results = turn.results(60)
     assert [r.call_id for r in results] == ids and all(r.ok for r in results), [r.content for r in results]
     assert [m["tool_call_id"] for m in turn.messages()] == ids
     assert [c["id"] for c in turn.assistant_messages()[0]["tool_calls"]] == ids
-
-
-def padded_gateway_call_id(n: int, tail: bytes) -> str:
-    """A gateway call id whose thought signature's base64 ends in padding (its length not a
-    multiple of 3): ``tail`` picks its last characters (``b"\\0\\0\\x1a?"``: ``...AAAaPw==``)."""
-    import base64
-
-    signature = base64.b64encode(bytes((n * 7 + i * 31) % 256 for i in range(696)) + tail).decode()
-    return f"call_{n:024x}__thought__{signature}"
 
 
 def test_a_gateway_id_whose_signature_ends_like_a_password_assignment_runs(dispatcher, worker, workspace):
@@ -96,14 +93,9 @@ def test_a_gateway_id_whose_signature_ends_like_a_password_assignment_runs(dispa
     password name, then ``=``, then the padding ``=`` as its "value"), so the credential-shape check
     refused the batch whole (``bad_call_id``): none of that response's calls ran. Padding is no
     secret: the ids run, unchanged."""
-    ids = [padded_gateway_call_id(0, b"\0\0\x1a?"), gateway_call_id(1)]
+    ids = [gateway_call_id(0, size=696, tail=b"\0\0\x1a?"), gateway_call_id(1)]  # base64 padding: ...AAAaPw==
     assert ids[0].endswith("aPw==")
-    response = {"id": "r", "object": "chat.completion", "model": "gemini-3-pro-preview", "choices": [
-        {"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": None, "tool_calls": [
-            {"id": cid, "type": "function",
-             "function": {"name": "wait_read", "arguments": json.dumps({"label": label})}}
-            for cid, label in zip(ids, "ab", strict=True)]}}]}
-    turn = dispatcher.submit_response(response, workspace=str(workspace))
+    turn = gateway_chat_turn(dispatcher, workspace, ids)
     results = turn.results(60)
     assert [r.call_id for r in results] == ids and all(r.ok for r in results), [r.content for r in results]
     assert [m["tool_call_id"] for m in turn.messages()] == ids

@@ -21,7 +21,7 @@ from toolfleet.tools.registry import default_registry
 from toolfleet.worker.side_effects import recheck_after_s
 
 from .conftest import FLEET_KEY
-from .faults import call, freeze, thaw, wait_until
+from .faults import call, freeze, pool_stopped_at, thaw, wait_until
 from .fencing_trials import fencing_settings
 
 MODULES = ["tests.tools_for_late_claims"]
@@ -32,19 +32,8 @@ def settings(settings):
     return fencing_settings(settings)  # heartbeat 0.3 s (liveness bound 2.2 s)
 
 
-def _stopped(pid: int) -> bool:
-    """The process is stopped (SIGSTOP): state ``T`` in /proc."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-    except (OSError, IndexError):
-        return False
-
-
 def _stopped_after_claim(worker, folder: Path, call_id: str) -> int:
-    wait_until((folder / f"claimed-{call_id}").exists, 30, "the call claimed")
-    [pid] = worker.children()
-    wait_until(lambda: _stopped(pid), 10, "the pool process stopped after its claim")
-    return pid
+    return pool_stopped_at(worker, folder / f"claimed-{call_id}", "after its claim")
 
 
 def test_a_handler_never_starts_after_its_caller_was_told_worker_lost(settings, start_worker, tmp_path, monkeypatch):

@@ -10,14 +10,12 @@ MCP server's write likewise, right before the call goes to the server."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from toolfleet import Dispatcher, ErrorCode
 from toolfleet.tools.registry import default_registry
 
-from .faults import call, freeze, thaw, wait_until
+from .faults import call, freeze, pool_stopped_at, stopped, thaw, wait_until
 from .fencing_trials import fencing_settings
 
 MODULES = ["tests.tools_for_late_commands"]
@@ -28,11 +26,12 @@ def settings(settings):
     return fencing_settings(settings)  # heartbeat 0.3 s (liveness bound 2.2 s)
 
 
-def _stopped(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-    except (OSError, IndexError):
-        return False
+def _command_held(dispatcher, worker, workspace, tmp_path, where: str, **arguments):
+    """A run_command call whose pool process stopped itself right before its fence check
+    (tests/tools_for_late_commands.py): its turn and that process's pid."""
+    turn = dispatcher.submit([call("c", "run_command", command="echo late >> late.txt", **arguments)],
+                             workspace=str(workspace))
+    return turn, pool_stopped_at(worker, tmp_path / "starting-c", where)
 
 
 def test_a_command_never_starts_after_its_caller_was_told_its_worker_was_lost(settings, start_worker, workspace,
@@ -40,11 +39,7 @@ def test_a_command_never_starts_after_its_caller_was_told_its_worker_was_lost(se
     monkeypatch.setenv("TOOLFLEET_TEST_LATE_CMD_DIR", str(tmp_path))
     worker = start_worker(tools=MODULES[0], concurrency=1)
     with Dispatcher(settings, default_registry(MODULES)) as dispatcher:
-        turn = dispatcher.submit([call("c", "run_command", command="echo late >> late.txt")],
-                                 workspace=str(workspace))
-        wait_until((tmp_path / "starting-c").exists, 30, "run_command's handler to start")
-        [pid] = worker.children()
-        wait_until(lambda: _stopped(pid), 10, "the pool process stopped before the sandbox starts")
+        turn, _ = _command_held(dispatcher, worker, workspace, tmp_path, "before the sandbox starts")
         freeze(worker)  # the main process too: its heartbeats stop
         try:
             [answer] = turn.results(timeout_s=30)  # at the liveness bound: no other worker serves it
@@ -73,7 +68,7 @@ def test_a_hosted_mcp_write_never_reaches_its_server_after_its_caller_was_told_i
     with Dispatcher(settings, with_live_tools(default_registry(MODULES), settings)) as dispatcher:
         turn = dispatcher.submit([mcp_call("n", "tiny__note", path=str(target), text="late")])
         wait_until((tmp_path / "starting-mcp-tiny").exists, 60, "the MCP call's handler to start")
-        wait_until(lambda: any(_stopped(pid) for pid in worker.children()), 10,
+        wait_until(lambda: any(stopped(pid) for pid in worker.children()), 10,
                    "the pool process stopped before the call")
         freeze(worker)
         try:
@@ -107,11 +102,7 @@ def test_a_command_whose_fence_redis_could_not_confirm_says_it_did_not_run(priva
                         cancel_grace_s=0.5, kill_grace_s=5.0, fleet_key=FLEET_KEY)
     worker = start_worker(settings=settings, tools=MODULES[0], concurrency=1, log_path=tmp_path / "worker.log")
     with Dispatcher(settings, default_registry(MODULES)) as dispatcher:
-        turn = dispatcher.submit([call("c", "run_command", command="echo late >> late.txt", timeout_s=120)],
-                                 workspace=str(workspace))
-        wait_until((tmp_path / "starting-c").exists, 30, "run_command's handler to start")
-        [pid] = worker.children()
-        wait_until(lambda: _stopped(pid), 10, "the pool process stopped before its fence check")
+        turn, pid = _command_held(dispatcher, worker, workspace, tmp_path, "before its fence check", timeout_s=120)
         ledger_server.kill()
         try:
             os.kill(pid, signal.SIGCONT)  # the check now finds no Redis
@@ -152,8 +143,8 @@ def test_a_hosted_mcp_write_whose_fence_redis_could_not_confirm_says_it_did_not_
     with Dispatcher(settings, with_live_tools(default_registry(MODULES), settings)) as dispatcher:
         turn = dispatcher.submit([mcp_call("n", "tiny__note", path=str(target), text="late")])
         wait_until((tmp_path / "starting-mcp-tiny").exists, 60, "the MCP call's handler to start")
-        wait_until(lambda: any(_stopped(pid) for pid in worker.children()), 10, "the pool process stopped")
-        [pid] = [pid for pid in worker.children() if _stopped(pid)]
+        wait_until(lambda: any(stopped(pid) for pid in worker.children()), 10, "the pool process stopped")
+        [pid] = [pid for pid in worker.children() if stopped(pid)]
         ledger_server.kill()
         try:
             os.kill(pid, signal.SIGCONT)  # the check now finds no Redis
@@ -178,11 +169,7 @@ def test_a_command_whose_turn_was_cancelled_before_its_start_says_it_did_not_run
     monkeypatch.setenv("TOOLFLEET_TEST_LATE_CMD_DIR", str(tmp_path))
     worker = start_worker(tools=MODULES[0], concurrency=1)
     with Dispatcher(settings, default_registry(MODULES)) as dispatcher:
-        turn = dispatcher.submit([call("c", "run_command", command="echo late >> late.txt")],
-                                 workspace=str(workspace))
-        wait_until((tmp_path / "starting-c").exists, 30, "run_command's handler to start")
-        [pid] = worker.children()
-        wait_until(lambda: _stopped(pid), 10, "the pool process stopped before its fence check")
+        turn, pid = _command_held(dispatcher, worker, workspace, tmp_path, "before its fence check")
         dispatcher.cancel(turn.turn_id, "the user changed their mind")
         os.kill(pid, signal.SIGCONT)
         [answer] = turn.results(timeout_s=30)
