@@ -263,9 +263,8 @@ class AsyncTurnStream:
     async def open(self) -> AsyncTurnStream:
         """Open the turn (a few Redis round trips, in a thread). Idempotent."""
         if self._stream is None:
-            def undo(stream: Any) -> None:
-                stream.turn.cancel_soon("the awaiting asyncio task was cancelled while the stream opened")
-                stream.close()
+            def undo(stream: Any) -> None:  # nothing read yet: it waits for no Redis (on the loop's thread)
+                stream.abort("the awaiting asyncio task was cancelled while the stream opened", wait=False)
 
             self._stream = await _start(lambda: self._dispatcher.open_stream(format=self._format, **self._options),
                                         undo, name="toolfleet-aio-stream")
@@ -292,13 +291,20 @@ class AsyncTurnStream:
         return await self.open()
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        if exc_type is not None and self._stream is not None:
+        if self._stream is None:
+            return
+        if exc_type is None:
+            end: Callable[[], Any] = self._stream.close
+        else:  # as TurnStream's own exit: the calls still open are not taken but answered NOT_EXECUTED
             why = "the awaiting asyncio task was cancelled" if issubclass(exc_type, asyncio.CancelledError) \
                 else f"the stream was left by an exception: {exc_type.__name__}"
-            _quietly(lambda: self._stream.turn.cancel_soon(why))
-        if self._stream is not None:
-            await _in_thread(self._stream.close, name="toolfleet-aio-close")  # its thread starts now, so
-            # the close happens even if this task is cancelled again (asyncio.run cancels leftovers)
+            _quietly(lambda: self._stream.turn.cancel_soon(why))  # at once, on the loop: nothing more is sent
+            stream = self._stream
+
+            def end() -> None:
+                stream.abort(why, wait=False)
+        await _in_thread(end, name="toolfleet-aio-close")  # its thread starts now, so the close happens
+        # even if this task is cancelled again (asyncio.run cancels leftovers)
 
 
 class AsyncDispatcher:

@@ -101,6 +101,16 @@ class TurnStream:
         self.turn.response = self.parser.response()
         return self.turn.close()
 
+    def abort(self, reason: str, *, wait: bool = True) -> Turn:
+        """The stream failed (its reader raised, the caller gave up): cancel the turn and close it,
+        as leaving the ``with`` block by an exception does. Calls begun and not taken get
+        ``NOT_EXECUTED``; calls taken keep running only until the cancel reaches them. ``wait``:
+        wait for Redis to take the cancel (:meth:`Turn.cancel`, raises what Redis raises) or not
+        (:meth:`Turn.cancel_soon`: the turn's driver sends it until Redis does; raises nothing
+        from Redis). Idempotent; returns the turn."""
+        self._abort(reason, wait=wait)
+        return self.turn
+
     @property
     def warnings(self) -> list[str]:
         """What the parser ignored, and why."""
@@ -154,7 +164,8 @@ class TurnStream:
             pointer=exc.pointer,
         ) from exc
 
-    def _abort(self, reason: str, refused: Collection[str] = (), released: Sequence[ToolCall] = ()) -> None:
+    def _abort(self, reason: str, refused: Collection[str] = (), released: Sequence[ToolCall] = (),
+               wait: bool = True) -> None:
         """Cancel and close the turn (idempotent). The calls the stream had begun and not taken
         (``released``: those the refused event completed; then those still open) are taken as
         ``NOT_EXECUTED``, but for those the turn cannot take (``refused`` ids: a computer_call, a
@@ -164,7 +175,10 @@ class TurnStream:
         if self.turn.closed or self._aborting:
             return
         self._aborting = True
-        self.turn.cancel(reason)
+        if wait:
+            self.turn.cancel(reason)
+        elif not self.turn.cancelled:
+            self.turn.cancel_soon(reason)
         if self.parser is not None:
             try:
                 rest = _takeable([*released, *self.parser.finish()], {*refused, *(c.id for c in self.turn.calls)})

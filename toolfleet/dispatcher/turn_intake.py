@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ..errors import BatchRejected, BrokerUnavailable, ToolfleetError
+from ..ledger import not_executed
 from ..models import ErrorCode, ToolCall, ToolResult
 from ..tools.resources import resolve
 from ..tools.spec import ToolSpec
@@ -60,7 +61,8 @@ class TurnIntake:
 
         Each is validated (an invalid one gets its error result at once), planned against the
         earlier calls, registered in the ledger and, when it waits for nothing unfinished,
-        submitted before this returns. On a cancelled turn the calls get ``NOT_EXECUTED``.
+        submitted before this returns. On a cancelled turn the calls get ``NOT_EXECUTED``, as soon
+        as the turn is cancelled here (before Redis has the cancel) and whatever ``failed`` says.
         ``failed`` maps call ids to error results decided by the caller (a stream cut short):
         those are recorded instead of checking the call, under the call's own id and name.
 
@@ -115,11 +117,13 @@ class TurnIntake:
                                               session_id=self._session_id)
                 checked = [screened.refused.get(c.id, outcome) for c, outcome in zip(calls, checked, strict=True)]
             to_send, failures, planned = [], [], {}
+            with self._lock:  # cancelled here but not yet in Redis (cancel_soon, a cancel Redis did not
+                cancelled = self._cancelled_at is not None  # take): its calls get the cancel's answer too
             for call, outcome in zip(calls, checked, strict=True):
                 if call.id in refused:
                     continue  # cancelled before it was taken: NOT_EXECUTED is recorded
                 if isinstance(outcome, ToolResult):
-                    failures.append(outcome)
+                    failures.append(not_executed(call.id, call.name) if cancelled else outcome)
                     continue
                 spec, arguments = outcome
                 item = PlanItem(call.id, spec.access_for(arguments),  # session state: tools/state.py
