@@ -128,6 +128,21 @@ def test_piped_trace_and_tools_are_not_squeezed(dispatcher, worker, settings, wo
         assert f"{settings.namespace}.count_until_cancelled" in buffer.getvalue()
 
 
+def test_the_catalog_prints_what_workers_published_as_text_not_markup():
+    """Worker names and sandbox reasons come from other processes: ``[/x]`` in one is printed as
+    is (before: rich's MarkupError ended ``toolfleet tools`` with a traceback)."""
+    spec = {"name": "t", "queue": "t", "access": "read", "timeout_s": 1.0, "description": "d"}
+    entries = [{"worker": "w[/x]@h1", "tools": [spec], "sandbox": {"mode": "none"}},
+               {"worker": "w[/y]@h2", "tools": [spec], "sandbox": {"error": "bwrap: [/z] not found"}},
+               {"worker": "w[bold]@h3", "tools": [spec], "sandbox": {"mode": "bwrap[/m]", "network": "off"}}]
+    buffer = io.StringIO()
+    print_catalog(Console(file=buffer, width=200, color_system=None), entries)
+    shown = buffer.getvalue()
+    for text in ("w[/x]@h1: run_command runs UNSANDBOXED", "w[/y]@h2: no sandbox, run_command not served: "
+                 "bwrap: [/z] not found", "w[bold]@h3: sandbox bwrap[/m], network off"):
+        assert text in shown, shown
+
+
 def test_piped_width_follows_columns():
     assert piped_width({}) == PIPED_WIDTH and piped_width({"COLUMNS": "200"}) == 200
     assert piped_width({"COLUMNS": "junk"}) == PIPED_WIDTH and piped_width({"COLUMNS": "3"}) == PIPED_WIDTH

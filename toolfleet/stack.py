@@ -293,7 +293,9 @@ def _start(
                   f"{', '.join(names)}; log {log}")
     error = (entry.get("sandbox") or {}).get("error")
     if error:
-        console.print(f"[yellow]warning:[/] run_command is not served: {error}", markup=True)
+        from rich.markup import escape
+
+        console.print(f"[yellow]warning:[/] run_command is not served: {escape(str(error))}", markup=True)
     _warn_other_keys(client, keys, entry, state["namespace"], console)
     if flower_port:
         log = home() / "flower.log"

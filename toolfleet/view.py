@@ -94,12 +94,12 @@ def print_catalog(console: Console, entries: list[dict[str, Any]], namespace: st
         told = "; ".join(f"version {v} on {', '.join(sorted(w))}" for v, w in sorted(versions.items()))
         console.print(f"[bold red]{name}: {len(versions)} different versions live ({escape(told)}); "
                       "its calls get TOOL_UNAVAILABLE until one is left[/]")
-    for entry in entries:
-        box = entry.get("sandbox") or {}
+    for entry in entries:  # what a worker published is text, not markup (a name like w[1]@host)
+        box, worker = entry.get("sandbox") or {}, escape(str(entry["worker"]))
         if box.get("mode") == "none":
-            console.print(f"[bold yellow]{entry['worker']}: run_command runs UNSANDBOXED (sandbox = \"none\")[/]")
+            console.print(f"[bold yellow]{worker}: run_command runs UNSANDBOXED (sandbox = \"none\")[/]")
         elif box.get("error"):
             reason = escape(str(box["error"]))
-            console.print(f"[bold red]{entry['worker']}: no sandbox, run_command not served: {reason}[/]")
+            console.print(f"[bold red]{worker}: no sandbox, run_command not served: {reason}[/]")
         elif box:
-            console.print(f"{entry['worker']}: sandbox {box['mode']}, network {box.get('network')}")
+            console.print(escape(f"{entry['worker']}: sandbox {box['mode']}, network {box.get('network')}"))
