@@ -142,6 +142,25 @@ def test_run_json_prints_the_turn_id_at_once_so_another_terminal_can_cancel_it(t
     doc = json.loads(out)  # stdout stays one JSON document
     assert doc["turn_id"] == turn_id
     assert [r["error"]["code"] for r in doc["results"]] == ["CANCELLED"]
+    # and says so: the cancel came from another process (before, the run ended 0 without a word)
+    assert proc.returncode == 0
+    assert [w for w in doc["warnings"] if "not by this command ('cancelled with `toolfleet cancel`')" in w
+            and "1 call(s) were stopped or did not run" in w], doc["warnings"]
+
+
+def test_run_prints_a_provider_warning_with_brackets_as_text(tmp_path, settings, workspace):
+    """A warning quotes provider text (here the error an Anthropic stream reported): printed as it
+    is, never read as rich markup (before: ``[/x]`` raised MarkupError after the turn had run)."""
+    events = [{"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+                                                    "content": [], "model": "m"}},
+              {"type": "error", "error": {"type": "overloaded_error", "message": "over [/x] loaded [bold]"}}]
+    stream = tmp_path / "errored.jsonl"
+    stream.write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    done = cli("run", str(stream), "-w", str(workspace), "--redis-url", settings.redis_url,
+               "--namespace", settings.namespace, env=dict(os.environ, COLUMNS="400"))
+    assert done.returncode == 0, done.stderr
+    assert "MarkupError" not in done.stderr
+    assert "over [/x] loaded [bold]" in done.stderr
 
 
 # --- point 6: a tool module failing at import: one line with file and line --------------------------

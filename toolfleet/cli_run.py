@@ -149,6 +149,10 @@ def run(
             _fail(exc)
         gave_up = str(exc)
     finished = time.monotonic()
+    if gave_up is None and not cancelled_at:
+        elsewhere = _cancelled_elsewhere(dispatcher, turn, results)
+        if elsewhere:
+            warnings = [*warnings, elsewhere]
     if as_json:
         plan = turn.plan
         doc = {
@@ -167,11 +171,34 @@ def run(
         print(_json_text(doc))
     else:
         for warning in warnings:
-            err.print(f"[yellow]warning:[/] {warning}")
+            err.print(f"[yellow]warning:[/] {escape(warning)}")  # provider text: not markup
         print_results(out, turn, results, finished - started, finished - cancelled_at[0] if cancelled_at else None)
     dispatcher.close()
     if gave_up is not None:
         _fail(ToolfleetError(gave_up))
+
+
+def _cancelled_elsewhere(dispatcher: Any, turn: Any, results: list[Any]) -> str | None:
+    """What to tell when another process cancelled the turn (``toolfleet cancel``,
+    ``Dispatcher.cancel``) and some of its calls were stopped or did not run; None otherwise, or
+    when Redis cannot say. The exit status stays 0, as after ``--cancel-after``: the turn ended as
+    someone asked, each call with its result (before, nothing said why the calls did not run)."""
+    import redis
+
+    from .models import ErrorCode
+
+    stopped = [r.call_id for r in results if r.error is not None
+               and r.error.code in (ErrorCode.CANCELLED, ErrorCode.NOT_EXECUTED)]
+    if not stopped:
+        return None
+    try:
+        reason = dispatcher.ledger.cancel_reason(turn.turn_id)
+    except redis.RedisError:
+        return None
+    if reason is None:
+        return None
+    return (f"the turn was cancelled while it ran, not by this command ({reason!r}): "
+            f"{len(stopped)} call(s) were stopped or did not run")
 
 
 def _recorded(turn: Any) -> list[Any]:

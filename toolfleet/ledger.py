@@ -340,6 +340,12 @@ class Ledger(ClaimSteps):
     def is_cancelled(self, turn_id: str) -> bool:
         return bool(self.redis.exists(self.keys.turn_cancelled(turn_id)))
 
+    def cancel_reason(self, turn_id: str) -> str | None:
+        """The reason the turn's first cancel gave (whoever sent it), or None if it was not cancelled
+        (or its keys expired). Raises what redis-py raises."""
+        reason = self.redis.get(self.keys.turn_cancelled(turn_id))
+        return None if reason is None else _s(reason)
+
 
 def not_executed(call_id: str, name: str) -> ToolResult:
     """The placeholder for a call the turn's cancel kept from starting."""
