@@ -186,6 +186,21 @@ def test_cli_lists_and_approves_from_another_process_and_remembers(guarded, sett
     assert again.returncode == 1 and "already" in again.stderr
 
 
+def test_cli_answers_calls_whose_ids_hold_brackets(guarded, settings, workspace):
+    """A call id is the model's text: ``[/x]`` in it is printed as is (before: the approval was
+    recorded, then rich's MarkupError ended the command with a traceback)."""
+    turn = guarded.submit([call("t[/x]", "run_command", 0, command="touch a.txt"),
+                           call("d[bold]", "run_command", 1, command="touch b.txt")], workspace=str(workspace))
+    assert sorted(p.call_id for p in turn.wait_settled(WAIT_S)) == ["d[bold]", "t[/x]"]
+    approved = toolfleet(settings, "approve", turn.turn_id, "t[/x]")
+    assert approved.returncode == 0 and f"approved t[/x] of turn {turn.turn_id}" in approved.stdout, approved.stderr
+    denied = toolfleet(settings, "deny", turn.turn_id, "d[bold]")
+    assert denied.returncode == 0 and f"denied d[bold] of turn {turn.turn_id}" in denied.stdout, denied.stderr
+    assert [r.code.value if r.code else "ok" for r in turn.results(WAIT_S)] == ["ok", "PERMISSION_DENIED"]
+    forgot = toolfleet(settings, "rules", "--forget", "[/r]")
+    assert forgot.returncode == 1 and "MarkupError" not in forgot.stderr
+
+
 def test_denied_command_never_reaches_a_worker(guarded, workspace):
     turn = guarded.submit([call("d", "run_command", 0, command="ls && rm -rf src")], workspace=str(workspace))
     [result] = turn.results(WAIT_S)

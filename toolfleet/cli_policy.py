@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per 
             print(json.dumps([c.__dict__ for c in calls], indent=2, default=str))
             return
         if not calls:
-            out.print(f"no call of turn {turn_id} waits for approval")
+            out.print(escape(f"no call of turn {turn_id} waits for approval"))
             return
         from rich.text import Text
 
@@ -115,7 +115,8 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per 
             rule = approvals(redis_url, namespace).approve(turn_id, call_id, by=by, remember=_remember(remember))
         except ToolfleetError as exc:
             _fail(exc)
-        out.print(f"approved {call_id} of turn {turn_id}" + (f"; {rule.describe()} (rule {rule.id})" if rule else ""))
+        said = f"; {rule.describe()} (rule {rule.id})" if rule else ""
+        out.print(escape(f"approved {call_id} of turn {turn_id}{said}"))  # ids and patterns are text, not markup
 
     @app.command()
     def deny(
@@ -132,7 +133,8 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per 
             rule = approvals(redis_url, namespace).deny(turn_id, call_id, reason, by=by, remember=_remember(remember))
         except ToolfleetError as exc:
             _fail(exc)
-        out.print(f"denied {call_id} of turn {turn_id}" + (f"; {rule.describe()} (rule {rule.id})" if rule else ""))
+        said = f"; {rule.describe()} (rule {rule.id})" if rule else ""
+        out.print(escape(f"denied {call_id} of turn {turn_id}{said}"))  # ids and patterns are text, not markup
 
     @app.command()
     def rules(
@@ -152,7 +154,7 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per 
             if forget:
                 if not store.forget(forget):
                     _fail(ToolfleetError(f"no remembered rule {forget!r}"))
-                out.print(f"forgot rule {forget}")
+                out.print(escape(f"forgot rule {forget}"))
                 return
             found = store.all()
         except ToolfleetError as exc:
