@@ -258,6 +258,12 @@ def test_cli_sessions_open_list_close(settings: Settings) -> None:
     assert "cli-1" in cli().stdout
     assert "closed session cli-1" in cli("--close", "cli-1").stdout
     assert json.loads(cli("--json").stdout) == []
+    # an id is the caller's text: [/x] in it is printed as is (before: MarkupError, a traceback)
+    odd = cli("--open", "cli-[/x]", "--tools", "examples.vfs")
+    assert odd.returncode == 0 and "opened session cli-[/x]" in odd.stdout, odd.stderr
+    shown = cli()
+    assert shown.returncode == 0 and "cli-[/x]" in shown.stdout, shown.stderr
+    assert "closed session cli-[/x]" in cli("--close", "cli-[/x]").stdout
     for option in ("--close", "--open"):  # an empty id is refused, not taken for "list"
         empty = cli(option, "", "--tools", "examples.vfs") if option == "--open" else cli(option, " ")
         assert empty.returncode == 1 and "give a session id" in empty.stdout + empty.stderr, empty.stdout

@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from .cli import NamespaceOpt, RedisOpt, ToolsOpt, _fail, _settings, app, out
@@ -62,7 +63,7 @@ def sessions(
                 except ValueError as exc:
                     raise ToolfleetError(f"--state {name}: not JSON ({exc})") from exc
             open_session(store, default_registry(tools or []), open_id, state=initial, ttl_s=ttl_s)
-            out.print(f"opened session {open_id}")
+            out.print(escape(f"opened session {open_id}"))  # ids and names are text, not markup
             return
         if close:
             import redis
@@ -75,7 +76,7 @@ def sessions(
                 live = close_live_session(settings, close) is not None  # its holder ends the shell
             except redis.RedisError as exc:
                 raise BrokerUnavailable(settings.ledger, str(exc)) from exc
-            out.print(f"closed session {close}" if stored or live else f"session {close} was not open")
+            out.print(escape(f"closed session {close}" if stored or live else f"session {close} was not open"))
             return
         listed = _with_live_shells(settings, store.sessions())
     except ToolfleetError as exc:
@@ -92,8 +93,8 @@ def sessions(
         held = "-" if shell is None else (f"{shell['worker']}{'' if shell['worker_alive'] else ' (gone)'}, "
                                           f"{shell['idle_expires_in_s']} s")
         stored = s["opened_at"] is not None
-        table.add_row(s["session_id"], f"{now - s['opened_at']:.0f} s" if stored else "-",
-                      f"{s['expires_in_s']} s" if stored else "-", states or "-", held)
+        table.add_row(escape(s["session_id"]), f"{now - s['opened_at']:.0f} s" if stored else "-",
+                      f"{s['expires_in_s']} s" if stored else "-", escape(states or "-"), escape(held))
     out.print(table if listed else "no open sessions")
 
 
