@@ -95,6 +95,21 @@ def test_toolfleet_cancel_of_an_unknown_turn_fails_clearly(settings):
     assert "no turn 'no-such-turn'" in proc.stderr
 
 
+def test_toolfleet_cancel_and_trace_print_a_turn_id_with_brackets_as_text(dispatcher, settings):
+    """A turn id is the caller's text (``open_turn(turn_id=...)``): ``[/x]`` in it is printed as is
+    (before: the turn was cancelled, then rich's MarkupError ended the command with a traceback)."""
+    turn = dispatcher.open_turn(turn_id="t[/x]")
+    turn.close()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    where = ["--redis-url", settings.redis_url, "--namespace", settings.namespace]
+    done = subprocess.run([sys.executable, "-m", "toolfleet", "cancel", "t[/x]", *where],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "turn t[/x] " in done.stdout, done.stderr
+    traced = subprocess.run([sys.executable, "-m", "toolfleet", "trace", "t[/y]", *where],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert "MarkupError" not in traced.stderr and "turn t[/y] " in traced.stdout + traced.stderr, traced.stderr
+
+
 def test_write_that_finishes_after_a_cancel_keeps_its_real_result(dispatcher, worker, workspace):
     """The turn is cancelled (and its waiting tasks revoked) while a non-cancellable write runs.
     Since Celery 5.6.2 a revoke can leave REVOKED in Celery's result store for a task that still

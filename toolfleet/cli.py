@@ -137,12 +137,13 @@ def cancel(
         n = ledger.cancel(turn_id, "cancelled with `toolfleet cancel`")
     except ToolfleetError as exc:
         _fail(exc)
+    shown = escape(turn_id)  # the caller's text (Dispatcher.open_turn(turn_id=...)), not markup
     if n < 0:
-        out.print(f"turn {turn_id} was already cancelled")
+        out.print(f"turn {shown} was already cancelled")
     elif n == 0 and _all_answered(ledger, turn_id):
-        out.print(f"turn {turn_id} had already finished: every call has its result; nothing was stopped")
+        out.print(f"turn {shown} had already finished: every call has its result; nothing was stopped")
     else:
-        out.print(f"turn {turn_id} cancelled: {n} call(s) will not start; running calls are being stopped")
+        out.print(f"turn {shown} cancelled: {n} call(s) will not start; running calls are being stopped")
 
 
 @app.command("tools")

@@ -199,7 +199,8 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one nested function per 
                              indent=2))
             return
         if not events:
-            err.print(f"no audit trail for turn {turn_id} in namespace {settings.namespace} (unknown or expired)")
+            err.print(escape(f"no audit trail for turn {turn_id} in namespace {settings.namespace} "
+                             "(unknown or expired)"))
             raise typer.Exit(1)
         if html_file is not None:
             from .trace_html import render_html

@@ -174,7 +174,7 @@ def print_timeline(console: Console, timeline: Timeline, width: int = BAR_WIDTH)
     chart (``#``, call id, the time axis at most ``width`` characters, narrowed to fit the console),
     a legend, the cancel and the notes. Readable at 80 columns and wider, and in a pipe."""
     if not timeline.rows:
-        console.print(f"no audit trail for turn {timeline.turn_id} (unknown, or expired)")
+        console.print(Text(f"no audit trail for turn {timeline.turn_id} (unknown, or expired)"))
         return
     title = f"turn {timeline.turn_id}"
     if timeline.session_id:
