@@ -117,8 +117,8 @@ class TurnIntake:
                                               session_id=self._session_id)
                 checked = [screened.refused.get(c.id, outcome) for c, outcome in zip(calls, checked, strict=True)]
             to_send, failures, planned = [], [], {}
-            with self._lock:  # cancelled here but not yet in Redis (cancel_soon, a cancel Redis did not
-                cancelled = self._cancelled_at is not None  # take): its calls get the cancel's answer too
+            # cancelled here, maybe not yet in Redis (cancel_soon, a cancel Redis did not take): its
+            cancelled = self.cancelled  # calls get the cancel's answer too
             for call, outcome in zip(calls, checked, strict=True):
                 if call.id in refused:
                     continue  # cancelled before it was taken: NOT_EXECUTED is recorded
