@@ -102,4 +102,4 @@ def print_catalog(console: Console, entries: list[dict[str, Any]], namespace: st
             reason = escape(str(box["error"]))
             console.print(f"[bold red]{worker}: no sandbox, run_command not served: {reason}[/]")
         elif box:
-            console.print(escape(f"{entry['worker']}: sandbox {box['mode']}, network {box.get('network')}"))
+            console.print(f"{worker}: " + escape(f"sandbox {box['mode']}, network {box.get('network')}"))
