@@ -126,6 +126,77 @@ def test_an_mcp_client_over_streamable_http_runs_calls_on_the_fleet(settings, wo
             proc.wait()
 
 
+def _serve_http(settings, workspace, *extra: str) -> tuple[subprocess.Popen, int]:
+    port = _free_port()
+    proc = subprocess.Popen(serve_argv(settings, workspace, "--tools", "tests.tools_for_sessions", "--transport",
+                                       "http", "--port", str(port), *extra),
+                            env=env(), cwd=ROOT, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while True:  # the server is up once its port accepts a connection
+        assert proc.poll() is None, f"mcp serve exited: {proc.stderr.read()}"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, port
+        except OSError:
+            assert time.monotonic() < deadline, "mcp serve did not listen within 60 s"
+            time.sleep(0.1)
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    proc.terminate()
+    try:
+        return proc.communicate(timeout=20)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()[1]
+
+
+async def _sessions_seen(url, clients: int, mode: str = "auto") -> list[list[str | None]]:
+    """For each of ``clients`` MCP clients in turn, the session ids two ``whoami`` calls ran in."""
+    seen = []
+    for n in range(clients):
+        async with Client(url, mode=mode) as client:
+            calls = [await client.call_tool("whoami", {"greeting": f"c{n}-{i}"}) for i in range(2)]
+            assert not any(r.is_error for r in calls), [text(r) for r in calls]
+            seen.append([r.structured_content["session"] for r in calls])
+    return seen
+
+
+def test_each_mcp_http_client_has_a_session_of_its_own(settings, start_worker, tmp_path):
+    """Two HTTP clients of one server never share a session (a live shell, stored state, loop history):
+    a handshake-era client's calls run in ``mcp-<its Mcp-Session-Id>``; a 2026-07-28 client has no MCP
+    session (each request stands alone), so its calls have none. With ``--session S`` every call is S's,
+    and the server says at start that its clients share it."""
+    start_worker(args=["--tools", "tests.tools_for_sessions"])
+    proc, port = _serve_http(settings, tmp_path)
+    try:
+        url = f"http://127.0.0.1:{port}/mcp"
+        legacy = anyio.run(_sessions_seen, url, 2, "legacy")
+        modern = anyio.run(_sessions_seen, url, 1, "2026-07-28")
+    finally:
+        _stop(proc)
+    (a1, a2), (b1, b2) = legacy
+    assert a1 == a2 and b1 == b2, legacy  # one client: one session across its calls
+    assert a1.startswith("mcp-") and b1.startswith("mcp-") and a1 != b1, legacy
+    assert modern == [[None, None]]
+
+    proc, port = _serve_http(settings, tmp_path, "--session", "shared-s")
+    try:
+        seen = anyio.run(_sessions_seen, f"http://127.0.0.1:{port}/mcp", 2)
+    finally:
+        log = _stop(proc)
+    assert seen == [["shared-s"] * 2] * 2
+    assert "every HTTP client shares session shared-s" in log
+
+
+def test_an_mcp_stdio_server_gives_its_client_one_session(settings, start_worker, tmp_path):
+    start_worker(args=["--tools", "tests.tools_for_sessions"])
+    argv = serve_argv(settings, tmp_path, "--tools", "tests.tools_for_sessions")
+    params = StdioServerParameters(command=sys.executable, args=argv[1:], env=env(), cwd=str(ROOT))
+    seen = anyio.run(_sessions_seen, params, 1)
+    assert seen[0][0] == seen[0][1] and seen[0][0].startswith("mcp-"), seen
+
+
 def test_an_idempotent_write_is_not_announced_as_only_additive():
     """MCP's ``destructiveHint: false`` says a tool "performs only additive updates", and clients let
     such tools run without asking (auto-approval policies). Idempotent is another question (a delete

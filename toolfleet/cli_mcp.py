@@ -6,6 +6,7 @@ Imported by :mod:`.cli` at its end; importing it registers ``mcp`` on the CLI's 
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -44,7 +45,9 @@ def serve(
     policy: PolicyOpt = None,
     workspace: Annotated[Optional[Path], typer.Option(
         "--workspace", "-w", help="Directory the tools work in, as the workers see it.")] = None,
-    session: Annotated[Optional[str], typer.Option("--session", help="Session id (loop detection).")] = None,
+    session: Annotated[Optional[str], typer.Option(
+        "--session", help="Session id of every call, whoever sends it (live shell, stored state, loop detection). "
+        "Default: each MCP client its own (stdio: this process's; HTTP: mcp-<its Mcp-Session-Id>).")] = None,
     transport: Annotated[str, typer.Option("--transport", help='"stdio" (default) or "http" (streamable HTTP).'
                                            )] = "stdio",
     host: Annotated[str, typer.Option("--host", help="HTTP: address to listen on.")] = "127.0.0.1",
@@ -74,6 +77,9 @@ def serve(
         dispatcher = Dispatcher(settings, registry, _policy(policy))
     except ToolfleetError as exc:
         _fail(exc)
+    own_session = session is None and transport == "stdio"  # one client per process: a session of its own
+    if own_session:
+        session = f"mcp-{uuid.uuid4().hex}"
     server = build_server(dispatcher, workspace=str(workspace) if workspace else None, session_id=session,
                           timeout_s=timeout_s, refresh=lambda: with_live_tools(registry, settings))
     try:
@@ -84,8 +90,17 @@ def serve(
             if host not in ("127.0.0.1", "localhost", "::1"):
                 err.print("warning: no authentication: whoever reaches this address can run the fleet's tools; "
                           "put it behind an authenticating proxy", style="bold yellow", markup=False)
+            if session is not None:
+                err.print(f"warning: every HTTP client shares session {session} (its live shell, stored state and "
+                          "loop history); without --session each client has its own", style="bold yellow",
+                          markup=False)
             serve_http(server, host, port, path)
     except KeyboardInterrupt:
         pass
     finally:
+        if own_session:  # its live shell and stored states end with the client (best effort: else their TTL)
+            try:
+                dispatcher.close_session(session)
+            except ToolfleetError:
+                pass
         dispatcher.close()

@@ -15,6 +15,12 @@ stdio or streamable HTTP.
   (``notifications/cancelled``, a closed connection) cancels the turn. Two MCP calls are two turns:
   conflicting writes of concurrent calls are ordered by the fleet's cross-turn resource locks
   (:mod:`toolfleet.dispatcher.locks`), not by the plan of one batch.
+- Sessions: with a fixed ``session_id`` every call is a turn of that session, whoever sent it. Without one,
+  each MCP client has its own, so one client never sees another's live shell, stored state or loop history:
+  over stdio, the process's one client (``toolfleet mcp serve`` makes it); over streamable HTTP, a
+  handshake-era client's ``mcp-<its Mcp-Session-Id>`` (:func:`client_session_id`; the SDK gives each client
+  its own id and refuses another client's). A 2026-07-28 request carries no MCP session (the protocol made
+  each request stand alone), so its call has no session, as does one over stateless HTTP.
 """
 
 from __future__ import annotations
@@ -80,11 +86,20 @@ async def run_call(dispatcher: Any, name: str, arguments: dict[str, Any] | None,
         raise
 
 
+def client_session_id(ctx: Any) -> str | None:
+    """``mcp-<id>`` for the MCP session of the client whose request ``ctx`` carries (the ``Mcp-Session-Id``
+    header of streamable HTTP, MCP spec "Session Management"), or ``None`` (stdio, stateless HTTP)."""
+    headers = getattr(getattr(ctx, "request", None), "headers", None)
+    value = headers.get("mcp-session-id") if headers is not None else None
+    return f"mcp-{value}" if value else None
+
+
 def build_server(dispatcher: Any, *, workspace: str | None = None, session_id: str | None = None,
                  timeout_s: float = 600.0, name: str = "toolfleet", refresh: Callable[[], Any] | None = None
                  ) -> Server:
     """An MCP server whose tools are ``dispatcher.registry``'s, each call run on the fleet
-    (:func:`run_call`). ``workspace``/``session_id`` as in :meth:`~toolfleet.Dispatcher.open_turn`.
+    (:func:`run_call`). ``workspace`` as in :meth:`~toolfleet.Dispatcher.open_turn`; ``session_id`` the
+    session of every call, or ``None``: each MCP client's own (:func:`client_session_id`).
     ``refresh`` (run in a thread) adds tools to the registry before each ``tools/list`` and before a call
     of a name it lacks, e.g. :func:`~toolfleet.integrations.mcp_host.with_live_tools`; its
     :class:`~toolfleet.errors.ToolfleetError` is ignored (the tools known so far are served)."""
@@ -104,8 +119,8 @@ def build_server(dispatcher: Any, *, workspace: str | None = None, session_id: s
         if params.name not in dispatcher.registry:
             await _refresh()
         arguments = params.arguments if isinstance(params.arguments, dict) else None
-        result = await run_call(dispatcher, params.name, arguments, workspace=workspace, session_id=session_id,
-                                timeout_s=timeout_s)
+        result = await run_call(dispatcher, params.name, arguments, workspace=workspace,
+                                session_id=session_id or client_session_id(ctx), timeout_s=timeout_s)
         return mcp_result(result)
 
     from .. import __version__
