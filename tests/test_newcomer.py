@@ -376,12 +376,14 @@ def test_up_warns_naming_the_live_workers_already_on_its_namespace(redis_url, na
 
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     keys = Keys(namespace)
-    client.sadd(keys.workers, "bob@otherhost", "gone@host")
-    client.set(keys.catalog("bob@otherhost"), json.dumps({"worker": "bob@otherhost", "tools": []}), px=30_000)
+    client.sadd(keys.workers, "bob@otherhost", "gone@host", "w[/x]@h[b]")
+    for name in ("bob@otherhost", "w[/x]@h[b]"):  # a worker's name is another process's text, not markup
+        client.set(keys.catalog(name), json.dumps({"worker": name, "tools": []}), px=30_000)
     console = Console(record=True, width=300)
     stack._warn_shared(client, keys, namespace, redis_url, console)
     said = console.export_text()
     assert "bob@otherhost" in said and "gone@host" not in said and "--namespace" in said
+    assert "w[/x]@h[b]" in said
     quiet = Console(record=True, width=300)
     stack._warn_shared(client, Keys(namespace + "-empty"), namespace + "-empty", redis_url, quiet)
     assert quiet.export_text() == ""
@@ -389,14 +391,17 @@ def test_up_warns_naming_the_live_workers_already_on_its_namespace(redis_url, na
 
 def test_up_reusing_a_redis_uses_the_per_user_namespace(tmp_path, redis_url, namespace, monkeypatch):
     """Without --namespace or TOOLFLEET_NAMESPACE, the stack's workers use toolfleet-<user>, the
-    namespace every other command defaults to (the stack's state says so)."""
+    namespace every other command defaults to (the stack's state says so). The paths it prints are
+    text: a home holding ``[b]`` is shown whole, not read as rich markup."""
     user = f"nc{namespace[2:]}"  # a user of our own: the namespace is this test's, cleaned after it
+    home = tmp_path / "home[b]"
     env = {k: v for k, v in os.environ.items() if k != "TOOLFLEET_NAMESPACE"}
-    env.update(TOOLFLEET_HOME=str(tmp_path / "home"), REDIS_URL=redis_url, USER=user, LOGNAME=user)
+    env.update(TOOLFLEET_HOME=str(home), REDIS_URL=redis_url, USER=user, LOGNAME=user)
     try:
         up = cli("up", "-d", "--no-flower", "--workers", "1", env=env)
         assert up.returncode == 0, up.stdout + up.stderr
-        state = json.loads((tmp_path / "home" / "stack.json").read_text())
+        assert f"log {home / 'worker.log'}" in "".join(up.stdout.split("\n")), up.stdout  # whole
+        state = json.loads((home / "stack.json").read_text())
         assert state["namespace"] == f"toolfleet-{user}"
         tools = cli("tools", "--json", env=env)
         assert tools.returncode == 0 and json.loads(tools.stdout), tools.stderr

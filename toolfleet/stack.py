@@ -215,7 +215,7 @@ def _start_redis(state: dict[str, Any], console: Console, limit: tuple[float, fl
     # with the TLS and login options of the environment written into it (toolfleet/redis_tls.py)
     url = Settings.from_env(redis_url=given or DEFAULT_REDIS_URL).redis_url
     if _answers(url):
-        console.print(f"redis: reusing the one at {shown_url(url)}")  # password masked
+        console.print(f"redis: reusing the one at {shown_url(url)}", markup=False)  # password masked
         state["redis_reused"] = True
         return url
     binary = _redis_binary()
@@ -247,7 +247,8 @@ def _start_redis(state: dict[str, Any], console: Console, limit: tuple[float, fl
     _write(state)
     _until(lambda: _answers(url), "redis-server", proc, log, limit, f"nothing answers at {shown_url(url)}",
            _url_secrets(url))
-    console.print(f"redis: started a private redis-server at {shown_url(url)} (pid {proc.pid})")  # password masked
+    console.print(f"redis: started a private redis-server at {shown_url(url)} (pid {proc.pid})",  # password masked
+                  markup=False)
     return url
 
 
@@ -290,7 +291,7 @@ def _start(
     entry = _catalog_entry(client, keys) or {}
     names = sorted(t.get("name", "?") for t in entry.get("tools", []))
     console.print(f"workers: {workers} prefork processes (pid {proc.pid}), serving {len(names)} tool(s): "
-                  f"{', '.join(names)}; log {log}")
+                  f"{', '.join(names)}; log {log}", markup=False)
     error = (entry.get("sandbox") or {}).get("error")
     if error:
         from rich.markup import escape
@@ -310,7 +311,7 @@ def _start(
         _write(state)
         _until(lambda: _http_ok(state["flower_url"] + "/healthcheck"), "flower", proc, log, limit,
                f"{state['flower_url']}/healthcheck does not answer", _url_secrets(url))
-        console.print(f"flower: {state['flower_url']}  (task list: {state['flower_url']}/tasks)")
+        console.print(f"flower: {state['flower_url']}  (task list: {state['flower_url']}/tasks)", markup=False)
     _write(state)
     return state
 
@@ -390,9 +391,10 @@ def down(console: Console) -> None:
                     os.killpg(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                console.print(f"killed {name} (pid {pid}): it had not stopped {STOP_TIMEOUT_S:g} s after TERM")
+                console.print(f"killed {name} (pid {pid}): it had not stopped {STOP_TIMEOUT_S:g} s after TERM",
+                              markup=False)
             else:
-                console.print(f"stopped {name} (pid {pid})")
+                console.print(f"stopped {name} (pid {pid})", markup=False)
     if state.get("fleet_key_file"):
         Path(state["fleet_key_file"]).unlink(missing_ok=True)
     _state_file().unlink(missing_ok=True)

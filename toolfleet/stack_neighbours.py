@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from rich.markup import escape
+
 from .errors import shown_url
 from .keys import Keys
 
@@ -29,11 +31,12 @@ def _warn_shared(client: Any, keys: Keys, namespace: str, url: str, console: Con
     live = [n for n, raw in zip(names, client.mget([keys.catalog(n) for n in names]) if names else [],
                                 strict=True) if raw]
     if live:
-        console.print(f"[yellow]warning:[/] namespace {namespace!r} at {shown_url(url)} already has {len(live)} live "
+        console.print("[yellow]warning:[/] " + escape(
+                      f"namespace {namespace!r} at {shown_url(url)} already has {len(live)} live "
                       f"worker(s): {', '.join(live)}; this stack's workers share their queues (calls may run on "
                       "either). If they are yours (a worker started by hand, or a stack of another TOOLFLEET_HOME "
                       "such as the demo's), stop them or leave them be; for a fleet of your own pass --namespace "
-                      "NAME (or set TOOLFLEET_NAMESPACE).")
+                      "NAME (or set TOOLFLEET_NAMESPACE)."))
 
 
 def _warn_other_keys(client: Any, keys: Keys, mine: dict[str, Any], namespace: str, console: Console) -> None:
@@ -55,7 +58,6 @@ def _warn_other_keys(client: Any, keys: Keys, mine: dict[str, Any], namespace: s
         if isinstance(ids, list) and not ours & set(ids):
             others.append(name)
     if others:
-        from rich.markup import escape
 
         from .worker.catalog import other_key_warning
 
