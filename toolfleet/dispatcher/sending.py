@@ -323,6 +323,8 @@ class Sender:
         if not lost:
             return
         log.warning("turn %s: Redis lost its data (restarted without persistence)", turn.turn_id)
+        if turn.cancelled:  # the cancel went with the data: the turn is cancelled there again
+            turn._ledger.cancel(turn.turn_id, turn._cancel_reason or "cancelled (restored after Redis lost its data)")
         for call_id in queued:
             turn._ledger.record_result(turn.turn_id, ToolResult.failure(
                 call_id, turn._names[call_id], ErrorCode.TOOL_UNAVAILABLE,

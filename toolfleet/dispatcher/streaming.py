@@ -15,10 +15,11 @@ order, as for a whole response. A call the stream itself says the output token l
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any, NoReturn
 
-from ..errors import BatchRejected
+from ..errors import BatchRejected, ToolfleetError
 from ..models import ErrorCode, ToolCall, ToolResult
 from .adapters import detect_event, get_adapter
 from .adapters.client_tools import client_results, is_client_call
@@ -37,7 +38,9 @@ class TurnStream:
 
     ``format`` is a stream format name (``openai_chat_stream``, ``openai_responses_stream``,
     ``anthropic_stream``, or the plain format names) or None to tell it from the first event
-    that says.
+    that says. ``feed``, ``close`` and ``abort`` may come from different threads (the asyncio API
+    aborts on one thread while a cancelled task's ``feed`` still runs on another): they take turns,
+    so an abort sees every call a feed before it took, and a feed after it raises.
     """
 
     def __init__(self, turn: Turn, format: str | None = None) -> None:
@@ -47,6 +50,7 @@ class TurnStream:
         self.events_read = 0
         self._pending: list[Any] = []  # events read before the format could be told
         self._aborting = False
+        self._lock = threading.RLock()  # one feed/close/abort at a time (the parser is not thread-safe)
         if format is not None:
             self._use(_stream_adapter(format))
 
@@ -61,7 +65,14 @@ class TurnStream:
         Raises :class:`BatchRejected` when an event cannot be read or a completed call has no id
         or repeats an earlier id: the turn is then cancelled (calls not started never start,
         running ones are stopped) and closed; any other error of the parser does the same.
+        :class:`~toolfleet.errors.ToolfleetError` once the turn is closed.
         """
+        with self._lock:
+            return self._feed(event)
+
+    def _feed(self, event: Any) -> list[ToolCall]:
+        if self.turn.closed:
+            raise ToolfleetError(f"turn {self.turn.turn_id} is closed; its stream takes no more events")
         self.events_read += 1
         if self.parser is None:
             found = detect_event(event)
@@ -85,12 +96,21 @@ class TurnStream:
 
     def close(self) -> Turn:
         """End of the stream: take the calls still open, rebuild the assistant message, close the
-        turn and return it. Idempotent."""
+        turn and return it. Idempotent. Raises :class:`BatchRejected` as :meth:`feed` does, the turn
+        then cancelled and closed (``unknown_format``: no event so far said which format it is)."""
+        with self._lock:
+            return self._close()
+
+    def _close(self) -> Turn:
         if self.turn.closed:
             return self.turn
         if self.parser is None:
             if self._pending:
-                self._use(_stream_adapter(None, self._pending))
+                try:
+                    adapter = _stream_adapter(None, self._pending)
+                except BatchRejected as exc:  # no call could be read: the turn ends all the same
+                    self._refuse(exc)
+                self._use(adapter)
                 for event in self._pending:
                     self._take(self.parser.feed(event), cut_off=self.parser.cut_off)
             else:
@@ -107,8 +127,16 @@ class TurnStream:
         ``NOT_EXECUTED``; calls taken keep running only until the cancel reaches them. ``wait``:
         wait for Redis to take the cancel (:meth:`Turn.cancel`, raises what Redis raises) or not
         (:meth:`Turn.cancel_soon`: the turn's driver sends it until Redis does; raises nothing
-        from Redis). Idempotent; returns the turn."""
-        self._abort(reason, wait=wait)
+        from Redis). After :meth:`close` (the stream ended, then the caller gave up) it cancels the
+        turn all the same. Idempotent; returns the turn, closed even when the cancel raised."""
+        with self._lock:
+            if self.turn.closed:
+                if wait:
+                    self.turn.cancel(reason)
+                elif not self.turn.cancelled:
+                    self.turn.cancel_soon(reason)
+            else:
+                self._abort(reason, wait=wait)
         return self.turn
 
     @property
@@ -171,14 +199,23 @@ class TurnStream:
         ``NOT_EXECUTED``, but for those the turn cannot take (``refused`` ids: a computer_call, a
         repeated id; an id that is missing or no call id; a second call of one id), and the
         assistant message is rebuilt from the events so far with the calls taken only
-        (:func:`answered_only`), so ``turn.assistant_messages()`` still pairs with ``turn.messages()``."""
+        (:func:`answered_only`), so ``turn.assistant_messages()`` still pairs with ``turn.messages()``.
+        The turn is closed even when the cancel raises (then raised after): it is cancelled here
+        (:meth:`Turn.cancel` marks it before it sends), so the calls begun get ``NOT_EXECUTED``."""
         if self.turn.closed or self._aborting:
             return
         self._aborting = True
-        if wait:
-            self.turn.cancel(reason)
-        elif not self.turn.cancelled:
-            self.turn.cancel_soon(reason)
+        try:
+            if wait:
+                self.turn.cancel(reason)
+            elif not self.turn.cancelled:
+                self.turn.cancel_soon(reason)
+        finally:
+            self._end_aborted(reason, refused, released)
+
+    def _end_aborted(self, reason: str, refused: Collection[str], released: Sequence[ToolCall]) -> None:
+        """The rest of :meth:`_abort`, once the turn is cancelled: answer the calls begun, rebuild
+        the message, close the turn."""
         if self.parser is not None:
             try:
                 rest = _takeable([*released, *self.parser.finish()], {*refused, *(c.id for c in self.turn.calls)})
@@ -208,9 +245,7 @@ class TurnStream:
             return
         reason = f"the stream was left by an exception: {exc_type.__name__}"
         try:
-            if self.turn.closed:  # closed in the block (close()), then the block raised: cancelled all the same
-                self.turn.cancel(reason)
-            self._abort(reason)
+            self.abort(reason)  # closed in the block (close()), then the block raised: cancelled all the same
         except Exception as exc:  # noqa: BLE001 - the block's own exception goes on, not this one
             log.warning("turn %s: could not cancel it after %s (%s: %s); the dispatcher's exit hook or the turn's "
                         "lease ends it", self.turn.turn_id, reason, type(exc).__name__, exc)

@@ -116,6 +116,8 @@ class Turn(TurnIntake, TurnApprovals, TurnDriver):
         self._done = threading.Event()
         self._cancelled_at: float | None = None
         self._cancel_pending: str | None = None  # a cancel's reason until Redis took it
+        self._cancel_reason: str | None = None  # the first cancel's reason (restored if Redis loses it)
+        self._unrecorded: dict[str, str] = {}  # calls taken after a local cancel, not yet in the ledger
         self._cancel_failed = False  # a send of it failed: the driver sends it again (send_pending_cancel)
         self._error: ToolfleetError | None = None
         self._guard = guard
@@ -301,6 +303,7 @@ class Turn(TurnIntake, TurnApprovals, TurnDriver):
         with self._lock:
             if self._cancelled_at is None:
                 self._cancelled_at = time.monotonic()
+                self._cancel_reason = reason
             if not self._done.is_set():
                 self._cancel_pending = reason
 

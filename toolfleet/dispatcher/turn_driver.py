@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from ..errors import BrokerUnavailable, ToolfleetError
+from ..ledger import not_executed
 from ..models import ErrorCode, ToolResult
 from ..redis_client import REDIS_DOWN
 from .plan import conflicts
@@ -70,6 +71,7 @@ class TurnDriver:
             while not self._done.is_set():
                 try:
                     self.send_pending_cancel(retry=True)  # a cancel Redis did not take (turn.py): again
+                    self._record_unrecorded()
                     for event in self._ledger.events(self.turn_id, after=last, block_ms=BLOCK_MS):
                         last = event.stream_id
                         self._on_event(event)
@@ -112,6 +114,22 @@ class TurnDriver:
             self._sender.lock.release()
             self._end()
 
+    def _record_unrecorded(self) -> None:
+        """Register the calls the turn took after its local cancel (:meth:`TurnIntake._take`) in the
+        ledger with the result ``NOT_EXECUTED``; the result events bring them to this turn as any
+        result. Raises what Redis raises (they stay to write; :meth:`_fail` answers them
+        ``NOT_EXECUTED`` if Redis never comes back)."""
+        with self._lock:
+            names = dict(self._unrecorded)
+        if not names:
+            return
+        self._ledger.add_calls(self.turn_id, names)  # refused (cancelled there too): recorded NOT_EXECUTED
+        for call_id, name in names.items():  # the cancel not yet there: the first result stands
+            self._ledger.record_result(self.turn_id, not_executed(call_id, name))
+        with self._lock:
+            for call_id in names:
+                self._unrecorded.pop(call_id, None)
+
     def _end(self) -> None:
         """The turn is over: mark it ended in the ledger (a worker's claim then refuses its calls,
         so nothing of it runs later). Best effort: if Redis does not answer, the turn's lease
@@ -145,7 +163,9 @@ class TurnDriver:
         results = []
         for call_id in missing:
             name = self._names[call_id]
-            if call_id in sent:
+            if call_id not in sent and self.cancelled:
+                result = not_executed(call_id, name)
+            elif call_id in sent:
                 result = ToolResult.failure(
                     call_id, name, ErrorCode.OUTCOME_UNKNOWN,
                     f"the turn's driver failed ({detail}) after the call was sent; whether it ran is unknown",

@@ -93,17 +93,29 @@ class TurnIntake:
 
     def _intake_failed(self, calls: Sequence[ToolCall], exc: BaseException) -> None:
         """Taking ``calls`` failed part-way: each of them not sent and without a result gets a
-        final one here (a local ``TOOL_UNAVAILABLE``: Redis may be what failed), so the turn
-        still ends with one result per call instead of waiting for calls that will never run."""
+        final one here (a local ``TOOL_UNAVAILABLE``: Redis may be what failed; ``NOT_EXECUTED``
+        once the turn is cancelled), so the turn still ends with one result per call instead of
+        waiting for calls that will never run."""
         with self._lock:
             lost = [c for c in calls if c.id not in self._results and c.id not in self._submitted]
+        if self.cancelled:
+            self._settle_locally([not_executed(call.id, call.name) for call in lost])
+            return
         self._settle_locally([ToolResult.failure(
             call.id, call.name, ErrorCode.TOOL_UNAVAILABLE,
             f"the call could not be taken ({type(exc).__name__}: {exc}); it was not sent and did not run",
             "retry when the broker answers") for call in lost])
 
     def _take(self, calls: list[ToolCall], checked: list[Any], raise_errors: bool) -> None:
-        """Register, screen, plan and submit ``calls`` (see :meth:`add_calls`)."""
+        """Register, screen, plan and submit ``calls`` (see :meth:`add_calls`). On a turn cancelled
+        here, none of that, and no wait for Redis (the asyncio API's abort must not block): they are
+        never sent, and the driver registers them in the ledger as ``NOT_EXECUTED``
+        (:meth:`_record_unrecorded`), whence their results come as every result does."""
+        if self.cancelled:
+            self._registered = {}
+            with self._lock:
+                self._unrecorded.update({c.id: c.name for c in calls})
+            return
         try:
             names = {c.id: c.name for c in calls}
             if names and names == self._registered:
