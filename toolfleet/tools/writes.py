@@ -13,7 +13,10 @@ above, writes a new temporary file in that directory (``O_CREAT | O_EXCL | O_NOF
   wherever they are, keep the old content;
 - readers see the old content or the new one, never a mix.
 
-The replaced file's permission bits are kept (and its owner, when the worker runs as root). Data
+The replaced file's permission bits are kept but for set-user-ID and set-group-ID (and its owner,
+when the worker runs as root); a new file gets ``0o666`` less the process's umask, as ``open(2)``
+would. The temporary file is ``0o600`` until its content is complete and its mode set: another
+local user cannot open it in between (a breaker read a 0600 ``.env``'s content that way). Data
 is not fsynced: the rename is atomic for readers, not a promise across a power cut.
 A directory fd held here could be moved outside the workspace by someone who can write outside it;
 the command sandbox denies that to commands, and a process outside it is out of scope.
@@ -53,8 +56,8 @@ def replace_file(ctx: ToolContext, path: str, produce: Callable[[bytes | None], 
     ``ctx.check_fence()`` raise (nothing is changed then).
     """
     rel = spelling(ctx, path)
-    if rel.endswith("/"):
-        raise ToolFailure(f"{path} ends with '/': that names a folder", "give a file path")
+    if rel.endswith("/") or rel.rsplit("/", 1)[-1] in (".", ".."):  # open(2) would say EISDIR
+        raise ToolFailure(f"{path} ends with '/', '/.' or '/..': that names a folder", "give a file path")
     root_fd = open_root(ctx)
     try:
         try:
@@ -105,10 +108,12 @@ def _replace_in(ctx: ToolContext, parent: int, parts: list[str], path: str,
         raise
     tmp = _temp_name(name)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=parent)
-    except BaseException:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
+    except BaseException as exc:
         if old_fd is not None:
             os.close(old_fd)
+        if isinstance(exc, OSError):
+            raise os_failure(exc, path) from exc
         raise
     copied = 0
     try:
@@ -119,8 +124,8 @@ def _replace_in(ctx: ToolContext, parent: int, parts: list[str], path: str,
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
+            os.fchmod(fd, _new_mode() if st is None else stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
             if st is not None:
-                os.fchmod(fd, stat.S_IMODE(st.st_mode))
                 if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (0, 0):
                     try:
                         os.fchown(fd, st.st_uid, st.st_gid)
@@ -144,9 +149,24 @@ def _replace_in(ctx: ToolContext, parent: int, parts: list[str], path: str,
 
 
 def _temp_name(name: str) -> str:
+    """``.<name, cut>.tf-<token>.tmp``, at most :data:`NAME_MAX` *bytes* (a name of multi-byte
+    characters is cut by its encoded length; a character cut in two stays as its bytes)."""
     token = secrets.token_hex(6)
-    stem = name[: NAME_MAX - len(token) - 12]
-    return f".{stem}.tf-{token}.tmp"
+    stem = os.fsencode(name)[: NAME_MAX - len(token) - 12]
+    return f".{os.fsdecode(stem)}.tf-{token}.tmp"
+
+
+def _new_mode() -> int:
+    """The mode ``open(2)`` gives a new file asked for with ``0o666``: less the process's umask,
+    read from ``/proc/self/status`` (setting it to read it would race with other threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o644
 
 
 def _open_parent(root_fd: int, parts: list[str], path: str, create: bool) -> int:
