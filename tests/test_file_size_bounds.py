@@ -27,11 +27,8 @@ from hypothesis import strategies as st
 from toolfleet import ErrorCode, ToolContext
 from toolfleet.errors import ToolFailure
 from toolfleet.keys import Keys
-from toolfleet.tools import files, text_lines
+from toolfleet.tools import grep_walk, text_lines
 from toolfleet.tools.files import (
-    MAX_GREP_LINE_CHARS,
-    MAX_GREP_MATCHES,
-    MAX_GREP_OUTPUT_CHARS,
     MAX_LIST_ENTRIES,
     edit_file,
     grep,
@@ -39,6 +36,7 @@ from toolfleet.tools.files import (
     read_file,
     write_file,
 )
+from toolfleet.tools.grep_walk import MAX_GREP_LINE_CHARS, MAX_GREP_MATCHES, MAX_GREP_OUTPUT_CHARS
 from toolfleet.tools.workspace import MAX_TEXT_FILE_BYTES
 
 from .faults import call
@@ -246,7 +244,7 @@ def test_a_folder_of_many_names_is_listed_within_a_bound(tmp_path):
 
 
 def test_grep_searches_a_bounded_number_of_entries_per_folder_and_counts_the_rest(tmp_path, monkeypatch):
-    monkeypatch.setattr(files, "MAX_GREP_DIR_ENTRIES", 3)
+    monkeypatch.setattr(grep_walk, "MAX_GREP_DIR_ENTRIES", 3)
     (tmp_path / "d").mkdir()
     (tmp_path / "links").mkdir()
     for i in range(5):
@@ -257,7 +255,7 @@ def test_grep_searches_a_bounded_number_of_entries_per_folder_and_counts_the_res
     lines = grep(ctx=ctx, pattern="needle").split("\n")
     assert len([line for line in lines if line.startswith("d/f")]) == 3, lines
     assert "[7 not searched (past the first 3 entries of a folder): d/ (2 of 5), links/ (5 of 8)]" in lines, lines
-    monkeypatch.setattr(files, "MAX_GREP_DIR_ENTRIES", 100)
+    monkeypatch.setattr(grep_walk, "MAX_GREP_DIR_ENTRIES", 100)
     lines = grep(ctx=ctx, pattern="needle").split("\n")  # only the first names of a kind are kept
     assert lines[-1] == ("[8 not searched (symbolic links, not followed): links/link0, links/link1, links/link2, "
                          "links/link3, links/link4, and 3 more]"), lines
