@@ -22,7 +22,8 @@ written whole (the shell does not read: it stopped itself, say) restarts the she
 command never waits in the pipe to run later.
 
 Stopping the current command (time limit, cancel): the processes the command started (descendants
-of the sandbox's init that were not there before it) get TERM, then KILL after ``TERM_GRACE_S``,
+of the sandbox's init that were not there before it, nor below one that was: what an earlier
+command's background job starts meanwhile is that job's, and lives on) get TERM, then KILL after ``TERM_GRACE_S``,
 pass after pass until none is left (a child forked after a pass's snapshot gets the next one; a
 command that forks faster than that for ``STOP_WAIT_S`` has its shell restarted);
 the shell then ends the ``eval`` and prints the end marker, and the session goes on with its cwd
@@ -350,11 +351,11 @@ class Shell:
                 os.kill(shell_pid, signal.SIGUSR1)  # the trap returns from the command once its child ends
             except (ProcessLookupError, PermissionError):
                 pass
-        send_signal(self._descendants() - before, signal.SIGTERM)
+        send_signal(self._descendants(before), signal.SIGTERM)
         found = self._wait_until(mark, start, TERM_GRACE_S)
         # one KILL pass misses a child forked after its snapshot: pass again until none is left (bounded)
         kill_until = time.monotonic() + STOP_WAIT_S
-        while left := living(self._descendants() - before):
+        while left := living(self._descendants(before)):
             if time.monotonic() >= kill_until:
                 found = None  # it forks faster than it is killed: only ending the sandbox ends it
                 break
@@ -380,9 +381,10 @@ class Shell:
                 return found
         return None
 
-    def _descendants(self) -> set[int]:
+    def _descendants(self, earlier: set[int] | frozenset[int] = frozenset()) -> set[int]:
         """Host pids of the processes below the shell: below the sandbox's init, the shell itself
-        excluded (unsandboxed: below the shell)."""
+        excluded (unsandboxed: below the shell). ``earlier``: processes of earlier commands (a
+        background job), left out with all below them (a stop must not end what a job started)."""
         assert self.proc is not None
         if self.init is None or self.init.pid is None:
             root, shell_pid = self.proc.pid, None
@@ -397,7 +399,7 @@ class Shell:
         todo = children(root)
         while todo:
             pid = todo.pop()
-            if pid not in found:
+            if pid not in found and pid not in earlier:
                 found.add(pid)
                 todo.extend(children(pid))
         found.discard(shell_pid)  # type: ignore[arg-type]
