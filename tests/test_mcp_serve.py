@@ -164,7 +164,7 @@ async def _sessions_seen(url, clients: int, mode: str = "auto") -> list[list[str
 
 def test_each_mcp_http_client_has_a_session_of_its_own(settings, start_worker, tmp_path):
     """Two HTTP clients of one server never share a session (a live shell, stored state, loop history):
-    a handshake-era client's calls run in ``mcp-<its Mcp-Session-Id>``; a 2026-07-28 client has no MCP
+    a handshake-era client's calls run in ``mcp-<hash of its Mcp-Session-Id>``; a 2026-07-28 client has no MCP
     session (each request stands alone), so its calls have none. With ``--session S`` every call is S's,
     and the server says at start that its clients share it."""
     start_worker(args=["--tools", "tests.tools_for_sessions"])
@@ -195,6 +195,20 @@ def test_an_mcp_stdio_server_gives_its_client_one_session(settings, start_worker
     params = StdioServerParameters(command=sys.executable, args=argv[1:], env=env(), cwd=str(ROOT))
     seen = anyio.run(_sessions_seen, params, 1)
     assert seen[0][0] == seen[0][1] and seen[0][0].startswith("mcp-"), seen
+
+
+def test_a_client_session_id_never_shows_the_mcp_session_id_itself():
+    """The toolfleet session id shows in Flower, logs and ``toolfleet sessions``; the Mcp-Session-Id
+    header is what lets a request speak for its client: only a hash of it is shown."""
+    from types import SimpleNamespace
+
+    from toolfleet.integrations.mcp_server import client_session_id
+
+    header = "0f3c9a7e5b1d4c2a8e6f0b9d7c5a3e1f"
+    sid = client_session_id(SimpleNamespace(request=SimpleNamespace(headers={"mcp-session-id": header})))
+    other = client_session_id(SimpleNamespace(request=SimpleNamespace(headers={"mcp-session-id": header[::-1]})))
+    assert sid is not None and sid.startswith("mcp-") and header not in sid and header[:8] not in sid
+    assert other != sid and client_session_id(SimpleNamespace(request=None)) is None
 
 
 def test_an_idempotent_write_is_not_announced_as_only_additive():

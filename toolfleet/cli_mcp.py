@@ -47,7 +47,7 @@ def serve(
         "--workspace", "-w", help="Directory the tools work in, as the workers see it.")] = None,
     session: Annotated[Optional[str], typer.Option(
         "--session", help="Session id of every call, whoever sends it (live shell, stored state, loop detection). "
-        "Default: each MCP client its own (stdio: this process's; HTTP: mcp-<its Mcp-Session-Id>).")] = None,
+        "Default: each MCP client its own (stdio: this process's; HTTP: mcp-<a hash of its Mcp-Session-Id>).")] = None,
     transport: Annotated[str, typer.Option("--transport", help='"stdio" (default) or "http" (streamable HTTP).'
                                            )] = "stdio",
     host: Annotated[str, typer.Option("--host", help="HTTP: address to listen on.")] = "127.0.0.1",

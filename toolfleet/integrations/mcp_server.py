@@ -18,13 +18,14 @@ stdio or streamable HTTP.
 - Sessions: with a fixed ``session_id`` every call is a turn of that session, whoever sent it. Without one,
   each MCP client has its own, so one client never sees another's live shell, stored state or loop history:
   over stdio, the process's one client (``toolfleet mcp serve`` makes it); over streamable HTTP, a
-  handshake-era client's ``mcp-<its Mcp-Session-Id>`` (:func:`client_session_id`; the SDK gives each client
+  handshake-era client's ``mcp-<hash of its Mcp-Session-Id>`` (:func:`client_session_id`; the SDK gives each client
   its own id and refuses another client's). A 2026-07-28 request carries no MCP session (the protocol made
   each request stand alone), so its call has no session, as does one over stateless HTTP.
 """
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Callable
 from functools import partial
@@ -87,11 +88,13 @@ async def run_call(dispatcher: Any, name: str, arguments: dict[str, Any] | None,
 
 
 def client_session_id(ctx: Any) -> str | None:
-    """``mcp-<id>`` for the MCP session of the client whose request ``ctx`` carries (the ``Mcp-Session-Id``
-    header of streamable HTTP, MCP spec "Session Management"), or ``None`` (stdio, stateless HTTP)."""
+    """``mcp-<hash>`` for the MCP session of the client whose request ``ctx`` carries (the
+    ``Mcp-Session-Id`` header of streamable HTTP, MCP spec "Session Management"), or ``None`` (stdio,
+    stateless HTTP). A hash, never the header itself: a session id is seen in Flower, logs and
+    ``toolfleet sessions``, and the header is what lets a request speak for that client."""
     headers = getattr(getattr(ctx, "request", None), "headers", None)
     value = headers.get("mcp-session-id") if headers is not None else None
-    return f"mcp-{value}" if value else None
+    return f"mcp-{hashlib.sha256(value.encode()).hexdigest()[:32]}" if value else None
 
 
 def build_server(dispatcher: Any, *, workspace: str | None = None, session_id: str | None = None,
