@@ -203,3 +203,26 @@ def test_a_cancel_made_as_redis_lost_its_data_is_not_lost(private_redis, namespa
         waited_s = time.monotonic() - began
         assert d.ledger.is_cancelled(turn.turn_id)
     assert waited_s < settings.turn_lease_s / 10, waited_s
+
+
+def test_calls_a_cancelled_turn_takes_after_its_driver_gave_up_are_answered(dispatcher, workspace, monkeypatch):
+    """The turn's driver gave up on Redis (REDIS_GIVE_UP_S, shortened here); then the turn is cancelled
+    and takes more calls: no driver is left to register them, so they are answered here, not waited for."""
+    import redis
+
+    from toolfleet.dispatcher import turn_driver
+
+    monkeypatch.setattr(turn_driver, "REDIS_GIVE_UP_S", 1.0)
+    turn = dispatcher.open_turn(workspace=str(workspace))
+
+    def dead(*args, **kwargs):
+        raise redis.ConnectionError("Redis went away (test)")
+
+    monkeypatch.setattr(dispatcher.ledger, "events", dead)
+    turn._thread.join(30)
+    assert not turn._thread.is_alive()
+    turn.cancel_soon("the caller gave up")
+    turn.add_calls([ToolCall(id="late", name="wait_read", arguments={"label": "a"})])
+    turn.close()
+    assert turn.wait(10)
+    assert turn.result("late").code is ErrorCode.NOT_EXECUTED

@@ -123,9 +123,10 @@ class TurnDriver:
             names = dict(self._unrecorded)
         if not names:
             return
-        self._ledger.add_calls(self.turn_id, names)  # refused (cancelled there too): recorded NOT_EXECUTED
-        for call_id, name in names.items():  # the cancel not yet there: the first result stands
-            self._ledger.record_result(self.turn_id, not_executed(call_id, name))
+        refused = self._ledger.add_calls(self.turn_id, names)  # cancelled there too: recorded NOT_EXECUTED
+        for call_id, name in names.items():  # the cancel not there yet: recorded here (the first result stands)
+            if call_id not in refused:
+                self._ledger.record_result(self.turn_id, not_executed(call_id, name))
         with self._lock:
             for call_id in names:
                 self._unrecorded.pop(call_id, None)

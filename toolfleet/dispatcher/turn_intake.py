@@ -115,6 +115,8 @@ class TurnIntake:
             self._registered = {}
             with self._lock:
                 self._unrecorded.update({c.id: c.name for c in calls})
+            if self._error is not None:  # the driver gave up (Redis gone): no one will register them
+                self._settle_locally([not_executed(c.id, c.name) for c in calls])
             return
         try:
             names = {c.id: c.name for c in calls}
