@@ -162,6 +162,11 @@ async def _sessions_seen(url, clients: int, mode: str = "auto") -> list[list[str
     return seen
 
 
+async def _stateful_call(url, mode: str):
+    async with Client(url, mode=mode) as client:
+        return await client.call_tool("bump", {"label": "x"})
+
+
 def test_each_mcp_http_client_has_a_session_of_its_own(settings, start_worker, tmp_path):
     """Two HTTP clients of one server never share a session (a live shell, stored state, loop history):
     a handshake-era client's calls run in ``mcp-<hash of its Mcp-Session-Id>``; a 2026-07-28 client has no MCP
@@ -173,8 +178,12 @@ def test_each_mcp_http_client_has_a_session_of_its_own(settings, start_worker, t
         url = f"http://127.0.0.1:{port}/mcp"
         legacy = anyio.run(_sessions_seen, url, 2, "legacy")
         modern = anyio.run(_sessions_seen, url, 1, "2026-07-28")
+        stateful = anyio.run(_stateful_call, url, "2026-07-28")
     finally:
         _stop(proc)
+    # a tool that runs only in a session, called with none: refused here, with what an MCP user can do
+    assert stateful.is_error and text(stateful).startswith("Error [INVALID_ARGUMENT]")
+    assert "--session" in text(stateful) and 'mode="legacy"' in text(stateful)
     (a1, a2), (b1, b2) = legacy
     assert a1 == a2 and b1 == b2, legacy  # one client: one session across its calls
     assert a1.startswith("mcp-") and b1.startswith("mcp-") and a1 != b1, legacy

@@ -97,6 +97,14 @@ def client_session_id(ctx: Any) -> str | None:
     return f"mcp-{hashlib.sha256(value.encode()).hexdigest()[:32]}" if value else None
 
 
+def needs_session(spec: Any) -> bool:
+    """Whether a call of ``spec`` (a :class:`~toolfleet.ToolSpec` or ``None``) runs only in a session:
+    a live tool (the ``shell``) or one with stored state."""
+    from ..worker.affinity import LIVE_TOOLS
+
+    return spec is not None and (spec.name in LIVE_TOOLS or getattr(spec, "state", None) is not None)
+
+
 def build_server(dispatcher: Any, *, workspace: str | None = None, session_id: str | None = None,
                  timeout_s: float = 600.0, name: str = "toolfleet", refresh: Callable[[], Any] | None = None
                  ) -> Server:
@@ -122,8 +130,16 @@ def build_server(dispatcher: Any, *, workspace: str | None = None, session_id: s
         if params.name not in dispatcher.registry:
             await _refresh()
         arguments = params.arguments if isinstance(params.arguments, dict) else None
-        result = await run_call(dispatcher, params.name, arguments, workspace=workspace,
-                                session_id=session_id or client_session_id(ctx), timeout_s=timeout_s)
+        session = session_id or client_session_id(ctx)
+        if session is None and needs_session(dispatcher.registry.get(params.name)):
+            return mcp_result(ToolResult.failure(
+                "mcp", params.name, ErrorCode.INVALID_ARGUMENT,
+                f"the tool {params.name} keeps state per session, and this MCP request has none (the 2026-07-28 "
+                "protocol has no MCP session); it did not run",
+                "start `toolfleet mcp serve` with --session ID, or connect with a handshake-era client (the "
+                "Python SDK's Client(url, mode=\"legacy\")): each such client has a session of its own"))
+        result = await run_call(dispatcher, params.name, arguments, workspace=workspace, session_id=session,
+                                timeout_s=timeout_s)
         return mcp_result(result)
 
     from .. import __version__
