@@ -181,10 +181,13 @@ def test_a_stream_whose_format_no_event_told_still_ends_its_turn(dispatcher, eve
     assert stream.turn.closed and stream.turn.wait(10) and stream.turn.results(10) == []
 
 
-def test_a_cancel_made_as_redis_lost_its_data_is_not_lost(private_redis, namespace, start_worker, workspace):
+@pytest.mark.parametrize("add_after_cancel", [False, True])
+def test_a_cancel_made_as_redis_lost_its_data_is_not_lost(private_redis, namespace, start_worker, workspace,
+                                                          add_after_cancel):
     """Redis restarted without its data and the caller cancelled before the turn's driver saw it:
     the cancel went to an empty Redis (no turn), then the driver restored the turn. It restores the
-    cancel too, so the held call's NOT_EXECUTED comes within the cancel's grace, not seconds later."""
+    cancel too, and the held call (never sent) is answered NOT_EXECUTED at once, not after the
+    watchdog's quiet time after trouble. A call taken after the cancel must not hide the loss."""
     from toolfleet import Policy
 
     server = private_redis(persistent=False)
@@ -192,17 +195,70 @@ def test_a_cancel_made_as_redis_lost_its_data_is_not_lost(private_redis, namespa
     start_worker(settings=settings)
     policy = Policy.from_dict({"tools": {"wait_read": "ask"}})
     with Dispatcher(settings, make_registry(), policy) as d:
-        turn = d.submit([ToolCall(id="c1", name="wait_read", arguments={"label": "held"})],
-                        workspace=str(workspace))
-        assert [p.call_id for p in turn.wait_settled(30)] == ["c1"]
+        turn = d.open_turn(workspace=str(workspace))
+        turn.add_calls([ToolCall(id="c1", name="wait_read", arguments={"label": "held"})])
+        assert [p.call_id for p in turn.pending] == ["c1"]  # held as add_calls returned
         server.kill()
         server.start()
         turn.cancel("the caller gave up")
+        if add_after_cancel:
+            turn.add_calls([ToolCall(id="c2", name="wait_read", arguments={"label": "x"})])
+        turn.close()
         began = time.monotonic()
-        assert [r.code for r in turn.results(30)] == [ErrorCode.NOT_EXECUTED]
+        codes = {r.call_id: r.code for r in turn.results(30)}
         waited_s = time.monotonic() - began
+        assert set(codes.values()) == {ErrorCode.NOT_EXECUTED}
         assert d.ledger.is_cancelled(turn.turn_id)
     assert waited_s < settings.turn_lease_s / 10, waited_s
+
+
+@pytest.mark.parametrize("tool", ["tally", "tally_through"])
+def test_a_call_seen_starting_before_redis_lost_its_data_is_never_said_not_to_have_run(
+        private_redis, namespace, start_worker, workspace, tool):
+    """The restored cancel marks no call: the runs that said what had started went with the data, so a
+    running call (cancellable or not) ends CANCELLED, OUTCOME_UNKNOWN or with its own result."""
+    server = private_redis(persistent=False)
+    settings = Settings(redis_url=server.url, namespace=namespace, fleet_key=FLEET_KEY, cancel_grace_s=0.5,
+                        kill_grace_s=1.0, heartbeat_s=0.5)
+    start_worker(settings=settings, concurrency=1)
+    with Dispatcher(settings, make_registry()) as d:
+        turn = d.submit([ToolCall(id="a", name=tool, arguments={"text": "a", "seconds": 4})], workspace=str(workspace))
+        wait_until(lambda: _tally(workspace) == ["a"], 30, "a to start")
+        wait_until(lambda: "a" in turn._started, 10, "the driver to see a start")
+        server.kill()
+        server.start()
+        turn.cancel("the caller gave up")
+        [result] = turn.results(60)
+        assert result.code is not ErrorCode.NOT_EXECUTED, result
+        assert d.ledger.is_cancelled(turn.turn_id)
+
+
+def test_a_stream_whose_close_fails_on_redis_still_ends_its_turn(private_redis, namespace, start_worker, workspace):
+    server, settings = _paused_fleet(private_redis, namespace, start_worker)
+    with Dispatcher(settings, make_registry()) as d:
+        try:
+            with pytest.raises(BrokerUnavailable):
+                with d.open_stream(format="openai_chat_stream", workspace=str(workspace)) as stream:
+                    stream.feed(chunk(0, "a", "tally", '{"text": "a"'))  # completed only by the close
+                    os.kill(server.proc.pid, signal.SIGSTOP)
+            assert stream.turn.closed and stream.turn.cancelled
+            with pytest.raises(ToolfleetError):
+                stream.feed(chunk(1, "b", "tally", '{"text": "b"}'))
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        results = stream.turn.results(30)
+        assert [r.call_id for r in results] == ["a"]  # not sent, and said so
+        assert results[0].code in (ErrorCode.NOT_EXECUTED, ErrorCode.TOOL_UNAVAILABLE), results[0]
+    assert _tally(workspace) == []
+
+
+def test_an_abort_after_a_stream_ended_whole_changes_nothing(dispatcher, worker, workspace):
+    stream = dispatcher.open_stream(format="openai_chat_stream", workspace=str(workspace))
+    stream.feed(chunk(0, "a", "wait_read", '{"label": "a"}'))
+    turn = stream.close()
+    assert [r.ok for r in turn.results(30)] == [True]
+    stream.abort("too late", wait=False)
+    assert not turn.cancelled and not dispatcher.ledger.is_cancelled(turn.turn_id)
 
 
 def test_calls_a_cancelled_turn_takes_after_its_driver_gave_up_are_answered(dispatcher, workspace, monkeypatch):
@@ -221,8 +277,10 @@ def test_calls_a_cancelled_turn_takes_after_its_driver_gave_up_are_answered(disp
     monkeypatch.setattr(dispatcher.ledger, "events", dead)
     turn._thread.join(30)
     assert not turn._thread.is_alive()
+    turn.add_calls([ToolCall(id="unsent", name="wait_read", arguments={"label": "a"})])  # never sent
     turn.cancel_soon("the caller gave up")
     turn.add_calls([ToolCall(id="late", name="wait_read", arguments={"label": "a"})])
     turn.close()
     assert turn.wait(10)
+    assert turn.result("unsent").code is ErrorCode.TOOL_UNAVAILABLE
     assert turn.result("late").code is ErrorCode.NOT_EXECUTED

@@ -97,6 +97,7 @@ class Ledger(ClaimSteps):
         self._claim = self.redis.register_script(lua.CLAIM)
         self._open = self.redis.register_script(lua.OPEN)
         self._cancel = self.redis.register_script(lua.CANCEL)
+        self._restore_cancel = self.redis.register_script(lua.RESTORE_CANCEL)
         self._add = self.redis.register_script(lua.ADD)
         self.audit = AuditLog(self.redis, self.keys, settings.result_ttl_s)
         self._reopen = self.redis.register_script(lua.REOPEN)
@@ -268,6 +269,16 @@ class Ledger(ClaimSteps):
             not_started = [_s(cid) for cid in reply]
             self.audit.append(turn_id, "cancelled", reason=reason, not_executed=not_started)
             return len(not_started)
+
+    def restore_cancel(self, turn_id: str, reason: str) -> bool:
+        """Cancel a turn again after Redis lost its data (:meth:`reopen` said so): its flag (claims
+        refuse its calls), its cancel event and the workers' broadcast (running calls stop), but no
+        call is marked ``NOT_EXECUTED`` here, since what had started went with the data; the turn's
+        driver answers its calls (guarantee E13). True if the turn was not cancelled there yet."""
+        k = self.keys
+        with self._translated():
+            return bool(self._restore_cancel(keys=[k.turn_cancelled(turn_id), k.turn_events(turn_id)],
+                                             args=[reason, self.settings.result_ttl_s, k.cancel_channel(turn_id)]))
 
     def events(
         self, turn_id: str, after: str = "0-0", block_ms: int | None = 1000

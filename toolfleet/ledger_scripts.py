@@ -248,6 +248,17 @@ redis.call('PUBLISH', ARGV[3], ARGV[1])
 return ids
 """
 
+RESTORE_CANCEL = """
+-- KEYS: cancelled, events ; ARGV: reason, ttl, channel
+-- the cancel's flag, event and broadcast, no call marked: after Redis lost its data the runs hash is
+-- gone, so "not started" can no longer be told (CANCEL would answer a running call NOT_EXECUTED)
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', tonumber(ARGV[2])) == false then return 0 end
+redis.call('XADD', KEYS[2], '*', 'type', 'cancel', 'call_id', '', 'data', ARGV[1])
+redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
+redis.call('PUBLISH', ARGV[3], ARGV[1])
+return 1
+"""
+
 FENCE_DEAD = """
 -- KEYS: runs ; ARGV: call_id, pid
 -- the pool process ``pid`` that held the call died (the worker saw it): its claim no longer

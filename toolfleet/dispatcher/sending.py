@@ -34,6 +34,7 @@ import redis
 
 from ..breaker import closed_state
 from ..errors import BrokerUnavailable
+from ..ledger import not_executed
 from ..models import ErrorCode, ToolResult
 from .availability import NO_LIVE_WORKER
 from .turn_locks import TurnLocks
@@ -323,8 +324,14 @@ class Sender:
         if not lost:
             return
         log.warning("turn %s: Redis lost its data (restarted without persistence)", turn.turn_id)
-        if turn.cancelled:  # the cancel went with the data: the turn is cancelled there again
-            turn._ledger.cancel(turn.turn_id, turn._cancel_reason or "cancelled (restored after Redis lost its data)")
+        if turn.cancelled:  # the cancel went with the data: the turn is cancelled there again, and the
+            # calls this dispatcher never sent are answered now (what was sent waits for the watchdog)
+            turn._ledger.restore_cancel(turn.turn_id, turn._cancel_reason or "cancelled (Redis lost its data)")
+            with turn._lock:
+                unsent = [c for c in turn._names if c not in turn._results and c not in turn._submitted]
+            for call_id in unsent:
+                turn._ledger.record_result(turn.turn_id, not_executed(call_id, turn._names[call_id]),
+                                           unless_started=True)
         for call_id in queued:
             turn._ledger.record_result(turn.turn_id, ToolResult.failure(
                 call_id, turn._names[call_id], ErrorCode.TOOL_UNAVAILABLE,

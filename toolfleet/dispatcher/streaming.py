@@ -97,9 +97,17 @@ class TurnStream:
     def close(self) -> Turn:
         """End of the stream: take the calls still open, rebuild the assistant message, close the
         turn and return it. Idempotent. Raises :class:`BatchRejected` as :meth:`feed` does, the turn
-        then cancelled and closed (``unknown_format``: no event so far said which format it is)."""
+        then cancelled and closed (``unknown_format``: no event so far said which format it is);
+        anything else it raises (:class:`~toolfleet.errors.BrokerUnavailable`: Redis did not answer
+        as the last calls were taken) ends the turn the same way, without waiting for Redis."""
         with self._lock:
-            return self._close()
+            try:
+                return self._close()
+            except BatchRejected:
+                raise
+            except BaseException as exc:
+                self._abort(f"the stream's close failed: {type(exc).__name__}", wait=False)
+                raise
 
     def _close(self) -> Turn:
         if self.turn.closed:
@@ -131,7 +139,9 @@ class TurnStream:
         turn all the same. Idempotent; returns the turn, closed even when the cancel raised."""
         with self._lock:
             if self.turn.closed:
-                if wait:
+                if self.turn.done:
+                    pass  # every call has its result: nothing is left to cancel
+                elif wait:
                     self.turn.cancel(reason)
                 elif not self.turn.cancelled:
                     self.turn.cancel_soon(reason)

@@ -71,12 +71,12 @@ class TurnDriver:
             while not self._done.is_set():
                 try:
                     self.send_pending_cancel(retry=True)  # a cancel Redis did not take (turn.py): again
-                    self._record_unrecorded()
                     for event in self._ledger.events(self.turn_id, after=last, block_ms=BLOCK_MS):
                         last = event.stream_id
                         self._on_event(event)
                     if trouble_since is not None or self._sender.redis_lost_the_turn():
                         self._sender.reconcile()
+                    self._record_unrecorded()  # after reconcile: its writes would hide a loss of Redis's data
                     if time.monotonic() - lease_renewed_at >= self._settings.turn_lease_s / 6:
                         # locks first: a turn that lost them (paused past their lease) answers its
                         # writes not started before its renewed lease lets a worker claim one

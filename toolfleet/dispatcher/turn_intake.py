@@ -111,12 +111,17 @@ class TurnIntake:
         here, none of that, and no wait for Redis (the asyncio API's abort must not block): they are
         never sent, and the driver registers them in the ledger as ``NOT_EXECUTED``
         (:meth:`_record_unrecorded`), whence their results come as every result does."""
+        if self._error is not None:  # the driver gave up (Redis gone): nothing more is sent or registered
+            self._registered = {}
+            self._settle_locally([not_executed(c.id, c.name) if self.cancelled else ToolResult.failure(
+                c.id, c.name, ErrorCode.TOOL_UNAVAILABLE,
+                f"the turn's driver had ended ({self._error}); the call was not sent and did not run",
+                "retry when Redis is back") for c in calls])
+            return
         if self.cancelled:
             self._registered = {}
             with self._lock:
                 self._unrecorded.update({c.id: c.name for c in calls})
-            if self._error is not None:  # the driver gave up (Redis gone): no one will register them
-                self._settle_locally([not_executed(c.id, c.name) for c in calls])
             return
         try:
             names = {c.id: c.name for c in calls}
