@@ -24,7 +24,13 @@ What compatible servers do, and how each is read (docs/streams.md has the source
 - a new ``id`` on every fragment, the name only on the first (LiteLLM's OCI provider, ``name: ""``):
   a fragment that names no function continues the call at its index, whatever its id;
 - no ``index`` (Gemini's OpenAI-compatible endpoint, older Ollama): a fragment with a new id and a
-  name starts a new call, one without an id (or without a name) continues the last one;
+  name starts a new call, one without an id (or without a name) continues the last one; once the
+  last one is complete, a fragment that brings argument text and names a function is a new call
+  (under no id or the last one's: refused as ``missing_call_id`` / ``duplicate_call_id``, as with an
+  index, never dropped), but for the last call sent again whole (its id, name and arguments);
+- ``{}`` first, then the real arguments as a second object (some providers behind gateways, e.g.
+  Bedrock: openai/openai-agents-js#712): a call whose arguments are ``{}`` so far waits for the next
+  event; an object that comes next for it replaces the ``{}`` (said in a warning);
 - a whole call in one fragment (Ollama), ``arguments`` as an object instead of text: its JSON text;
 - provider fields the parser does not interpret (``extra_content.google.thought_signature`` of
   Gemini, ``reasoning``/``reasoning_details`` of OpenRouter, ``reasoning_content`` of vLLM) are kept
@@ -32,22 +38,24 @@ What compatible servers do, and how each is read (docs/streams.md has the source
   (items with the same ``index`` merged), objects merged.
 
 A call is complete, and released at once, when its joined arguments form a complete JSON object
-(nothing can be appended to one and stay valid JSON), when its index is reused by a new call, or at
-``finish_reason``. The calls ``finish_reason: "length"`` completes (the output token limit ended the
-choice while they were being written) are listed in ``cut_off`` and do not run, as the same call
-does not when the response comes whole (:mod:`.cut_off`). Text for a call after it was complete is
-ignored with a warning (white space silently). A fragment of the wrong type raises BatchRejected
-with the JSON pointer of the field, the event's position first (``/3/choices/0/delta/tool_calls/0/index``).
+(nothing can be appended to one and stay valid JSON; ``{}``: at the next event that brings it no
+text), when its index is reused by a new call, or at ``finish_reason``. The calls
+``finish_reason: "length"`` completes (the output token limit ended the choice while they were
+being written) are listed in ``cut_off`` and do not run, as the same call does not when the
+response comes whole (:mod:`.cut_off`). Text for a call after it was complete is ignored with a
+warning (white space silently). A fragment of the wrong type raises BatchRejected with the JSON
+pointer of the field, the event's position first (``/3/choices/0/delta/tool_calls/0/index``).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
 
 from ...models import ToolCall
-from .base import CallAssembler, StreamFormat, as_dict, parses_as_object
+from .base import CallAssembler, JsonDepth, StreamFormat, as_dict, parses_as_object
 from .openai_chat import OpenAIChatAdapter, for_chat_wire
 from .wire import (
     at,
@@ -62,6 +70,7 @@ from .wire import (
     short,
 )
 
+_EMPTY_OBJECT = re.compile(r"\s*\{\s*\}\s*")  # arguments "{}": the real ones may follow (see above)
 _DELTA_READ = frozenset({"role", "content", "refusal", "tool_calls"})
 _CALL_READ = frozenset({"index", "id", "type", "function", "custom"})
 _META = ("id", "created", "model", "system_fingerprint", "service_tier")
@@ -90,6 +99,7 @@ class OpenAIChatStreamParser:
         self._keys: dict[Any, Any] = {}  # index (or indexless position) -> assembler key
         self._last_key: Any = None
         self._events = -1
+        self._empty: dict[int, tuple[Any, int]] = {}  # slot index -> (slot, event): arguments "{}" so far
 
     def feed(self, event: Any) -> list[ToolCall]:
         self._events += 1
@@ -118,12 +128,21 @@ class OpenAIChatStreamParser:
             finish = choice.get("finish_reason")
             if finish is not None:
                 self._finish = need_text(finish, at(here, "finish_reason"), "finish_reason") or self._finish
+                self._complete_empty(self._events + 1)  # complete calls of "{}": not cut off
                 for slot in self.calls.open_slots():
                     if finish in ("length", "content_filter"):  # the token limit, or the content filter
                         self.cut_off.append(slot.id)  # (.cut_off), ended the choice while this call was open
                         self.cut_why[slot.id] = f"finish_reason {finish}"
                     slot.done = True
+        self._complete_empty(self._events)
         return self.calls.release()
+
+    def _complete_empty(self, before: int) -> None:
+        """Complete the calls whose arguments were ``{}`` at an event before ``before`` and got no text since."""
+        for index, (slot, event) in list(self._empty.items()):
+            if event < before or slot.done:
+                slot.done = True
+                del self._empty[index]
 
     def _delta(self, delta: dict[str, Any], where: str) -> None:
         for key, value in delta.items():
@@ -156,7 +175,7 @@ class OpenAIChatStreamParser:
                 text = json.dumps(text, ensure_ascii=False)
             text = need_text(text, at(at(where, "function"), "arguments"), "arguments")
         index = need_index(fragment.get("index"), at(where, "index"))
-        slot = self._slot(index, call_id, name)
+        slot = self._slot(index, call_id, name, text)
         slot.id = slot.id or call_id
         slot.name = slot.name or name
         if custom or slot.id in self.custom:
@@ -175,6 +194,13 @@ class OpenAIChatStreamParser:
             extra["type"] = fragment["type"]
         if not text:
             return
+        if slot.index in self._empty:  # "{}" so far: an object next is the real arguments
+            del self._empty[slot.index]
+            if text.lstrip().startswith("{"):
+                self.warnings.append(f"call {slot.id or slot.index}: arguments {{}} followed by an object: the "
+                                     "object was read as its arguments")
+                slot.parts.clear()
+                slot.scan = JsonDepth()
         if slot.done:
             if text.strip():
                 self.warnings.append(f"call {slot.id or slot.index}: argument text after its arguments were "
@@ -182,16 +208,24 @@ class OpenAIChatStreamParser:
             return
         slot.parts.append(text)
         if slot.scan.feed(text) and not slot.scan.never_json:  # read whole only when its brackets may have closed
-            if parses_as_object(join_surrogates("".join(slot.parts))):
+            joined = join_surrogates("".join(slot.parts))
+            if _EMPTY_OBJECT.fullmatch(joined):
+                self._empty[slot.index] = (slot, self._events)  # complete at the next event without text for it
+            elif parses_as_object(joined):
                 slot.done = True
             else:  # closed at depth 0 yet not an object: nothing appended can make it one, so it
                 slot.scan.never_json = True  # is not read whole again at each fragment (quadratic)
 
-    def _slot(self, index: int | None, call_id: str, name: str) -> Any:
+    def _slot(self, index: int | None, call_id: str, name: str, text: str = "") -> Any:
         if index is None:  # no index: a new id starts a new call, no id continues the last one
             last = self.calls.get(self._last_key)
             if last is not None and (not call_id or call_id == last.id or self._renamed(last, call_id, name)):
-                return last
+                complete = last.done or last.index in self._empty
+                # a complete call goes on no more: argument text with a function name is a new call,
+                # but for the same call sent again whole (its id, name and arguments)
+                again = call_id == last.id and name == last.name and text.strip() == "".join(last.parts).strip()
+                if not (complete and name and text.strip() and not again):
+                    return last
             key = ("position", len(self.calls))
             if last is not None:
                 last.done = True  # nothing can address it any more
@@ -221,6 +255,7 @@ class OpenAIChatStreamParser:
         return True
 
     def finish(self) -> list[ToolCall]:
+        self._complete_empty(self._events + 1)
         for slot in self.calls.open_slots():
             if self._finish is None:
                 self.cut_off.append(slot.id)
