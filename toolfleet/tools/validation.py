@@ -178,6 +178,7 @@ def check_arguments(spec: ToolSpec, call_id: str, arguments: dict[str, Any]) -> 
                               "wants": f"at most {MAX_NESTING} levels", "fix": "send flatter arguments"}]})
     found = violations(spec.validator, arguments, spec.sensitive)
     if not found:
+        whole_numbers_as_int(spec.parameters, arguments, spec.parameters)
         return None
     count = "1 problem" if len(found) == 1 else f"{len(found)} problems"
     lines = "\n".join(f"- {v.line()}" for v in found)
@@ -185,6 +186,45 @@ def check_arguments(spec: ToolSpec, call_id: str, arguments: dict[str, Any]) -> 
     hint = f"correct {'it' if len(found) == 1 else 'each one'} as the fix says and call {spec.name} again."
     return ToolResult.failure(call_id, spec.name, ErrorCode.INVALID_ARGUMENT, message, hint,
                               data={"errors": [v.as_dict() for v in found]})
+
+
+def whole_numbers_as_int(schema: Any, value: Any, root: Any) -> Any:
+    """``value`` (checked against ``schema``) with each float where the schema says ``integer`` made
+    an ``int``, in place where it is a container; returns the value. JSON Schema 2020-12 (section
+    6.1.1, "type") counts ``2.0`` and ``1e1`` as integers, so they pass the check, and a handler typed
+    ``int`` got a float (``TypeError`` in a slice: a breaker's find; a model behind a gateway that
+    re-encodes numbers as doubles sends them). Follows ``properties``, ``additionalProperties``,
+    ``items``, ``prefixItems``, ``$ref`` into ``root``'s ``$defs``, and ``anyOf``/``oneOf``/``allOf``
+    branches that say ``integer`` and not ``number``."""
+    if not isinstance(schema, dict):
+        return value
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/") and isinstance(root, dict):
+        schema = {**(root.get("$defs") or {}).get(ref[len("#/$defs/"):], {}), **{k: v for k, v in schema.items()
+                                                                                if k != "$ref"}}
+    kinds = schema.get("type")
+    kinds = {kinds} if isinstance(kinds, str) else set(kinds) if isinstance(kinds, list) else set()
+    branches = [b for key in ("anyOf", "oneOf", "allOf") for b in schema.get(key) or [] if isinstance(b, dict)]
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        said = kinds or {k for b in branches for k in ({b.get("type")} if isinstance(b.get("type"), str) else [])}
+        return int(value) if "integer" in said and "number" not in said else value
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        for key in list(value):
+            sub = props.get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                value[key] = whole_numbers_as_int(sub, value[key], root)
+        for branch in branches:
+            whole_numbers_as_int(branch, value, root)
+    elif isinstance(value, list):
+        prefix = schema.get("prefixItems") or []
+        items = schema.get("items")
+        for i, item in enumerate(value):
+            sub = prefix[i] if i < len(prefix) else items
+            if isinstance(sub, dict):
+                value[i] = whole_numbers_as_int(sub, item, root)
+    return value
 
 
 def _deeper_than(value: Any, limit: int) -> bool:
