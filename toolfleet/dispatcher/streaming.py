@@ -138,16 +138,19 @@ class TurnStream:
         from Redis). After :meth:`close` (the stream ended, then the caller gave up) it cancels the
         turn all the same. Idempotent; returns the turn, closed even when the cancel raised."""
         with self._lock:
-            if self.turn.closed:
-                if self.turn.done:
-                    pass  # every call has its result: nothing is left to cancel
-                elif wait:
-                    self.turn.cancel(reason)
-                elif not self.turn.cancelled:
-                    self.turn.cancel_soon(reason)
-            else:
+            if not self.turn.closed:
                 self._abort(reason, wait=wait)
+            elif not self.turn.done:  # done: every call has its result, nothing is left to cancel
+                self._cancel(reason, wait)
         return self.turn
+
+    def _cancel(self, reason: str, wait: bool) -> None:
+        """:meth:`Turn.cancel` (waits for Redis, raises what it raises) or, without ``wait``,
+        :meth:`Turn.cancel_soon` unless the turn is cancelled already."""
+        if wait:
+            self.turn.cancel(reason)
+        elif not self.turn.cancelled:
+            self.turn.cancel_soon(reason)
 
     @property
     def warnings(self) -> list[str]:
@@ -216,10 +219,7 @@ class TurnStream:
             return
         self._aborting = True
         try:
-            if wait:
-                self.turn.cancel(reason)
-            elif not self.turn.cancelled:
-                self.turn.cancel_soon(reason)
+            self._cancel(reason, wait)
         finally:
             self._end_aborted(reason, refused, released)
 

@@ -164,20 +164,23 @@ class TurnDriver:
         results = []
         for call_id in missing:
             name = self._names[call_id]
-            if call_id not in sent and self.cancelled:
-                result = not_executed(call_id, name)
-            elif call_id in sent:
+            if call_id in sent:
                 result = ToolResult.failure(
                     call_id, name, ErrorCode.OUTCOME_UNKNOWN,
                     f"the turn's driver failed ({detail}) after the call was sent; whether it ran is unknown",
                     "check the call's effect before repeating it")
             else:
-                result = ToolResult.failure(
-                    call_id, name, ErrorCode.TOOL_UNAVAILABLE,
-                    f"the turn's driver failed ({detail}) before the call was sent; it did not run",
-                    "retry when Redis is back")
+                result = self._never_sent(call_id, name, f"the turn's driver failed ({detail}) before the call "
+                                          "was sent; it did not run", "retry when Redis is back")
             results.append(result)
         self._settle_locally(results)
+
+    def _never_sent(self, call_id: str, name: str, why: str, hint: str) -> ToolResult:
+        """The local answer for a call this process never sent and will not: ``NOT_EXECUTED`` once the
+        turn is cancelled (the cancel's answer, whatever else failed), else ``TOOL_UNAVAILABLE`` saying ``why``."""
+        if self.cancelled:
+            return not_executed(call_id, name)
+        return ToolResult.failure(call_id, name, ErrorCode.TOOL_UNAVAILABLE, why, hint)
         self._done.set()
         self._completed.put(_WAKE)
         with self._changed:

@@ -24,7 +24,7 @@ import redis
 
 from ..errors import BatchRejected, BrokerUnavailable, ToolfleetError
 from ..ledger import not_executed
-from ..models import ErrorCode, ToolCall, ToolResult
+from ..models import ToolCall, ToolResult
 from ..tools.resources import resolve
 from ..tools.spec import ToolSpec
 from ..tools.state import session_resources
@@ -98,11 +98,8 @@ class TurnIntake:
         waiting for calls that will never run."""
         with self._lock:
             lost = [c for c in calls if c.id not in self._results and c.id not in self._submitted]
-        if self.cancelled:
-            self._settle_locally([not_executed(call.id, call.name) for call in lost])
-            return
-        self._settle_locally([ToolResult.failure(
-            call.id, call.name, ErrorCode.TOOL_UNAVAILABLE,
+        self._settle_locally([self._never_sent(
+            call.id, call.name,
             f"the call could not be taken ({type(exc).__name__}: {exc}); it was not sent and did not run",
             "retry when the broker answers") for call in lost])
 
@@ -113,9 +110,8 @@ class TurnIntake:
         (:meth:`_record_unrecorded`), whence their results come as every result does."""
         if self._error is not None:  # the driver gave up (Redis gone): nothing more is sent or registered
             self._registered = {}
-            self._settle_locally([not_executed(c.id, c.name) if self.cancelled else ToolResult.failure(
-                c.id, c.name, ErrorCode.TOOL_UNAVAILABLE,
-                f"the turn's driver had ended ({self._error}); the call was not sent and did not run",
+            self._settle_locally([self._never_sent(
+                c.id, c.name, f"the turn's driver had ended ({self._error}); the call was not sent and did not run",
                 "retry when Redis is back") for c in calls])
             return
         if self.cancelled:

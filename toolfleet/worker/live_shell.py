@@ -22,8 +22,8 @@ written whole (the shell does not read: it stopped itself, say) restarts the she
 command never waits in the pipe to run later.
 
 Stopping the current command (time limit, cancel): the processes the command started (descendants
-of the sandbox's init that were not there before it, nor below one that was: what an earlier
-command's background job starts meanwhile is that job's, and lives on) get TERM, then KILL after ``TERM_GRACE_S``,
+of the sandbox's init not there before it, nor below one that was: what an earlier command's
+background job starts meanwhile lives on) get TERM, then KILL after ``TERM_GRACE_S``,
 pass after pass until none is left (a child forked after a pass's snapshot gets the next one; a
 command that forks faster than that for ``STOP_WAIT_S`` has its shell restarted);
 the shell then ends the ``eval`` and prints the end marker, and the session goes on with its cwd
